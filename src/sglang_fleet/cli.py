@@ -1,0 +1,74 @@
+"""``sglang-fleet``: render and check serving profiles.
+
+Exit status: 0 fine, 1 a problem in the input (the message names file, key and fix),
+2 a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from sglang_fleet import preflight, profile, releases
+from sglang_fleet.errors import InputError
+from sglang_fleet.render import Launch, render
+
+
+def _load(args: argparse.Namespace) -> tuple[profile.Profile, Launch]:
+    prof = profile.load(args.profile)
+    return prof, render(prof, args.sglang_version)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    _, launch = _load(args)
+    if args.format == "json":
+        print(json.dumps(launch.as_json(), indent=2))
+    else:
+        print(launch.as_shell())
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    prof, launch = _load(args)
+    arch = preflight.resolve_architecture(prof, args.model_config)
+    preflight.require(prof, launch, arch)
+    print(f"{args.profile}: ok for SGLang {launch.version}"
+          + (f" ({arch})" if arch else " (no architecture known: hybrid-model rules skipped)"))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sglang-fleet", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    version_help = f"SGLang release to render for (default: the profile's pin; known: " \
+                   f"{releases.supported()[0]} … {releases.supported()[-1]})"
+
+    p = sub.add_parser("render", help="print the launch command and environment of a profile")
+    p.add_argument("profile", help="a profile YAML file, e.g. profiles/qwen3.6-27b-mtp.yaml")
+    p.add_argument("--sglang-version", help=version_help)
+    p.add_argument("--format", choices=["shell", "json"], default="shell")
+    p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("check", help="validate a profile and apply SGLang's startup rules")
+    p.add_argument("profile")
+    p.add_argument("--sglang-version", help=version_help)
+    p.add_argument("--model-config", help="the model's config.json (or its directory)")
+    p.set_defaults(func=cmd_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

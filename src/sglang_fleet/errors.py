@@ -1,0 +1,34 @@
+"""Errors an operator can act on: each names where the problem is and how to fix it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the input.
+
+    ``source`` is the file (or data source) it came from, ``key`` the dotted key path inside it.
+    """
+
+    source: str
+    key: str
+    message: str
+    fix: str
+
+    def __str__(self) -> str:
+        where = f"{self.source}: {self.key}" if self.key else self.source
+        return f"{where}: {self.message}\n    fix: {self.fix}"
+
+
+class InputError(Exception):
+    """Bad input: the CLI prints it and exits 1, pyinfra deploys fail before touching a host."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+    @classmethod
+    def one(cls, source: str, key: str, message: str, fix: str) -> InputError:
+        return cls([Problem(source, key, message, fix)])

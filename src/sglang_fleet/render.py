@@ -1,0 +1,215 @@
+"""Profile → the exact argv and environment of ``sglang.launch_server`` for one release.
+
+    launch = render(profile, "0.5.23")
+    launch.argv  # ['python', '-m', 'sglang.launch_server', '--model-path', ...]
+
+Every flag is spelled in full as the release's own flag table spells it, checked against that
+table, and the whole argv is parsed by a parser rebuilt from the table before it is returned.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from sglang_fleet import flags
+from sglang_fleet.errors import InputError, Problem
+from sglang_fleet.profile import Profile
+from sglang_fleet.releases import at_least
+
+MODELS_ROOT = PurePosixPath("/var/lib/sglang/models")
+API_KEY_VAR = "SGLANG_API_KEY"
+# 0.5.10 runs the overlap (spec v2) scheduler that extra_buffer needs only when this is set;
+# 0.5.11 turned it on by default and 0.5.14 removed the variable (sglang/srt/environ.py).
+SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
+SPEC_V2_DEFAULT_FROM = "0.5.11"
+
+# Argument destinations that releases renamed, newest spelling first.
+MAMBA_STRATEGY_DESTS = ("mamba_radix_cache_strategy", "mamba_scheduler_strategy")
+RENAMED_DESTS = {
+    MAMBA_STRATEGY_DESTS[0]: MAMBA_STRATEGY_DESTS,
+    "tp_size": ("tp_size", "tensor_parallel_size"),
+    "dp_size": ("dp_size", "data_parallel_size"),
+}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What to run: ``argv[0:3]`` is the launcher, ``env`` the extra environment.
+
+    ``secrets`` maps environment variables the argv refers to (``${VAR}``) to the secret names
+    whose values the host's root-only environment file provides. ``args`` is the argv as the
+    release's parser reads it (destination → value, defaults filled in).
+    """
+
+    version: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    secrets: dict[str, str] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"argv": list(self.argv), "env": dict(self.env)}
+
+    def as_shell(self) -> str:
+        env = [f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items())]
+        words = [f"\"{w}\"" if w.startswith("${") else shlex.quote(w) for w in self.argv]
+        lines, line = [], " ".join(["env", *env, *words[:3]] if env else words[:3])
+        for word in words[3:]:
+            if word.startswith("--"):
+                lines.append(line)
+                line = "  " + word
+            else:
+                line += " " + word
+        lines.append(line)
+        return " \\\n".join(lines)
+
+
+def model_path(profile: Profile) -> str:
+    """Where the weights are on the host: a host path as given, staged sources under MODELS_ROOT."""
+    source = profile.model.source
+    if source.startswith("/"):
+        return source
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", source.split("://", 1)[1]).strip("-")
+    return str(MODELS_ROOT / slug)
+
+
+def _semantic_args(profile: Profile) -> Iterator[tuple[str, str, Any]]:
+    """(profile key, SGLang destination, value) for every value the profile sets."""
+    spec, mem, sched = profile.speculative, profile.memory, profile.scheduler
+    yield "model.source", "model_path", model_path(profile)
+    yield "model.served_name", "served_model_name", profile.model.served_name
+    yield "model.trust_remote_code", "trust_remote_code", profile.model.trust_remote_code
+    yield "speculative.algorithm", "speculative_algorithm", spec.algorithm
+    yield "speculative.num_steps", "speculative_num_steps", spec.num_steps
+    yield "speculative.eagle_topk", "speculative_eagle_topk", spec.eagle_topk
+    yield "speculative.num_draft_tokens", "speculative_num_draft_tokens", spec.num_draft_tokens
+    yield "mamba.strategy", MAMBA_STRATEGY_DESTS[0], profile.mamba.strategy
+    yield "mamba.track_interval", "mamba_track_interval", profile.mamba.track_interval
+    yield "mamba.full_memory_ratio", "mamba_full_memory_ratio", profile.mamba.full_memory_ratio
+    yield "memory.mem_fraction_static", "mem_fraction_static", mem.mem_fraction_static
+    yield "memory.max_running_requests", "max_running_requests", mem.max_running_requests
+    yield "memory.max_mamba_cache_size", "max_mamba_cache_size", mem.max_mamba_cache_size
+    yield "memory.context_length", "context_length", mem.context_length
+    yield "memory.page_size", "page_size", mem.page_size
+    yield "memory.chunked_prefill_size", "chunked_prefill_size", mem.chunked_prefill_size
+    yield "scheduler.radix_cache", "disable_radix_cache", not sched.radix_cache
+    yield "scheduler.overlap_schedule", "disable_overlap_schedule", not sched.overlap_schedule
+    yield "scheduler.attention_backend", "attention_backend", sched.attention_backend
+    yield "scheduler.linear_attn_backend", "linear_attn_backend", sched.linear_attn_backend
+    yield "parallel.tp", "tp_size", profile.parallel.tp
+    yield "parallel.dp", "dp_size", profile.parallel.dp
+    yield "parallel.nnodes", "nnodes", profile.parallel.nnodes
+    yield "parsers.reasoning", "reasoning_parser", profile.parsers.reasoning
+    yield "parsers.tool", "tool_call_parser", profile.parsers.tool
+    yield "server.host", "host", profile.server.host
+    yield "server.port", "port", profile.server.port
+    yield "server.metrics", "enable_metrics", profile.server.metrics
+
+
+def _resolve_dest(table: flags.FlagTable, dest: str) -> str | None:
+    for candidate in RENAMED_DESTS.get(dest, (dest,)):
+        option = table.option_for(candidate)
+        if option:
+            return option
+    return None
+
+
+def _value_problem(flag: flags.Flag, value: Any, version: str) -> str | None:
+    if flag.choices is not None and value not in flag.choices:
+        accepted = ", ".join(map(str, flag.choices))
+        return f"SGLang {version} accepts {flag.option} {{{accepted}}}, not {value!r}"
+    return None
+
+
+def _render_semantic(profile: Profile, table: flags.FlagTable,
+                     problems: list[Problem]) -> list[str]:
+    argv: list[str] = []
+    for key, dest, value in _semantic_args(profile):
+        if value is None or value is False:
+            continue
+        option = _resolve_dest(table, dest)
+        if option is None:
+            problems.append(Problem(profile.source_of(key), key,
+                                    f"SGLang {table.version} has no flag for {dest}",
+                                    "remove the key or pin a release that has it"))
+            continue
+        flag = table.flags[option]
+        if value is True and not flag.takes_value:
+            argv.append(option)
+            continue
+        wrong = _value_problem(flag, value, table.version)
+        if wrong:
+            problems.append(Problem(profile.source_of(key), key, wrong,
+                                    "use one of the accepted values"))
+            continue
+        argv += [option, str(value)]
+    if profile.server.api_key_secret:
+        argv += ["--api-key", f"${{{API_KEY_VAR}}}"]
+    return argv
+
+
+def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[str],
+                      problems: list[Problem]) -> None:
+    """Raw flags are held to the same standard: exact current spelling, not set twice."""
+    source = profile.source_of("extra_args")
+    set_by_profile = {table.flags[w].dest for w in rendered if w in table.flags}
+    for word in profile.extra_args:
+        if not word.startswith("--"):
+            continue
+        option = word.split("=", 1)[0]
+        flag = table.get(option)
+        if flag is None:
+            close = sorted(o for o in table.flags if o.startswith(option))
+            hint = (f"it abbreviates {', '.join(close[:4])}: write the flag in full"
+                    if close else "check the spelling against `python -m sglang.launch_server -h`")
+            problems.append(Problem(source, "extra_args",
+                                    f"SGLang {table.version} has no flag {option}", hint))
+        elif flag.alias_of or flag.deprecated:
+            new = flag.alias_of or table.option_for(flag.dest) or "its replacement"
+            problems.append(Problem(source, "extra_args",
+                                    f"{option} is deprecated in SGLang {table.version}",
+                                    f"use {new}"))
+        elif flag.dest in set_by_profile:
+            problems.append(Problem(source, "extra_args",
+                                    f"{option} is set by the profile already",
+                                    "set it through its profile key instead of extra_args"))
+
+
+def _env(profile: Profile, version: str) -> dict[str, str]:
+    env = dict(profile.env)
+    if profile.speculative.algorithm and not at_least(version, SPEC_V2_DEFAULT_FROM):
+        env.setdefault(SPEC_V2_ENV, "1")
+    return env
+
+
+def render(profile: Profile, version: str | None = None) -> Launch:
+    """Render ``profile`` for ``version`` (default: the profile's pin); InputError if it can't."""
+    version = version or profile.engine.version
+    try:
+        table = flags.load(version)
+    except KeyError:
+        raise InputError.one(profile.source_of("engine.version"), "engine.version",
+                             f"SGLang {version} has no flag table",
+                             "pick a supported release or run scripts/extract_flags.py "
+                             f"{version}") from None
+    problems: list[Problem] = []
+    args = _render_semantic(profile, table, problems)
+    _check_extra_args(profile, table, args, problems)
+    if problems:
+        raise InputError(problems)
+    args += profile.extra_args
+    try:
+        parsed = table.parse(args)
+    except flags.ArgvError as exc:
+        raise InputError.one(profile.source_of("extra_args"), "extra_args",
+                             f"SGLang {version}'s parser rejects the command line: {exc}",
+                             "correct the flag or its value") from None
+    secrets = {API_KEY_VAR: profile.server.api_key_secret} if profile.server.api_key_secret else {}
+    return Launch(version=version,
+                  argv=("python", "-m", profile.engine.launcher, *args),
+                  env=_env(profile, version), secrets=secrets, args=parsed)

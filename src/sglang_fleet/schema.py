@@ -1,0 +1,184 @@
+"""The profile schema: every key a serving profile may set, its type, default and limits."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_fleet import releases
+
+REQUIRED = object()
+Check = Callable[[Any], str | None]
+
+
+@dataclass(frozen=True)
+class Field:
+    """A leaf key. ``check`` returns what is wrong with a well-typed value, or None."""
+
+    types: tuple[type, ...]
+    default: Any = REQUIRED
+    check: Check | None = None
+    fix: str = ""
+    nullable: bool = False
+    item: type | None = None  # element type of a list, value type of a mapping
+
+    @property
+    def type_name(self) -> str:
+        names = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+                 list: "a list", dict: "a mapping"}
+        name = " or ".join(names[t] for t in self.types if t in names)
+        if self.item is not None:
+            name += f" of {names[self.item]}s"
+        return name + (" or null" if self.nullable else "")
+
+
+def _range(low: float | None = None, high: float | None = None, *, open_low: bool = False) -> Check:
+    def check(value: Any) -> str | None:
+        if low is not None and (value <= low if open_low else value < low):
+            return f"must be {'greater than' if open_low else 'at least'} {low}, got {value}"
+        if high is not None and value > high:
+            return f"must be at most {high}, got {value}"
+        return None
+
+    return check
+
+
+def _one_of(*choices: str) -> Check:
+    def check(value: Any) -> str | None:
+        return None if value in choices else f"must be one of {', '.join(choices)}; got {value!r}"
+
+    return check
+
+
+def _release(value: Any) -> str | None:
+    if value in releases.supported():
+        return None
+    return f"SGLang {value} has no flag table; supported: {', '.join(releases.supported())}"
+
+
+_MODEL_SOURCE = re.compile(r"^(hf://[\w.-]+/[\w.-]+(@[\w./-]+)?|s3://[a-z0-9][a-z0-9.-]+(/.*)?|/.+)$")
+
+
+def _model_source(value: Any) -> str | None:
+    if not _MODEL_SOURCE.match(value):
+        return f"{value!r} is not hf://org/name@revision, s3://bucket/prefix or an absolute path"
+    if value.startswith("hf://") and "@" not in value:
+        return f"{value!r} has no pinned revision"
+    return None
+
+
+_SECRET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+
+
+def _secret_name(value: Any) -> str | None:
+    if _SECRET_NAME.match(value):
+        return None
+    return "must be the NAME of a secret (lower-case letters, digits, . _ -), never the key itself"
+
+
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+
+
+def _env(value: Any) -> str | None:
+    bad = [k for k in value if not _ENV_NAME.match(k)]
+    return f"invalid variable names: {', '.join(bad)}" if bad else None
+
+
+def _flags(value: Any) -> str | None:
+    if value and not value[0].startswith("--"):
+        return f"must start with a --flag, got {value[0]!r}"
+    return None
+
+
+def _int(default: Any = None, low: int = 1, high: int | None = None, fix: str = "") -> Field:
+    return Field((int,), default, _range(low, high), fix, nullable=default is None)
+
+
+def _opt_str(fix: str = "", check: Check | None = None) -> Field:
+    return Field((str,), None, check, fix, nullable=True)
+
+
+MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
+
+SCHEMA: dict[str, dict[str, Field]] = {
+    "engine": {
+        "version": Field((str,), releases.pinned(), _release,
+                         "pin a release listed in src/sglang_fleet/data/releases.json"),
+        "package": Field((str,), "sglang"),
+        "extras": Field((list,), [], item=str),
+        "index_url": _opt_str("an index URL such as https://pypi.org/simple"),
+        "launcher": Field((str,), "sglang.launch_server", fix="a module run as python -m MODULE"),
+    },
+    "model": {
+        "source": Field((str,), REQUIRED, _model_source,
+                        "write hf://org/name@revision, s3://bucket/prefix or /abs/path"),
+        "served_name": Field((str,), REQUIRED, fix="the model id clients send, e.g. qwen3.6-27b"),
+        "architecture": _opt_str("the architectures[0] value of the model's config.json"),
+        "config": _opt_str("path to the model's config.json, read by preflight"),
+        "trust_remote_code": Field((bool,), False),
+    },
+    "speculative": {
+        "algorithm": _opt_str("NEXTN or EAGLE for MTP; null turns speculative decoding off"),
+        "num_steps": _int(fix="e.g. 3"),
+        "eagle_topk": _int(fix="e.g. 1"),
+        "num_draft_tokens": _int(low=2, fix="num_steps + 1 when eagle_topk is 1"),
+    },
+    "mamba": {
+        "strategy": Field((str,), "auto", _one_of(*MAMBA_STRATEGIES),
+                          f"one of {', '.join(MAMBA_STRATEGIES)}"),
+        "track_interval": _int(fix="a multiple of page_size, at least num_draft_tokens"),
+        "full_memory_ratio": Field((float, int), None, _range(0, 1, open_low=True),
+                                   "a ratio in (0, 1]", nullable=True),
+    },
+    "memory": {
+        "mem_fraction_static": Field((float,), None, _range(0, 1, open_low=True),
+                                     "a fraction in (0, 1], e.g. 0.85", nullable=True),
+        "max_running_requests": _int(fix="e.g. 48"),
+        "max_mamba_cache_size": _int(fix="mamba state slots, e.g. 240"),
+        "context_length": _int(fix="tokens, e.g. 262144"),
+        "page_size": _int(fix="tokens per KV page, e.g. 64"),
+        "chunked_prefill_size": _int(low=-1, fix="tokens per prefill chunk, -1 to disable"),
+    },
+    "scheduler": {
+        "radix_cache": Field((bool,), True),
+        "overlap_schedule": Field((bool,), True),
+        "attention_backend": _opt_str("a backend the release accepts, e.g. triton"),
+        "linear_attn_backend": _opt_str("a backend the release accepts, e.g. triton"),
+    },
+    "parallel": {
+        "tp": _int(1, fix="GPUs per tensor-parallel group"),
+        "dp": _int(1, fix="data-parallel replicas"),
+        "nnodes": _int(1, fix="hosts in one server"),
+    },
+    "parsers": {
+        "reasoning": _opt_str("a reasoning parser the release knows, e.g. qwen3"),
+        "tool": _opt_str("a tool-call parser the release knows, e.g. qwen3_coder"),
+    },
+    "server": {
+        "host": Field((str,), "0.0.0.0"),
+        "port": _int(30000, high=65535, fix="a TCP port"),
+        "api_key_secret": _opt_str("e.g. sglang-api-key", _secret_name),
+        "metrics": Field((bool,), False),
+    },
+    "env": {"*": Field((dict,), {}, _env, "UPPER_CASE names with string values", item=str)},
+    "extra_args": {"*": Field((list,), [], _flags, "a list of strings, e.g. ['--flag', 'value']",
+                              item=str)},
+}
+SECTION_WIDE = "*"  # a section that is one leaf value (env, extra_args)
+
+
+@dataclass
+class Located:
+    """Where each key of a merged profile came from (file or data source)."""
+
+    default_source: str
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def of(self, key: str) -> str:
+        while key:
+            if key in self.sources:
+                return self.sources[key]
+            key = key.rpartition(".")[0]
+        return self.default_source

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.conftest import FIELD_PROFILE, MINIMAL, ROOT
+
+Write = Callable[..., Path]
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sglang_fleet.cli", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_render_json_for_three_releases() -> None:
+    for version, strategy_flag in (("0.5.23", "--mamba-radix-cache-strategy"),
+                                   ("0.5.12", "--mamba-scheduler-strategy"),
+                                   ("0.5.10", "--mamba-scheduler-strategy")):
+        result = cli("render", str(FIELD_PROFILE), "--sglang-version", version, "--format", "json")
+        assert result.returncode == 0, result.stderr
+        out = json.loads(result.stdout)
+        assert out["argv"][:3] == ["python", "-m", "sglang.launch_server"]
+        i = out["argv"].index(strategy_flag)
+        assert out["argv"][i + 1] == "extra_buffer"
+        assert ("SGLANG_ENABLE_SPEC_V2" in out["env"]) == (version == "0.5.10")
+
+
+def test_render_shell_is_the_default() -> None:
+    result = cli("render", str(FIELD_PROFILE))
+    assert result.returncode == 0
+    assert result.stdout.startswith("python -m sglang.launch_server \\\n  --model-path ")
+
+
+def test_check_field_failure_exits_1(write_profile: Write, tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"architectures": ["Qwen3_5ForConditionalGeneration"]}))
+    path = write_profile(MINIMAL + """
+speculative: {algorithm: NEXTN, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4}
+mamba: {strategy: no_buffer}
+""")
+    result = cli("check", str(path), "--sglang-version", "0.5.12", "--model-config", str(config))
+    assert result.returncode == 1
+    assert "extra_buffer" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_check_ok() -> None:
+    result = cli("check", str(FIELD_PROFILE))
+    assert result.returncode == 0, result.stderr
+    assert "ok for SGLang 0.5.23" in result.stdout
+
+
+def test_misspelled_key_exits_1_without_traceback(write_profile: Write) -> None:
+    path = write_profile(MINIMAL + "servr:\n  port: 1\n")
+    for command in ("render", "check"):
+        result = cli(command, str(path))
+        assert result.returncode == 1
+        assert "servr" in result.stderr and "did you mean 'server'" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_usage_error_exits_2() -> None:
+    assert cli("render").returncode == 2
+    assert cli("render", str(FIELD_PROFILE), "--format", "xml").returncode == 2
+    assert cli("frobnicate").returncode == 2
+
+
+def test_unknown_release_exits_1() -> None:
+    result = cli("render", str(FIELD_PROFILE), "--sglang-version", "0.4.0")
+    assert result.returncode == 1 and "0.4.0" in result.stderr

@@ -1,0 +1,142 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sglang_fleet import flags, profile, releases
+from sglang_fleet.errors import InputError
+from sglang_fleet.render import render
+from tests.conftest import FIELD_PROFILE, MINIMAL, PROFILES
+
+Write = Callable[..., Path]
+
+
+def pairs(argv: tuple[str, ...]) -> dict[str, str | None]:
+    """--flag value pairs of an argv (a switch maps to None)."""
+    out: dict[str, str | None] = {}
+    words = list(argv[3:])
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            out[word] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+@pytest.fixture(scope="module")
+def field() -> profile.Profile:
+    return profile.load(FIELD_PROFILE)
+
+
+def test_0_5_23_uses_the_radix_cache_flag(field: profile.Profile) -> None:
+    launch = render(field, "0.5.23")
+    args = pairs(launch.argv)
+    assert launch.argv[:3] == ("python", "-m", "sglang.launch_server")
+    assert args["--mamba-radix-cache-strategy"] == "extra_buffer"
+    assert "--mamba-scheduler-strategy" not in args
+    assert args["--speculative-algorithm"] in ("NEXTN", "EAGLE")
+    assert (args["--speculative-num-steps"], args["--speculative-eagle-topk"],
+            args["--speculative-num-draft-tokens"]) == ("3", "1", "4")
+    assert "SGLANG_ENABLE_SPEC_V2" not in launch.env
+
+
+def test_0_5_12_uses_the_scheduler_flag(field: profile.Profile) -> None:
+    args = pairs(render(field, "0.5.12").argv)
+    assert args["--mamba-scheduler-strategy"] == "extra_buffer"
+    assert "--mamba-radix-cache-strategy" not in args
+
+
+def test_0_5_10_sets_spec_v2(field: profile.Profile) -> None:
+    assert render(field, "0.5.10").env["SGLANG_ENABLE_SPEC_V2"] == "1"
+    assert "SGLANG_ENABLE_SPEC_V2" not in render(field, "0.5.11").env
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.19"])
+def test_deprecated_alias_is_never_emitted(field: profile.Profile, version: str) -> None:
+    args = pairs(render(field, version).argv)
+    assert "--mamba-radix-cache-strategy" in args and "--mamba-scheduler-strategy" not in args
+
+
+@pytest.mark.parametrize("version", releases.supported())
+@pytest.mark.parametrize("path", PROFILES, ids=[p.name for p in PROFILES])
+def test_every_emitted_flag_is_spelled_in_full(path: Path, version: str) -> None:
+    launch = render(profile.load(path), version)
+    table = flags.load(version)
+    for option in pairs(launch.argv):
+        flag = table.get(option)
+        assert flag is not None, f"{option} is not a full flag of {version}"
+        assert not flag.deprecated and flag.alias_of is None
+
+
+def test_secret_is_referenced_not_embedded(field: profile.Profile) -> None:
+    launch = render(field)
+    assert pairs(launch.argv)["--api-key"] == "${SGLANG_API_KEY}"
+    assert launch.secrets == {"SGLANG_API_KEY": "sglang-api-key"}
+
+
+def test_parsed_args_hold_defaults_and_values(field: profile.Profile) -> None:
+    args = render(field, "0.5.23").args
+    assert args["speculative_num_steps"] == 3
+    assert args["mamba_track_interval"] == 256  # the release's default
+    assert args["enable_metrics"] is True
+
+
+def test_shell_format_quotes(write_profile: Write) -> None:
+    p = profile.load(write_profile(MINIMAL + "env:\n  NCCL_DEBUG: 'WARN x'\n"))
+    shell = render(p).as_shell()
+    assert shell.startswith("env NCCL_DEBUG='WARN x' python -m sglang.launch_server")
+
+
+def test_strategy_unknown_to_release(write_profile: Write) -> None:
+    p = profile.load(write_profile(MINIMAL + "mamba:\n  strategy: extra_buffer_lazy\n"))
+    render(p, "0.5.14")
+    with pytest.raises(InputError) as exc:
+        render(p, "0.5.12")
+    assert "mamba.strategy" in str(exc.value) and "0.5.12" in str(exc.value)
+
+
+def extra(write_profile: Write, *args: str) -> InputError:
+    body = MINIMAL + "extra_args: [" + ", ".join(f"'{a}'" for a in args) + "]\n"
+    p = profile.load(write_profile(body))
+    with pytest.raises(InputError) as exc:
+        render(p, "0.5.23")
+    return exc.value
+
+
+def test_extra_args_pass_through(write_profile: Write) -> None:
+    p = profile.load(write_profile(MINIMAL + "extra_args: ['--cuda-graph-max-bs-decode', '64']\n"))
+    launch = render(p, "0.5.23")
+    assert launch.argv[-2:] == ("--cuda-graph-max-bs-decode", "64")
+    assert launch.args["cuda_graph_max_bs_decode"] == 64
+
+
+def test_extra_args_abbreviation_refused(write_profile: Write) -> None:
+    message = str(extra(write_profile, "--cuda-graph-max-bs", "8"))
+    assert "extra_args" in message and "--cuda-graph-max-bs-decode" in message
+
+
+def test_extra_args_unknown_flag(write_profile: Write) -> None:
+    assert "--disable-piecewise-cuda-graph" in str(
+        extra(write_profile, "--disable-piecewise-cuda-graph"))
+
+
+def test_extra_args_removed_flag(write_profile: Write) -> None:
+    assert "no flag --mamba-scheduler-strategy" in str(
+        extra(write_profile, "--mamba-scheduler-strategy", "extra_buffer"))
+
+
+def test_extra_args_mistyped_value(write_profile: Write) -> None:
+    message = str(extra(write_profile, "--cuda-graph-max-bs-decode", "many"))
+    assert "invalid int value: 'many'" in message
+
+
+def test_extra_args_duplicate_of_profile_key(write_profile: Write) -> None:
+    assert "set by the profile" in str(extra(write_profile, "--port", "1"))
+
+
+def test_extra_args_deprecated_alias(write_profile: Write) -> None:
+    p = profile.load(write_profile(MINIMAL + "extra_args: ['--cuda-graph-max-bs', '8']\n"))
+    with pytest.raises(InputError) as exc:
+        render(p, "0.5.19")
+    assert "deprecated" in str(exc.value) and "--cuda-graph-max-bs-decode" in str(exc.value)
