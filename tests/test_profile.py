@@ -130,3 +130,9 @@ def test_override_error_names_the_data_source(write_profile: Write) -> None:
                          overrides_source="group_data/b200.py")
     assert message.startswith("group_data/b200.py: memory.page_sise")
     assert "did you mean 'page_size'" in message
+
+
+def test_env_overrides_merge_key_by_key(write_profile: Write) -> None:
+    path = write_profile(MINIMAL + "env:\n  A: '1'\n  B: '2'\n")
+    p = profile.load(path, overrides={"env.B": "3", "env": {"C": "4"}})
+    assert p.env == {"A": "1", "B": "3", "C": "4"}

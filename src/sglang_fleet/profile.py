@@ -152,15 +152,11 @@ def _merge(base: dict[str, Any], overrides: Mapping[str, Any], source: str,
             continue
         path = f"{prefix}{key}"
         current = base.get(key)
-        if isinstance(value, Mapping) and isinstance(current, dict) and _is_section(path):
+        if isinstance(value, Mapping) and isinstance(current, dict):
             _merge(current, value, source, located, f"{path}.")
         else:
             base[key] = dict(value) if isinstance(value, Mapping) else value
             located.sources[path] = source
-
-
-def _is_section(path: str) -> bool:
-    return path in SCHEMA and SECTION_WIDE not in SCHEMA[path]
 
 
 def _coerce(value: Any, spec: Field) -> Any:
