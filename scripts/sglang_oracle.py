@@ -9,6 +9,7 @@ and prints, for each, the parsed arguments or argparse's error message.
     python3 scripts/sglang_oracle.py extract                 # every supported release
     python3 scripts/sglang_oracle.py extract 0.5.23 0.5.24   # just these
     echo '[["--model-path", "/m"]]' | python3 scripts/sglang_oracle.py parse 0.5.23
+    python3 scripts/sglang_oracle.py source 0.5.23           # where the release's source lies
 
 For each release it downloads the published wheel (no dependencies), installs the transformers
 release that wheel pins, and imports ``sglang.srt.server_args`` in a CPU-only environment.
@@ -248,6 +249,8 @@ def main() -> int:
     p.add_argument("versions", nargs="*", help="releases (default: every supported release)")
     p = sub.add_parser("parse", help="parse argv lists (JSON on stdin) with the real parser")
     p.add_argument("version")
+    p = sub.add_parser("source", help="print the directory holding the release's source")
+    p.add_argument("version")
     sub.add_parser("_dump")
     sub.add_parser("_parse")
     args = ap.parse_args()
@@ -255,6 +258,8 @@ def main() -> int:
         dump()
     elif args.mode == "_parse":
         parse()
+    elif args.mode == "source":
+        print(stage_release(args.work, args.version, build_env(args.work, args.find_links))[0])
     elif args.mode == "parse":
         print(in_release(args.work, args.find_links, args.version, "_parse", sys.stdin.read()))
     else:

@@ -1,0 +1,198 @@
+"""``python -m sglang_sim.launch_server <SGLang flags>``: start like ``sglang.launch_server``.
+
+Arguments are parsed as the release in ``SGLANG_SIM_VERSION`` parses them; the model's
+config.json and ``nvidia-smi`` size memory; SGLang's startup lines are printed in SGLang's
+formats; the server turns healthy after a warmup request and drains on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from argparse import Namespace
+from collections.abc import Iterator
+
+import uvicorn
+
+from sglang_sim import args as args_mod
+from sglang_sim import gpus as gpus_mod
+from sglang_sim import logs, memory, model, rules, server
+from sglang_sim.engine import Engine
+from sglang_sim.faults import Faults
+from sglang_sim.state import State
+
+logger = logging.getLogger("sglang.srt.entrypoints.http_server")
+DRAIN_POLL_SECONDS = float(os.environ.get("SGLANG_SIM_DRAIN_POLL_SECONDS", "5"))
+
+
+def _spawn_scheduler(tp_rank: int) -> subprocess.Popen[bytes]:
+    """A stand-in for the scheduler process SGLang forks per TP rank (holds "GPU memory")."""
+    return subprocess.Popen(
+        [f"sglang::scheduler_TP{tp_rank}", "-c", "import time\nwhile True: time.sleep(3600)"],
+        executable=sys.executable, stdin=subprocess.DEVNULL)
+
+
+def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logger) -> State:
+    """Everything from reading the model to allocating memory pools; raises as SGLang does."""
+    started = time.time()
+    table = args_mod.table(release)
+    shape = model.load(args.model_path)
+    rules.resolve(args, shape.architecture, release, table["speculative_algorithms"])
+    gpus = gpus_mod.discover()
+    if args.tp_size * args.dp_size > len(gpus):
+        raise RuntimeError(f"CUDA error: invalid device ordinal (tp_size={args.tp_size}, "
+                           f"dp_size={args.dp_size}, visible GPUs={len(gpus)})")
+    memory.default_memory_settings(args, gpus[0].memory_mib)
+    logger.info(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in vars(args).items())})")
+    before = gpus[0].memory_mib / 1024 - memory.CONTEXT_OVERHEAD_GB
+    scheduler.info(f"Load weight begin. avail mem={before:.2f} GB")
+    tic = time.perf_counter()
+    deadline = time.monotonic() + faults.load_seconds
+    while faults.hang_loading or time.monotonic() < deadline:
+        time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
+    if faults.fail_startup:
+        raise RuntimeError(faults.fail_startup)
+    plan = memory.plan(args, shape, gpus[0].memory_mib)
+    scheduler.info(
+        f"Load weight end. elapsed={time.perf_counter() - tic:.2f} s, type={shape.architecture}, "
+        f"avail mem={plan.avail_after_load_gb:.2f} GB, mem usage={plan.weight_gb:.2f} GB.")
+    if plan.capped_by_mamba:
+        scheduler.warning(
+            "max_running_requests is capped to %d by the mamba state cache "
+            "(max_mamba_cache_size=%d, %d state slots per request). To raise it: increase "
+            "--mamba-full-memory-ratio or --max-mamba-cache-size, or halve the state size "
+            "with --mamba-ssm-dtype bfloat16.", plan.max_running_requests, plan.mamba_slots,
+            plan.slots_per_request)
+    scheduler.info(
+        f"KV Cache is allocated. dtype: torch.{shape.dtype}, #tokens: {plan.kv_tokens}, "
+        f"K size: {plan.kv_k_gb:.2f} GB, V size: {plan.kv_v_gb:.2f} GB")
+    if shape.is_hybrid:
+        if faults.state_cache_too_small:
+            raise RuntimeError(
+                "Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
+                f"max_mamba_cache_size={plan.slots_per_request - 1}, "
+                f"mamba_ratio={plan.slots_per_request}, resulting max_num_reqs=0. Try: (1) "
+                "reduce --max-running-requests, (2) increase --mem-fraction-static, or (3) use "
+                "GPUs with more memory.")
+        line = (f"Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_slots}, "
+                f"conv_state size: {plan.mamba_conv_gb:.2f}GB, "
+                f"ssm_state size: {plan.mamba_ssm_gb:.2f}GB ")
+        if args.speculative_algorithm is not None:
+            line += (f"intermediate_ssm_state_cache size: {plan.intermediate_ssm_gb:.2f}GB "
+                     f"intermediate_conv_window_cache size: {plan.intermediate_conv_gb:.2f}GB ")
+        scheduler.info(line)
+    scheduler.info(f"Memory pool end. avail mem={plan.pool_end_avail_gb:.2f} GB")
+    scheduler.info(
+        f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={plan.chunked_prefill_size}, "
+        f"max_prefill_tokens={plan.max_prefill_tokens}, "
+        f"max_running_requests={plan.max_running_requests}, context_len={plan.context_len}, "
+        f"available_gpu_mem={plan.available_gpu_mem_gb:.2f} GB")
+    engine = Engine(plan.max_running_requests, args.speculative_algorithm is not None,
+                    args.speculative_num_draft_tokens or 1, args.reasoning_parser is not None,
+                    args.random_seed or 0)
+    command = "python -m sglang.launch_server " + shlex.join(sys.argv[1:])
+    return State(args=args, release=release, launch_command=command, shape=shape, memory=plan,
+                 engine=engine, faults=faults, startup_time=started)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:  # SGLang's own SIGTERM handler drains instead
+        yield
+
+
+async def serve(state: State) -> None:
+    args = state.args
+    app = server.build_app(state)
+    # Like SGLang: uvicorn's own log config at --log-level-http (else --log-level).
+    http = _Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                  log_level=args.log_level_http or args.log_level,
+                                  timeout_keep_alive=5, lifespan="off"))
+    loop = asyncio.get_running_loop()
+    drained = asyncio.Event()
+
+    def on_sigterm() -> None:
+        signum, frame = int(signal.SIGTERM), None
+        logger.warning(f"SIGTERM received. {signum=} {frame=}. "
+                       "Draining requests and shutting down...")
+        state.draining = True
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    loop.add_signal_handler(signal.SIGINT, on_sigterm)
+
+    async def watchdog() -> None:
+        while not state.draining:
+            await asyncio.sleep(min(DRAIN_POLL_SECONDS, 0.5))
+            if state.faults.crash_after and state.engine.stats.requests >= state.faults.crash_after:
+                logger.error("Scheduler hit an exception: RuntimeError: simulated crash after "
+                             f"{state.engine.stats.requests} requests")
+                os._exit(1)
+        while True:
+            remaining_rids = list(state.engine.rids)
+            remain_num_req = len(remaining_rids)
+            logger.info(f"Gracefully exiting... Remaining number of requests {remain_num_req}. "
+                        f"Remaining requests {remaining_rids=}.")
+            if remain_num_req == 0:
+                break
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
+        drained.set()
+
+    async def warmup() -> None:
+        while not http.started:
+            await asyncio.sleep(0.05)
+        out = state.engine.compose("warmup", 1, False, None)
+        async for _ in state.engine.run("warmup", 1, out, streaming=False):
+            pass
+        state.engine.stats = type(state.engine.stats)()
+        state.up = True
+        logger.info("The server is fired up and ready to roll!")
+
+    server_task = asyncio.create_task(http.serve())
+    tasks = [asyncio.create_task(warmup()), asyncio.create_task(watchdog())]
+    await asyncio.wait([server_task, asyncio.create_task(drained.wait())],
+                                 return_when=asyncio.FIRST_COMPLETED)
+    http.should_exit = True
+    await server_task
+    for task in tasks:
+        task.cancel()
+
+
+async def dummy_health(host: str, port: int) -> None:
+    """Ranks with --node-rank > 0 serve a health endpoint that is always 200."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def ok(_: object) -> Response:
+        return Response(status_code=200)
+
+    app = Starlette(routes=[Route("/health", ok), Route("/health_generate", ok)])
+    await _Server(uvicorn.Config(app, host=host, port=port, log_config=None)).serve()
+
+
+def main(argv: list[str] | None = None) -> None:
+    release = args_mod.version()
+    args = args_mod.parse(sys.argv[1:] if argv is None else argv, release)
+    scheduler = logs.configure(args.log_level)
+    if getattr(args, "node_rank", 0):
+        asyncio.run(dummy_health(args.host, args.port))
+        return
+    faults = Faults.from_env()
+    child = _spawn_scheduler(0)
+    try:
+        state = load(args, release, faults, scheduler)
+        asyncio.run(serve(state))
+    finally:
+        child.kill()
+        child.wait()
+
+
+if __name__ == "__main__":
+    main()

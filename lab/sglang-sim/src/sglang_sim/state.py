@@ -1,0 +1,120 @@
+"""One server's state, shared by the HTTP surface, the lifecycle and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from argparse import Namespace
+from dataclasses import dataclass, field
+from typing import Any
+
+from sglang_sim.args import release_tuple
+from sglang_sim.engine import Engine
+from sglang_sim.faults import Faults
+from sglang_sim.memory import MemoryPlan
+from sglang_sim.model import ModelShape
+from sglang_sim.rules import strategy_dest
+
+NULL_CONTENT_UNTIL = (0, 5, 12, 1)  # serving_chat: content=text if text else None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return str(value)
+
+
+@dataclass
+class State:
+    args: Namespace
+    release: str
+    launch_command: str
+    shape: ModelShape
+    memory: MemoryPlan
+    engine: Engine
+    faults: Faults
+    startup_time: float
+    up: bool = False
+    draining: bool = False
+    unhealthy: bool = False
+    served: int = 0
+    health_timeout: float = field(
+        default_factory=lambda: float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")))
+
+    @property
+    def served_model_name(self) -> str:
+        return str(self.args.served_model_name or self.args.model_path)
+
+    @property
+    def reasoning(self) -> bool:
+        return self.args.reasoning_parser is not None
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.shape.eos_token_id
+
+    def content(self, text: str) -> str | None:
+        """An all-reasoning answer is null up to 0.5.12.post1 and "" from 0.5.13."""
+        if text:
+            return text
+        return None if release_tuple(self.release) <= NULL_CONTENT_UNTIL else ""
+
+    @staticmethod
+    def count_tokens(text: str) -> int:
+        return max(1, len(text) // 4)
+
+    async def sleep_health_timeout(self) -> None:
+        await asyncio.sleep(self.health_timeout)
+
+    def server_info(self) -> dict[str, Any]:
+        info = {k: _plain(v) for k, v in vars(self.args).items()}
+        stats = self.engine.stats
+        internal: dict[str, Any] = {
+            "world_size": self.args.tp_size,
+            "startup_time": self.startup_time,
+            "effective_max_running_requests_per_dp": self.memory.max_running_requests,
+            "last_gen_throughput": stats.throughput(),
+            "memory_usage": {"weight": round(self.memory.weight_gb, 2),
+                             "kvcache": round(self.memory.kv_k_gb + self.memory.kv_v_gb, 2),
+                             "token_capacity": self.memory.kv_tokens,
+                             "graph": 0.0},
+        }
+        if self.args.speculative_algorithm is not None:
+            internal["avg_spec_accept_length"] = stats.avg_accept_length
+        info.update(
+            launch_command=self.launch_command,
+            max_total_num_tokens=self.memory.kv_tokens,
+            max_req_input_len=self.memory.context_len - 1,
+            status="ready" if self.up and not self.draining else "starting",
+            startup_time=self.startup_time,
+            internal_states=[internal],
+            version=self.release,
+            frontend="python",
+        )
+        return info
+
+    def model_info(self) -> dict[str, Any]:
+        return {
+            "model_path": self.args.model_path,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": self.args.tokenizer_path or self.args.model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+            "load_format": self.args.load_format,
+            "reasoning_parser": self.args.reasoning_parser,
+            "tool_call_parser": self.args.tool_call_parser,
+            "disaggregation_mode": getattr(self.args, "disaggregation_mode", "null"),
+            "has_image_understanding": self.shape.vision_params > 0,
+            "has_audio_understanding": False,
+            "model_type": self.shape.model_type,
+            "architectures": [self.shape.architecture],
+        }
+
+    @property
+    def mamba_strategy(self) -> str:
+        return str(getattr(self.args, strategy_dest(self.args)))

@@ -1,0 +1,130 @@
+"""Run the simulator as SGLang is run: a process with flags, a model directory and nvidia-smi."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+MODEL = REPO / "lab" / "models" / "qwen3.6-27b"
+MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def gpu_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with an ``nvidia-smi`` that answers like an 8-GPU B200 host."""
+    path = tmp_path_factory.mktemp("bin")
+    smi = path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo \"$i, NVIDIA B200, 183359\"; "
+                   "done\n")
+    smi.chmod(0o755)
+    return path
+
+
+@dataclass
+class Sim:
+    proc: subprocess.Popen[str]
+    url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kw)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+
+class Launcher:
+    def __init__(self, gpu_bin: Path, tmp: Path) -> None:
+        self.gpu_bin = gpu_bin
+        self.tmp = tmp
+        self.started: list[Sim] = []
+
+    def start(self, *flags: str, env: dict[str, str] | None = None, model: Path = MODEL,
+              wait: bool = True, port: int | None = None) -> Sim:
+        port = port or free_port()
+        log = self.tmp / f"sim-{port}.log"
+        full_env = {**os.environ, "PATH": f"{self.gpu_bin}:{os.environ['PATH']}",
+                    "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_DRAIN_POLL_SECONDS": "0.2",
+                    **(env or {})}
+        argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(model),
+                "--host", "127.0.0.1", "--port", str(port), *flags]
+        with log.open("w") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env,
+                                    text=True)
+        sim = Sim(proc, f"http://127.0.0.1:{port}", log)
+        self.started.append(sim)
+        if wait:
+            self.wait_healthy(sim)
+        return sim
+
+    @staticmethod
+    def wait_healthy(sim: Sim, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sim.proc.poll() is not None:
+                raise AssertionError(f"simulator exited {sim.proc.returncode}:\n{sim.output()}")
+            try:
+                if httpx.get(sim.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"simulator not healthy in {timeout} s:\n{sim.output()}")
+
+    def run(self, *flags: str, env: dict[str, str] | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run to exit (for launches that must fail)."""
+        full_env = {**os.environ, "PATH": f"{self.gpu_bin}:{os.environ['PATH']}",
+                    "SGLANG_SIM_LOAD_SECONDS": "0.1", **(env or {})}
+        argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(MODEL),
+                "--host", "127.0.0.1", "--port", str(free_port()), *flags]
+        return subprocess.run(argv, capture_output=True, text=True, env=full_env,
+                              timeout=timeout)
+
+
+@pytest.fixture
+def sims(gpu_bin: Path, tmp_path: Path) -> Iterator[Launcher]:
+    launcher = Launcher(gpu_bin, tmp_path)
+    yield launcher
+    for sim in launcher.started:
+        if sim.proc.poll() is None:
+            sim.proc.kill()
+            sim.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def field_sim(gpu_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    """The field's launch: Qwen3.6-27B, MTP, extra_buffer, qwen3 reasoning, metrics."""
+    launcher = Launcher(gpu_bin, tmp_path_factory.mktemp("field"))
+    sim = launcher.start(*MTP, "--mamba-radix-cache-strategy", "extra_buffer",
+                         "--reasoning-parser", "qwen3", "--enable-metrics")
+    yield sim
+    sim.stop()

@@ -1,0 +1,124 @@
+"""Arguments and startup checks behave as the imitated release's do."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from conftest import MTP, REPO, Launcher
+
+
+def test_removed_flag_exits_2_with_argparse_message(sims: Launcher) -> None:
+    result = sims.run(*MTP, "--mamba-scheduler-strategy", "extra_buffer")
+    assert result.returncode == 2
+    assert "error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer" in \
+        result.stderr
+
+
+def test_ambiguous_prefix_exits_2(sims: Launcher) -> None:
+    result = sims.run("--cuda-graph-max-bs", "8")
+    assert result.returncode == 2
+    assert "ambiguous option: --cuda-graph-max-bs could match" in result.stderr
+
+
+def test_mistyped_value_exits_2(sims: Launcher) -> None:
+    result = sims.run("--tp-size", "two")
+    assert result.returncode == 2 and "invalid int value: 'two'" in result.stderr
+
+
+def test_field_error_on_0_5_12(sims: Launcher) -> None:
+    result = sims.run(*MTP, "--mamba-scheduler-strategy", "no_buffer",
+                      env={"SGLANG_SIM_VERSION": "0.5.12"})
+    assert result.returncode == 1
+    assert ("ValueError: Speculative decoding for Qwen3_5ForConditionalGeneration is not "
+            "compatible with radix cache when using --mamba-scheduler-strategy no_buffer."
+            "To use radix cache with speculative decoding, please use --mamba-scheduler-strategy "
+            "extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.") in result.stderr
+
+
+def test_new_flag_unknown_to_0_5_12(sims: Launcher) -> None:
+    result = sims.run("--mamba-radix-cache-strategy", "extra_buffer",
+                      env={"SGLANG_SIM_VERSION": "0.5.12"})
+    assert result.returncode == 2 and "unrecognized arguments" in result.stderr
+
+
+def test_no_buffer_with_overlap_on_0_5_23(sims: Launcher) -> None:
+    result = sims.run(*MTP, "--mamba-radix-cache-strategy", "no_buffer")
+    assert result.returncode == 1
+    assert "AssertionError: no_buffer do not support overlap schedule" in result.stderr
+
+
+def test_unknown_speculative_algorithm(sims: Launcher) -> None:
+    result = sims.run("--speculative-algorithm", "MTP")
+    assert result.returncode == 1
+    assert "ValueError: Unknown speculative algorithm name: MTP" in result.stderr
+
+
+def test_extra_buffer_with_radix_cache_disabled_0_5_12(sims: Launcher) -> None:
+    result = sims.run(*MTP, "--mamba-scheduler-strategy", "extra_buffer",
+                      "--disable-radix-cache", env={"SGLANG_SIM_VERSION": "0.5.12"})
+    assert result.returncode == 1
+    assert "mamba extra_buffer is not compatible with --disable-radix-cache" in result.stderr
+
+
+def test_no_gpus(sims: Launcher) -> None:
+    result = sims.run(env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 1 and "No CUDA GPUs are available" in result.stderr
+
+
+def test_more_ranks_than_gpus(sims: Launcher) -> None:
+    result = sims.run("--tp-size", "16")
+    assert result.returncode == 1 and "invalid device ordinal" in result.stderr
+
+
+def test_startup_lines_and_field_capacity(sims: Launcher) -> None:
+    """The field's trap: 24 mamba slots with extra_buffer leave room for 4 requests."""
+    sim = sims.start(*MTP, "--mamba-radix-cache-strategy", "extra_buffer",
+                     "--max-mamba-cache-size", "24")
+    log = sim.output()
+    assert "Load weight end. elapsed=" in log and "type=Qwen3_5ForConditionalGeneration" in log
+    assert "KV Cache is allocated. dtype: torch.bfloat16, #tokens: " in log
+    assert "Mamba Cache is allocated. max_mamba_cache_size: 24, " in log
+    assert "intermediate_ssm_state_cache size: " in log
+    assert "max_running_requests is capped to 4 by the mamba state cache " \
+           "(max_mamba_cache_size=24, 5 state slots per request)" in log
+    assert ", max_running_requests=4, context_len=262144, available_gpu_mem=" in log
+    assert log.index("Memory pool end.") < log.index("The server is fired up and ready to roll!")
+    info = sim.client().get("/server_info").json()
+    assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 4
+    sim.stop()
+
+
+def test_state_cache_too_small(sims: Launcher) -> None:
+    result = sims.run(*MTP, "--mamba-radix-cache-strategy", "extra_buffer",
+                      "--max-mamba-cache-size", "4")
+    assert result.returncode == 1
+    assert "Hybrid (mamba/linear-attention) state cache is too small to serve any requests" in \
+        result.stderr + result.stdout
+
+
+def test_no_buffer_slots_without_spec(sims: Launcher) -> None:
+    sim = sims.start("--mamba-radix-cache-strategy", "no_buffer", "--disable-overlap-schedule",
+                     "--max-mamba-cache-size", "30")
+    assert "max_running_requests is capped to 10 by the mamba state cache " \
+           "(max_mamba_cache_size=30, 3 state slots per request)" in sim.output()
+    sim.stop()
+
+
+def test_installed_wheel_carries_its_flag_tables(tmp_path: Path, gpu_bin: Path) -> None:
+    """Lab hosts install the simulator from its wheel, as B200 hosts install SGLang."""
+    sim_dir = REPO / "lab" / "sglang-sim"
+    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(tmp_path / "dist"), str(sim_dir)],
+                   check=True, capture_output=True, timeout=300)
+    venv = tmp_path / "venv"
+    subprocess.run(["uv", "venv", "-q", str(venv)], check=True, capture_output=True)
+    [wheel] = (tmp_path / "dist").glob("sglang_sim-*.whl")
+    subprocess.run(["uv", "pip", "install", "-q", "--python", str(venv / "bin" / "python"),
+                    str(wheel)], check=True, capture_output=True, timeout=300)
+    result = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "sglang_sim.launch_server", "--model-path", "/m",
+         "--mamba-scheduler-strategy", "extra_buffer"],
+        capture_output=True, text=True, cwd=tmp_path, env={"PATH": f"{gpu_bin}:/usr/bin:/bin"})
+    assert result.returncode == 2
+    assert "launch_server.py: error: unrecognized arguments: --mamba-scheduler-strategy" in \
+        result.stderr
