@@ -12,7 +12,7 @@ def test_fail_at_startup(sims: Launcher) -> None:
     result = sims.run(env={"SGLANG_SIM_FAIL_STARTUP": "CUDA out of memory. Tried to allocate"})
     assert result.returncode == 1
     assert "RuntimeError: CUDA out of memory. Tried to allocate" in result.stderr
-    assert "Load weight begin." in result.stdout and "fired up" not in result.stdout
+    assert "Load weight begin." in result.stderr and "fired up" not in result.stderr
 
 
 def test_crash_after_requests(sims: Launcher) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 DATEFMT = "%Y-%m-%d %H:%M:%S"
 SCHEDULER = "sglang.srt.managers.scheduler"
@@ -12,9 +11,9 @@ SCHEDULER = "sglang.srt.managers.scheduler"
 def configure(level: str = "info", tp_rank: int = 0) -> logging.Logger:
     """Configure the root (main process) format; return the TP0 scheduler's logger."""
     logging.basicConfig(level=getattr(logging, level.upper()), format="[%(asctime)s] %(message)s",
-                        datefmt=DATEFMT, stream=sys.stdout, force=True)
+                        datefmt=DATEFMT, force=True)  # stderr, like SGLang
     scheduler = logging.getLogger(SCHEDULER)
-    handler = logging.StreamHandler(sys.stdout)
+    handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"[%(asctime)s TP{tp_rank}] %(message)s", DATEFMT))
     scheduler.handlers = [handler]
     scheduler.propagate = False
