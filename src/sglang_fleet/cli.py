@@ -39,6 +39,45 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lab_up(args: argparse.Namespace) -> int:
+    from sglang_fleet.lab import manage
+
+    if args.hosts < 1 or args.hosts > 200 or args.gpus < 1:
+        print("sglang-fleet lab up: --hosts must be 1..200 and --gpus at least 1",
+              file=sys.stderr)
+        return 2
+    manage.up(args.hosts, args.gpus, args.hgx)
+    return 0
+
+
+def cmd_lab_down(args: argparse.Namespace) -> int:
+    from sglang_fleet.lab import manage
+
+    manage.down()
+    return 0
+
+
+def cmd_lab_status(args: argparse.Namespace) -> int:
+    from sglang_fleet.lab import manage
+
+    hosts = manage.status()
+    if args.json:
+        print(json.dumps(hosts, indent=2))
+    elif not hosts:
+        print("no lab (sglang-fleet lab up)")
+    for h in [] if args.json else hosts:
+        state = "running" if h["running"] else "stopped"
+        print(f"{h['name']:<8}{h['address']:<14}{h['gpus']} GPU{'s' if h['gpus'] > 1 else ''}"
+              f"{' HGX' if h['hgx'] else ''}  {state}")
+    return 0
+
+
+def cmd_lab_ssh(args: argparse.Namespace) -> int:
+    from sglang_fleet.lab import manage
+
+    return manage.ssh(args.host, args.command)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang-fleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,6 +96,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", help=version_help)
     p.add_argument("--model-config", help="the model's config.json (or its directory)")
     p.set_defaults(func=cmd_check)
+
+    lab = sub.add_parser("lab", help="simulated B200 hosts on this machine (needs root)")
+    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
+    p = lab_sub.add_parser("up", help="boot fresh lab hosts and the site around them")
+    p.add_argument("--hosts", type=int, default=3, help="how many hosts (default 3)")
+    p.add_argument("--gpus", type=int, default=8, help="B200s per host (default 8)")
+    p.add_argument("--hgx", action="store_true", help="hosts are HGX boards (NVSwitch fabric)")
+    p.set_defaults(func=cmd_lab_up)
+    p = lab_sub.add_parser("down", help="stop every host and service, unmount everything")
+    p.set_defaults(func=cmd_lab_down)
+    p = lab_sub.add_parser("status", help="the lab's hosts")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_lab_status)
+    p = lab_sub.add_parser("ssh", help="a shell (or a command) on a lab host")
+    p.add_argument("host")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_lab_ssh)
     return parser
 
 

@@ -13,7 +13,7 @@ import os
 import re
 from decimal import Decimal
 from functools import cache
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,14 @@ def _data_dir() -> Path:
 
 
 def default_version() -> str:
+    """The release this installation imitates: its own version when that is an SGLang release
+    (a lab wheel), else the project's pinned release."""
+    try:
+        own = metadata.version("sglang-sim")
+    except metadata.PackageNotFoundError:
+        own = ""
+    if own and (_data_dir() / "flags" / f"{own}.json").is_file():
+        return own
     return str(json.loads((_data_dir() / "releases.json").read_text())["pinned"])
 
 

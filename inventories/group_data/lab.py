@@ -1,0 +1,27 @@
+"""What the lab's site looks like from its hosts: the only place the lab differs.
+
+The NVIDIA repository, the S3 endpoint and its credentials, and the engine package are the
+lab's; everything the product does with them is what it does on a B200 site.
+"""
+
+from sglang_fleet.lab.site import MODEL_PREFIX, S3_CREDENTIALS
+from sglang_fleet.lab.state import S3_BUCKET, load
+
+_lab = load()
+
+# NVIDIA's CUDA repository (developer.download.nvidia.com/compute/cuda/repos on a real site).
+nvidia_repo_base_url = _lab.repo_url
+
+# The engine: the SGLang simulator, installed from the lab's wheelhouse like SGLang from PyPI
+# (a wheel versioned 0.5.23 imitates SGLang 0.5.23).
+sglang_overrides = {
+    "engine.package": "sglang-sim",
+    "engine.launcher": "sglang_sim.launch_server",
+    "model.source": f"s3://{S3_BUCKET}/{MODEL_PREFIX}",
+}
+engine_find_links = _lab.wheels_url
+
+# The lab's S3 endpoint and its (throwaway) credentials.
+s3_endpoint_url = _lab.s3_url
+aws_access_key_id = S3_CREDENTIALS["aws_access_key_id"]
+aws_secret_access_key = S3_CREDENTIALS["aws_secret_access_key"]

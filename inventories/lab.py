@@ -1,0 +1,20 @@
+"""The lab's hosts (``sglang-fleet lab up``), as a pyinfra inventory.
+
+    pyinfra -y inventories/lab.py exec -- nvidia-smi -L
+
+Every host is in the group ``lab`` (this file's name), whose data lives in
+``group_data/lab.py``: the one place where the lab differs from a B200 site.
+"""
+
+from sglang_fleet.lab.state import load
+
+_lab = load()
+_ssh = {
+    "ssh_user": "root",
+    "ssh_key": str(_lab.ssh_key),
+    "ssh_known_hosts_file": str(_lab.known_hosts),
+    "ssh_strict_host_key_checking": "accept-new",
+}
+
+lab_hosts = [(h.name, {"ssh_hostname": h.address, "gpu_count": h.gpus, **_ssh})
+             for h in _lab.hosts]

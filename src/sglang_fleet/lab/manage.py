@@ -1,0 +1,87 @@
+"""``sglang-fleet lab up|down|status|ssh``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any
+
+from sglang_fleet.lab import hosts, rootfs, site
+from sglang_fleet.lab.state import STATE_DIR, Host, Lab, host_address, load
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise SystemExit("sglang-fleet lab: needs root (systemd-nspawn, overlay mounts, "
+                         "loopback services); run it with sudo")
+    missing = [t for t in ("debootstrap", "systemd-nspawn", "ssh", "dpkg-deb", "apt-ftparchive",
+                           "gpg", "uv") if shutil.which(t) is None]
+    if missing:
+        raise SystemExit(f"sglang-fleet lab: missing {', '.join(missing)}; install with: "
+                         "apt-get install debootstrap systemd-container openssh-client dpkg-dev "
+                         "apt-utils gnupg (and pip install uv)")
+
+
+def _ssh_key(lab: Lab) -> None:
+    if not lab.ssh_key.exists():
+        lab.ssh_key.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sglang-fleet-lab",
+                        "-f", str(lab.ssh_key)], check=True)
+    lab.known_hosts.unlink(missing_ok=True)  # hosts are new: their keys may differ
+
+
+def up(count: int, gpus: int, hgx: bool) -> Lab:
+    """Bring up ``count`` fresh hosts (taking down any running lab first)."""
+    _require_root()
+    tic = time.monotonic()
+    down(quiet=True)
+    lower = rootfs.ensure()
+    lab = Lab(hosts=[Host(f"lab{i}", host_address(i), gpus, hgx) for i in range(1, count + 1)],
+              rootfs=str(lower))
+    _ssh_key(lab)
+    lab.save()
+    site.start(lab)
+    for host in lab.hosts:
+        hosts.prepare(host, lower, lab)
+        hosts.boot(host)
+    for host in lab.hosts:
+        hosts.wait_ssh(host, lab)
+    print(f"lab up: {count} host(s) in {time.monotonic() - tic:.1f} s "
+          f"({', '.join(f'{h.name} {h.address}' for h in lab.hosts)})")
+    return lab
+
+
+def down(quiet: bool = False) -> None:
+    """Stop every host and service; nothing mounted, running or listening remains."""
+    _require_root()
+    lab = load()
+    for host in lab.hosts:
+        hosts.stop(host)
+    site.stop()
+    if lab.hosts:
+        lab.hosts = []
+        lab.save()
+    if not quiet:
+        print("lab down")
+
+
+def status() -> list[dict[str, Any]]:
+    lab = load()
+    return [{"name": h.name, "address": h.address, "gpus": h.gpus, "hgx": h.hgx,
+             "running": hosts.running(h)} for h in lab.hosts]
+
+
+def ssh(name: str, command: list[str]) -> int:
+    lab = load()
+    host = next((h for h in lab.hosts if h.name == name), None)
+    if host is None:
+        known = ", ".join(h.name for h in lab.hosts) or "none (run: sglang-fleet lab up)"
+        print(f"sglang-fleet lab: no host {name!r}; hosts: {known}", file=sys.stderr)
+        return 1
+    return hosts.ssh(host, lab, " ".join(command) or None, tty=not command).returncode
+
+
+__all__ = ["STATE_DIR", "down", "ssh", "status", "up"]

@@ -1,0 +1,79 @@
+"""Where the lab keeps its state, and what ``lab status`` and ``inventories/lab.py`` read."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STATE_DIR = Path(os.environ.get("SGLANG_FLEET_LAB_DIR", "/var/lib/sglang-fleet-lab"))
+CACHE_DIR = Path(os.environ.get("SGLANG_FLEET_LAB_CACHE", "/var/cache/sglang-fleet-lab"))
+SITE_ADDRESS = "127.0.0.2"
+HTTP_PORT = 8080  # apt repository (NVIDIA's layout) and wheelhouse
+S3_PORT = 9000
+S3_BUCKET = "lab-models"
+REPO_PATH = "compute/cuda/repos"  # as under developer.download.nvidia.com
+
+
+def host_address(index: int) -> str:
+    return f"127.0.0.{10 + index}"
+
+
+@dataclass
+class Host:
+    name: str
+    address: str
+    gpus: int
+    hgx: bool
+
+    @property
+    def dir(self) -> Path:
+        return STATE_DIR / "hosts" / self.name
+
+    @property
+    def root(self) -> Path:
+        return self.dir / "root"
+
+
+@dataclass
+class Lab:
+    hosts: list[Host] = field(default_factory=list)
+    rootfs: str = ""
+
+    @property
+    def ssh_key(self) -> Path:
+        return STATE_DIR / "ssh" / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return STATE_DIR / "ssh" / "known_hosts"
+
+    @property
+    def repo_url(self) -> str:
+        return f"http://{SITE_ADDRESS}:{HTTP_PORT}/{REPO_PATH}"
+
+    @property
+    def wheels_url(self) -> str:
+        return f"http://{SITE_ADDRESS}:{HTTP_PORT}/wheels/"
+
+    @property
+    def s3_url(self) -> str:
+        return f"http://{SITE_ADDRESS}:{S3_PORT}"
+
+    def save(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        path = STATE_DIR / "lab.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"hosts": [asdict(h) for h in self.hosts],
+                                   "rootfs": self.rootfs}, indent=2))
+        tmp.replace(path)
+
+
+def load() -> Lab:
+    """The lab as last brought up; empty when there is none."""
+    path = STATE_DIR / "lab.json"
+    if not path.exists():
+        return Lab()
+    data = json.loads(path.read_text())
+    return Lab(hosts=[Host(**h) for h in data["hosts"]], rootfs=data.get("rootfs", ""))
