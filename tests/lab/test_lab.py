@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def pyinfra(*argv: str) -> subprocess.CompletedProcess[str]:
 def lab() -> Iterator[None]:
     if os.geteuid() != 0:
         pytest.fail("the lab needs root (systemd-nspawn, overlay mounts): run the tests as root")
-    result = run("sglang-fleet", "lab", "up", "--hosts", "3", timeout=900)
+    result = run("sglang-fleet", "lab", "up", "--hosts", "3", "--hgx", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     yield
     run("sglang-fleet", "lab", "down")
@@ -69,12 +70,78 @@ def test_driver_from_the_lab_repository_after_a_reboot(lab: None) -> None:
     assert "No changes" in again.stdout + again.stderr or "Success" in again.stdout
 
 
+def ssh(host: str, command: str) -> subprocess.CompletedProcess[str]:
+    return run("sglang-fleet", "lab", "ssh", host, command)
+
+
+def fabric_state(host: str) -> str:
+    out = ssh(host, "nvidia-smi -q -i 0").stdout
+    return next(line.split(":", 1)[1].strip() for line in out.splitlines()
+                if line.strip().startswith("State"))
+
+
+def test_fabric_completes_with_matching_fabric_manager_and_nvlsm(lab: None) -> None:
+    assert fabric_state("lab1") == "In Progress"
+    install = ssh("lab1", "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                  "nvidia-fabricmanager=580.95.05-1 nvlsm >/dev/null && "
+                  "systemctl start nvidia-fabricmanager")
+    assert install.returncode == 0, install.stderr
+    assert fabric_state("lab1") == "In Progress"  # no subnet manager yet
+    assert ssh("lab1", "systemctl start nvlsm").returncode == 0
+    assert fabric_state("lab1") == "Completed"
+
+
+def test_fabric_manager_of_another_version_fails(lab: None) -> None:
+    result = ssh("lab2", "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                 "nvidia-fabricmanager=580.105.08-1 nvlsm >/dev/null; systemctl start nvlsm; "
+                 "systemctl start nvidia-fabricmanager")
+    assert result.returncode != 0
+    journal = ssh("lab2", "journalctl -u nvidia-fabricmanager --no-pager").stdout
+    assert "fabric manager NVIDIA GPU driver interface version 580.105.08 don't match with " \
+           "driver version 580.95.05" in journal
+    assert fabric_state("lab2") == "In Progress"
+
+
+def test_site_serves_wheels_and_the_model(lab: None) -> None:
+    import boto3
+
+    from sglang_fleet.lab.site import S3_CREDENTIALS
+    from sglang_fleet.lab.state import load
+
+    wheels = ssh("lab1", "curl -fsS http://127.0.0.2:8080/wheels/").stdout
+    assert "sglang_sim-0.5.23-py3-none-any.whl" in wheels
+    anonymous = ssh("lab1", "curl -s -o /dev/null -w '%{http_code}' "
+                    "http://127.0.0.2:9000/lab-models/qwen3.6-27b/config.json").stdout
+    assert anonymous == "403"  # reachable from the hosts, and private like a real bucket
+    s3 = boto3.client("s3", endpoint_url=load().s3_url, region_name="us-east-1",
+                      **S3_CREDENTIALS)
+    objects = {o["Key"]: o["Size"] for o in
+               s3.list_objects_v2(Bucket="lab-models", Prefix="qwen3.6-27b/")["Contents"]}
+    assert "qwen3.6-27b/config.json" in objects
+    assert "qwen3.6-27b/model.safetensors.index.json" in objects
+    shards = [size for key, size in objects.items() if key.endswith(".safetensors")]
+    assert len(shards) == 4 and sum(shards) > 250 << 20  # a few hundred MB of real bytes
+
+
 def test_upgrade_without_reboot_is_a_version_mismatch(lab: None) -> None:
     result = run("sglang-fleet", "lab", "ssh", "lab3",
                  "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nvidia-open-580 "
                  "nvidia-driver-580-open >/dev/null; nvidia-smi -L")
     assert result.returncode == 18
     assert "Failed to initialize NVML: Driver/library version mismatch" in result.stdout
+
+
+def test_proprietary_flavour_finds_no_devices(lab: None) -> None:
+    ssh("lab3", "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cuda-drivers-580 "
+        ">/dev/null; systemctl reboot")
+    assert run("sglang-fleet", "lab", "status").returncode == 0
+    result = subprocess.CompletedProcess([], 1, "", "")
+    for _ in range(60):
+        result = ssh("lab3", "systemctl is-system-running --wait >/dev/null; nvidia-smi")
+        if result.returncode in (0, 6):
+            break
+        time.sleep(1)
+    assert result.returncode == 6 and "No devices were found" in result.stdout
 
 
 def test_down_leaves_nothing_behind(lab: None) -> None:

@@ -36,7 +36,8 @@ class Deb:
 
 def _daemon_unit(description: str, name: str, version: str) -> str:
     return (f"[Unit]\nDescription={description}\nAfter=lab-nvidia-module.service\n\n"
-            f"[Service]\nExecStart=/usr/lib/lab-nvidia/lab-daemon {name} {version}\n"
+            f"[Service]\nType=forking\nPIDFile=/run/lab-nvidia/{name}.pid\n"
+            f"ExecStart=/usr/lib/lab-nvidia/lab-daemon {name} {version}\n"
             "Restart=no\n\n[Install]\nWantedBy=multi-user.target\n")
 
 
