@@ -25,3 +25,6 @@ engine_find_links = _lab.wheels_url
 s3_endpoint_url = _lab.s3_url
 aws_access_key_id = S3_CREDENTIALS["aws_access_key_id"]
 aws_secret_access_key = S3_CREDENTIALS["aws_secret_access_key"]
+
+# Lab hosts may be rebooted by the driver stage (a B200 site decides this per inventory).
+allow_reboot = True

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyinfra.api.exceptions import PyinfraError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -22,8 +24,9 @@ class Problem:
         return f"{where}: {self.message}\n    fix: {self.fix}"
 
 
-class InputError(Exception):
-    """Bad input: the CLI prints it and exits 1, pyinfra deploys fail before touching a host."""
+class InputError(PyinfraError):
+    """Bad input: the CLI prints it and exits 1; pyinfra prints it (no traceback) and stops
+    before touching a host."""
 
     def __init__(self, problems: list[Problem]) -> None:
         self.problems = problems

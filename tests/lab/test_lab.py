@@ -29,10 +29,14 @@ def pyinfra(*argv: str) -> subprocess.CompletedProcess[str]:
     return run("pyinfra", "-y", "inventories/lab.py", *argv)
 
 
-@pytest.fixture(scope="module")
-def lab() -> Iterator[None]:
+def require_root() -> None:
     if os.geteuid() != 0:
         pytest.fail("the lab needs root (systemd-nspawn, overlay mounts): run the tests as root")
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[None]:
+    require_root()
     result = run("sglang-fleet", "lab", "up", "--hosts", "3", "--hgx", timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     yield

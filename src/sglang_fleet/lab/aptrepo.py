@@ -19,6 +19,7 @@ BRANCH = "580"
 DRIVERS = ("580.95.05", "580.105.08")  # two releases of the branch, oldest first
 DISTRO, ARCH = "debian12", "x86_64"
 GNUPG = STATE_DIR / "gnupg"
+RELOAD = "systemctl daemon-reload >/dev/null 2>&1 || true\n"  # as deb-systemd-helper does
 
 
 @dataclass
@@ -69,7 +70,7 @@ def packages(kernel: str) -> list[Deb]:
                 depends=f"nvidia-driver-{BRANCH} (= {version}-1)",
                 description="CUDA driver metapackage (proprietary kernel modules)"),
             Deb("nvidia-fabricmanager", f"{version}-1",
-                description="NVIDIA Fabric Manager",
+                description="NVIDIA Fabric Manager", postinst=RELOAD,
                 files={"lib/systemd/system/nvidia-fabricmanager.service":
                        _daemon_unit("NVIDIA fabric manager service", "fabricmanager", version)}),
         ]
@@ -79,10 +80,11 @@ def packages(kernel: str) -> list[Deb]:
         Deb(f"nvidia-driver-pinning-{BRANCH}", f"{BRANCH}-1", arch="all",
             files={f"etc/apt/preferences.d/nvidia-driver-pinning-{BRANCH}": pin},
             description="Pin the NVIDIA driver stack to one branch"),
-        Deb("nvlsm", "2025.06.4-1", description="NVLink subnet manager",
+        Deb("nvlsm", "2025.06.4-1", description="NVLink subnet manager", postinst=RELOAD,
             files={"lib/systemd/system/nvlsm.service":
                    _daemon_unit("NVLink Subnet Manager", "nvlsm", "2025.06.4")}),
         Deb("datacenter-gpu-manager-4-cuda13", "1:4.4.1-1", description="NVIDIA DCGM",
+            postinst=RELOAD,
             files={"lib/systemd/system/nvidia-dcgm.service":
                    _daemon_unit("NVIDIA DCGM service", "nv-hostengine", "4.4.1"),
                    "usr/bin/dcgmi": "#!/bin/sh\necho 'Successfully ran diagnostic.'\n"}),

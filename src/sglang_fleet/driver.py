@@ -1,0 +1,312 @@
+"""Driver stage: NVIDIA's CUDA repository, the OPEN driver of a pinned branch (held, kept out of
+unattended upgrades, loaded by a reboot only when the loaded module differs from the installed
+one), the fabric manager and NVLSM on NVSwitch hosts, and a verification with nvidia-smi.
+
+    from sglang_fleet.driver import install_driver
+    install_driver()      # in a pyinfra deploy; reads the host's data (DriverConfig)
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Generator
+from dataclasses import dataclass
+from io import StringIO
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.deploy import deploy
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.operation import operation
+from pyinfra.context import host, state
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution
+from pyinfra.operations import apt, files, server, systemd
+
+from sglang_fleet.errors import InputError
+from sglang_fleet.facts.nvidia import (
+    AptVersions,
+    HeldPackages,
+    NvidiaFabric,
+    NvidiaModule,
+    NvidiaSmi,
+)
+
+NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
+KEYRING = "cuda-keyring_1.1-1_all.deb"
+# Minimum driver for each CUDA release (NVIDIA's CUDA toolkit release notes).
+DRIVER_FLOOR = {"12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
+APT_NO_UPGRADE = "/etc/apt/apt.conf.d/51sglang-fleet-nvidia"
+Ops = Generator[Any, None, None]
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("-")[0].split(".") if p.isdigit())
+
+
+@dataclass(frozen=True)
+class DriverConfig:
+    """The driver stage's host data, validated."""
+
+    repo_base_url: str
+    branch: str
+    version: str | None
+    gpu_count: int | None
+    allow_reboot: bool
+    engine_cuda: str
+    cuda_toolkit: str | None
+    dcgm: bool
+
+    @classmethod
+    def from_data(cls, data: Any, host_name: str) -> DriverConfig:
+        source = f"pyinfra data of {host_name}"
+        flavour = data.get("nvidia_driver_flavour", "open")
+        if flavour != "open":
+            raise InputError.one(
+                source, "nvidia_driver_flavour",
+                f"{flavour!r} refused: B200 (Blackwell) runs only on NVIDIA's open kernel "
+                "modules; the proprietary flavour loads, then fails (RmInitAdapter failed) and "
+                "nvidia-smi finds no devices", "remove nvidia_driver_flavour or set it to 'open'")
+        branch = str(data.get("nvidia_driver_branch", "580"))
+        version = data.get("nvidia_driver_version")
+        if version is not None and not str(version).startswith(f"{branch}."):
+            raise InputError.one(source, "nvidia_driver_version",
+                                 f"{version} is not on branch {branch}",
+                                 f"use a {branch}.x version or change nvidia_driver_branch")
+        cuda = str(data.get("engine_cuda", "13.0"))
+        if cuda not in DRIVER_FLOOR:
+            raise InputError.one(source, "engine_cuda", f"unknown CUDA release {cuda}",
+                                 f"one of {', '.join(DRIVER_FLOOR)}")
+        count = data.get("gpu_count")
+        if count is not None and (not isinstance(count, int) or count < 1):
+            raise InputError.one(source, "gpu_count", f"must be a positive integer, got {count!r}",
+                                 "the number of GPUs the host must show, e.g. 8")
+        return cls(repo_base_url=str(data.get("nvidia_repo_base_url", NVIDIA_REPOS)).rstrip("/"),
+                   branch=branch, version=str(version) if version else None, gpu_count=count,
+                   allow_reboot=bool(data.get("allow_reboot", False)), engine_cuda=cuda,
+                   cuda_toolkit=data.get("cuda_toolkit"), dcgm=bool(data.get("install_dcgm")))
+
+    @property
+    def packages(self) -> list[str]:
+        """The open driver stack this stage installs and holds."""
+        return [f"nvidia-open-{self.branch}", f"nvidia-driver-{self.branch}-open"]
+
+
+def repo_path() -> str:
+    """NVIDIA's directory for this host: ``ubuntu2404/x86_64``, ``debian12/sbsa``, …"""
+    dist = host.get_fact(LinuxDistribution)
+    name = str(dist["release_meta"].get("ID", dist["name"])).lower()
+    version = str(dist["release_meta"].get("VERSION_ID", dist["major"])).replace(".", "")
+    arch = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa",
+            "arm64": "sbsa"}.get(str(host.get_fact(Arch)))
+    distro = f"{name}{version}"
+    if distro not in ("ubuntu2204", "ubuntu2404", "debian12") or arch is None:
+        raise OperationError(f"no NVIDIA CUDA repository for {distro}/{host.get_fact(Arch)}: "
+                             "supported are ubuntu2204, ubuntu2404, debian12 on x86_64 or sbsa")
+    return f"{distro}/{arch}"
+
+
+def fail(message: str) -> str:
+    """A command that fails with ``message``: pyinfra shows it as the host's error, without the
+    traceback an exception raised while executing an operation would print."""
+    return f"echo {shlex.quote('error: ' + message)} >&2; exit 1"
+
+
+def _installed(package: str) -> str | None:
+    versions = host.get_fact(DebPackages).get(package)
+    return sorted(versions)[-1] if versions else None
+
+
+@operation(is_idempotent=True)
+def driver_packages(cfg: DriverConfig) -> Ops:
+    """Install the open driver at the wanted version (unholding only to change it), then hold.
+
+    Resolved at execution time, against the repository this run has just configured.
+    """
+    main = cfg.packages[1]
+    offered = host.get_fact(AptVersions, package=main)
+    installed = _installed(main)
+    if cfg.version:
+        wanted = next((v for v in offered if v.split("-")[0] == cfg.version), None)
+        if wanted is None and state.is_executing:
+            yield fail(f"nvidia_driver_version {cfg.version}: the repository offers "
+                       f"{', '.join(offered) or 'no ' + main}")
+            return
+    else:
+        wanted = installed or (offered[0] if offered else None)
+    if wanted is None:  # only while preparing a fresh host: the repository is not there yet
+        yield f"true  # {main} from the NVIDIA repository"
+        return
+    held = host.get_fact(HeldPackages)
+    if installed != wanted:
+        pinned = [f"{p}={wanted}" for p in cfg.packages]
+        yield f"apt-mark unhold {' '.join(cfg.packages)} >/dev/null"
+        yield ("DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
+               f"--allow-change-held-packages -o Dpkg::Options::=--force-confold "
+               f"{' '.join(pinned)} nvidia-driver-pinning-{cfg.branch}")
+    if installed != wanted or not set(cfg.packages) <= set(held):
+        yield f"apt-mark hold {' '.join(cfg.packages)}"
+
+
+@operation(is_idempotent=True)
+def load_driver(cfg: DriverConfig) -> Ops:
+    """Reboot only when the loaded module is not the installed open driver, and only when
+    ``allow_reboot`` says so; otherwise stop with what was found."""
+    if not state.is_executing:
+        return
+    installed = _installed(cfg.packages[1])
+    loaded = host.get_fact(NvidiaModule)
+    if installed is None:
+        yield fail(f"{cfg.packages[1]} is not installed")
+        return
+    want = installed.split("-")[0]
+    if loaded is not None and loaded.version == want and loaded.open:
+        return
+    found = "none" if loaded is None else \
+        f"{loaded.version}{'' if loaded.open else ' (proprietary)'}"
+    if not cfg.allow_reboot:
+        yield fail(f"reboot needed: loaded {found}, installed {want} "
+                   "(set allow_reboot = True in host data to let the deploy reboot)")
+        return
+    logger.info(f"{host.print_prefix}rebooting: loaded driver {found}, installed {want}")
+    yield from server.reboot._inner(delay=5, interval=2, reboot_timeout=900)
+
+
+@operation(is_idempotent=True)
+def persistence_mode() -> Ops:
+    report = host.get_fact(NvidiaSmi)
+    if not state.is_executing or not report.ok:
+        return
+    if not all(g.persistence for g in report.gpus):
+        yield "nvidia-smi -pm 1"
+
+
+@operation(is_idempotent=True)
+def fabric(cfg: DriverConfig) -> Ops:
+    """On NVSwitch hosts (a Fabric state in nvidia-smi): the fabric manager of exactly the
+    installed driver version, NVLSM and the InfiniBand tools it needs, enabled and running."""
+    if not state.is_executing or host.get_fact(NvidiaFabric) is None:
+        return
+    driver = _installed(cfg.packages[1])
+    fm = _installed("nvidia-fabricmanager")
+    if fm != driver:
+        if fm is not None:
+            logger.warning(f"{host.print_prefix}nvidia-fabricmanager {fm} does not match the "
+                           f"driver {driver}: installing nvidia-fabricmanager {driver}")
+        yield "apt-mark unhold nvidia-fabricmanager >/dev/null"
+        yield ("DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
+               f"--allow-change-held-packages nvidia-fabricmanager={driver} nvlsm "
+               "infiniband-diags")
+        yield "apt-mark hold nvidia-fabricmanager"
+        yield "systemctl daemon-reload"  # the package replaced the unit
+        yield "systemctl restart nvidia-fabricmanager"
+    elif _installed("nvlsm") is None:
+        yield "DEBIAN_FRONTEND=noninteractive apt-get install -y nvlsm infiniband-diags"
+    for unit in ("nvlsm", "nvidia-fabricmanager"):
+        active, _ = host.run_shell_command(f"systemctl is-enabled {unit} && "
+                                           f"systemctl is-active {unit}")
+        if not active:
+            yield f"systemctl enable --now {unit}"
+
+
+def _fabric_problem(cfg: DriverConfig) -> str | None:
+    state_ = host.get_fact(NvidiaFabric)
+    deadline = time.monotonic() + 60
+    while state_ is not None and state_[0] != "Completed" and time.monotonic() < deadline:
+        time.sleep(2)  # the fabric takes a moment after the fabric manager starts
+        state_ = host.get_fact(NvidiaFabric)
+    if state_ is None or state_[0] == "Completed":
+        return None
+    fm, driver = _installed("nvidia-fabricmanager"), _installed(cfg.packages[1])
+    cause = (f"nvidia-fabricmanager {fm} does not match driver {driver}" if fm != driver
+             else "the fabric manager or nvlsm is not running")
+    return f"fabric state {state_[0]} ({cause})"
+
+
+@operation(is_idempotent=True)
+def verify(cfg: DriverConfig) -> Ops:
+    """GPU count, B200, memory, driver floor for the engine's CUDA, compute capability 10.0 and
+    (on NVSwitch hosts) a completed fabric; one line per host."""
+    if not state.is_executing:
+        return
+    report = host.get_fact(NvidiaSmi)
+    if not report.ok:
+        yield fail(f"nvidia-smi: {report.error}")
+        return
+    gpus, problems = report.gpus, []
+    if cfg.gpu_count is not None and len(gpus) != cfg.gpu_count:
+        problems.append(f"{len(gpus)} GPUs, host data says {cfg.gpu_count}")
+    if not gpus:
+        problems.append("no GPUs")
+    for g in gpus:
+        if "B200" not in g.name:
+            problems.append(f"GPU {g.index} is {g.name}, not a B200")
+        if g.memory_mib < 180_000:
+            problems.append(f"GPU {g.index} has {g.memory_mib} MiB")
+        if g.compute_cap != "10.0":
+            problems.append(f"GPU {g.index} has compute capability {g.compute_cap}")
+    driver = gpus[0].driver_version if gpus else "?"
+    floor = DRIVER_FLOOR[cfg.engine_cuda]
+    if gpus and _version_key(driver) < _version_key(floor):
+        problems.append(f"driver {driver} is below {floor}, needed by CUDA {cfg.engine_cuda}")
+    fabric_problem = _fabric_problem(cfg)
+    if fabric_problem:
+        problems.append(fabric_problem)
+    if problems:
+        yield fail("; ".join(problems))
+        return
+    fabric_state = host.get_fact(NvidiaFabric)
+    logger.info(f"{host.print_prefix}{len(gpus)} x {gpus[0].name}, {gpus[0].memory_mib} MiB, "
+                f"driver {driver} (open, >= {floor} for CUDA {cfg.engine_cuda}), compute "
+                f"capability {gpus[0].compute_cap}"
+                + (f", fabric {fabric_state[0]}" if fabric_state else ""))
+
+
+NO_UPGRADE = """// sglang-fleet: the NVIDIA stack changes only through its driver stage.
+Unattended-Upgrade::Package-Blacklist {
+    "nvidia-";
+    "libnvidia-";
+    "cuda-drivers";
+    "nvlsm";
+    "datacenter-gpu-manager";
+};
+"""
+
+
+@deploy("NVIDIA driver")
+def install_driver() -> None:
+    """Converge the host's NVIDIA stack; read the configuration from the host's data."""
+    cfg = DriverConfig.from_data(host.data, host.name)
+    base = f"{cfg.repo_base_url}/{repo_path()}"
+    keyring = None
+    if _installed("cuda-keyring") is None:
+        keyring = apt.deb(name="NVIDIA repository keyring", src=f"{base}/{KEYRING}")
+    apt.update(name="Read the NVIDIA repository",
+               _if=keyring.did_change if keyring else lambda: False)
+    files.put(name="Keep the NVIDIA stack out of unattended upgrades", src=StringIO(NO_UPGRADE),
+              dest=APT_NO_UPGRADE, mode="644")
+    apt.packages(name="Kernel headers for DKMS",
+                 packages=[f"linux-headers-{host.get_fact(KernelVersion)}"])
+    driver_packages(name=f"Open driver, branch {cfg.branch}", cfg=cfg)
+    extras = ([f"cuda-toolkit-{cfg.cuda_toolkit}"] if cfg.cuda_toolkit else []) + \
+        (["datacenter-gpu-manager-4-cuda13"] if cfg.dcgm else [])
+    if extras:
+        apt.packages(name="CUDA toolkit and DCGM", packages=extras)
+    if cfg.dcgm:
+        systemd.service(name="DCGM", service="nvidia-dcgm", running=True, enabled=True)
+    load_driver(name="Loaded driver is the installed one", cfg=cfg)
+    persistence_mode(name="Persistence mode")
+    fabric(name="NVSwitch fabric (fabric manager, NVLSM)", cfg=cfg)
+    verify(name="Verify GPUs with nvidia-smi", cfg=cfg)
+
+
+@deploy("Remove the NVIDIA driver")
+def remove_driver() -> None:
+    """Take away what install_driver put on the host (teardown with purge=driver)."""
+    cfg = DriverConfig.from_data(host.data, host.name)
+    held = [*cfg.packages, "nvidia-fabricmanager"]
+    apt.packages(name="Driver stack", present=False, purge=True,
+                 packages=[*held, f"nvidia-driver-pinning-{cfg.branch}", "nvlsm", "cuda-keyring"],
+                 extra_uninstall_args="--allow-change-held-packages")
+    files.file(name="Unattended-upgrades exclusion", path=APT_NO_UPGRADE, present=False)

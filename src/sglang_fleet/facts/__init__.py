@@ -1,0 +1,1 @@
+"""Typed pyinfra facts for what the stages read from a host."""
