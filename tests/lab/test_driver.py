@@ -4,12 +4,11 @@ reboots only when the loaded module differs, the fabric manager on NVSwitch host
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Iterator
 
 import pytest
 
-from tests.lab.test_lab import pyinfra, require_root, run
+from tests.lab.conftest import booted_lab, pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 OLD, NEW = "580.95.05", "580.105.08"
@@ -17,21 +16,13 @@ OLD, NEW = "580.95.05", "580.105.08"
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[None]:
-    require_root()
-    result = run("sglang-fleet", "lab", "up", "--hosts", "2", "--hgx", timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
-    yield
-    run("sglang-fleet", "lab", "down")
+    yield from booted_lab("--hosts", "2", "--hgx")
 
 
 def deploy(*data: str) -> tuple[int, str]:
     args = [a for d in data for a in ("--data", d)]
     result = pyinfra("deploys/driver.py", *args)
     return result.returncode, result.stdout + result.stderr
-
-
-def ssh(host: str, command: str) -> subprocess.CompletedProcess[str]:
-    return run("sglang-fleet", "lab", "ssh", host, command)
 
 
 def test_fresh_hosts_converge_with_one_reboot(lab: None) -> None:

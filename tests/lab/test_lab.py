@@ -7,7 +7,6 @@ Debian root file system (about a minute); later runs reuse it.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -15,32 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.lab.conftest import booted_lab, pyinfra, run, ssh
 
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2", "lab3")
 
 
-def run(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-def pyinfra(*argv: str) -> subprocess.CompletedProcess[str]:
-    return run("pyinfra", "-y", "inventories/lab.py", *argv)
-
-
-def require_root() -> None:
-    if os.geteuid() != 0:
-        pytest.fail("the lab needs root (systemd-nspawn, overlay mounts): run the tests as root")
-
-
 @pytest.fixture(scope="module")
 def lab() -> Iterator[None]:
-    require_root()
-    result = run("sglang-fleet", "lab", "up", "--hosts", "3", "--hgx", timeout=900)
-    assert result.returncode == 0, result.stdout + result.stderr
-    yield
-    run("sglang-fleet", "lab", "down")
+    yield from booted_lab("--hosts", "3", "--hgx")
 
 
 def test_status_lists_three_running_hosts(lab: None) -> None:
@@ -72,10 +54,6 @@ def test_driver_from_the_lab_repository_after_a_reboot(lab: None) -> None:
     again = pyinfra("tests/lab/deploys/stub_driver.py")
     assert again.returncode == 0 and "Load the driver" in again.stdout + again.stderr
     assert "No changes" in again.stdout + again.stderr or "Success" in again.stdout
-
-
-def ssh(host: str, command: str) -> subprocess.CompletedProcess[str]:
-    return run("sglang-fleet", "lab", "ssh", host, command)
 
 
 def fabric_state(host: str) -> str:
