@@ -1,0 +1,158 @@
+"""Engine stage: SGLang in an isolated, pinned release directory named after what defines it,
+installed with uv, and a ``current`` link switched atomically; the last releases are kept for
+rollback.
+
+    from sglang_fleet.engine import install_engine
+    release = install_engine(profile)      # in a pyinfra deploy
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from collections.abc import Generator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pyinfra.api.deploy import deploy
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+from pyinfra.facts.files import Directory, Link
+from pyinfra.operations import apt, files, server
+
+from sglang_fleet.profile import Profile
+
+ROOT = "/opt/sglang"
+RELEASES = f"{ROOT}/releases"
+CURRENT = f"{ROOT}/current"
+PREVIOUS = f"{ROOT}/previous"
+UV_VENV = f"{ROOT}/uv"
+UV = f"{UV_VENV}/bin/uv"
+UV_VERSION = "0.9.9"
+USER = "sglang"
+HOME = "/var/lib/sglang"
+CACHE = "/var/cache/sglang"
+KEEP = 3
+Ops = Generator[Any, None, None]
+# Where SGLang, torch, triton, flashinfer and Hugging Face write; the service may write there.
+CACHE_ENV = {
+    "HOME": HOME,
+    "XDG_CACHE_HOME": CACHE,
+    "HF_HOME": f"{CACHE}/huggingface",
+    "TRITON_CACHE_DIR": f"{CACHE}/triton",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor",
+    "TORCH_EXTENSIONS_DIR": f"{CACHE}/torch_extensions",
+    "FLASHINFER_WORKSPACE_BASE": f"{CACHE}/flashinfer",
+    "CUDA_CACHE_PATH": f"{CACHE}/nv",
+    "OUTLINES_CACHE_DIR": f"{CACHE}/outlines",
+}
+
+
+@dataclass(frozen=True)
+class Release:
+    """What defines an engine installation; its id names its directory."""
+
+    package: str
+    version: str
+    extras: tuple[str, ...]
+    index_url: str | None
+    find_links: str | None
+    python: str
+
+    @property
+    def id(self) -> str:
+        digest = hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()
+        return f"{self.package}-{self.version}-{digest[:10]}"
+
+    @property
+    def dir(self) -> str:
+        return f"{RELEASES}/{self.id}"
+
+    @property
+    def python_bin(self) -> str:
+        return f"{self.dir}/bin/python"
+
+    @property
+    def requirement(self) -> str:
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        return f"{self.package}{extras}=={self.version}"
+
+
+def release_for(profile: Profile, find_links: str | None = None) -> Release:
+    engine = profile.engine
+    return Release(engine.package, engine.version, engine.extras, engine.index_url, find_links,
+                   "/usr/bin/python3")
+
+
+@operation(is_idempotent=True)
+def uv_tool() -> Ops:
+    """uv itself, from PyPI into its own venv (no installer script from outside)."""
+    if host.get_fact(Link, path=UV) is None and not host.get_fact(Directory, path=UV_VENV):
+        yield f"python3 -m venv {UV_VENV}"
+        yield f"{UV_VENV}/bin/pip install --quiet uv=={UV_VERSION}"
+
+
+@operation(is_idempotent=True)
+def release_dir(release: Release) -> Ops:
+    """Install the release into ``<dir>.partial`` and rename it into place when complete.
+
+    (pyinfra's pip/uv.packages drop extras and uv.venv is not idempotent: plain uv commands.)
+    """
+    status, _ = host.run_shell_command(f"test -f {release.dir}/.complete")
+    if status:
+        return
+    tmp = f"{release.dir}.partial"
+    source = [*(["--index-url", release.index_url] if release.index_url else []),
+              *(["--find-links", release.find_links] if release.find_links else [])]
+    yield f"rm -rf {tmp}"
+    yield f"{UV} venv --quiet --relocatable --python {release.python} {tmp}"
+    yield (f"UV_CACHE_DIR={CACHE}/uv {UV} pip install --quiet --python {tmp}/bin/python "
+           f"{shlex.join(source)} {shlex.quote(release.requirement)}")
+    yield f"touch {tmp}/.complete && mv -T {tmp} {release.dir}"
+
+
+@operation(is_idempotent=True)
+def current_link(release: Release) -> Ops:
+    """Point ``current`` at the release (atomically) and ``previous`` at what it replaced."""
+    status, output = host.run_shell_command(f"readlink {CURRENT} || true")
+    now = "".join(output.stdout_lines).strip() if status else ""
+    if now == release.dir:
+        return
+    if now:
+        yield f"ln -sfn {now} {PREVIOUS}.new && mv -T {PREVIOUS}.new {PREVIOUS}"
+    yield f"ln -sfn {release.dir} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"
+
+
+@operation(is_idempotent=True)
+def prune(keep: int = KEEP) -> Ops:
+    """Remove releases beyond the newest ``keep``, never current or previous."""
+    status, output = host.run_shell_command(
+        f"cd {RELEASES} 2>/dev/null && ls -1t | grep -v '\\.partial$' || true")
+    names = [n.strip() for n in output.stdout_lines if n.strip()] if status else []
+    keepers = set(names[:keep])
+    for link in (CURRENT, PREVIOUS):
+        ok, target = host.run_shell_command(f"readlink {link} || true")
+        if ok and target.stdout_lines:
+            keepers.add(target.stdout_lines[0].strip().rsplit("/", 1)[-1])
+    for name in names:
+        if name not in keepers:
+            yield f"rm -rf {RELEASES}/{name}"
+
+
+@deploy("Engine release")
+def install_engine(profile: Profile) -> Release:
+    find_links = host.data.get("engine_find_links")
+    release = release_for(profile, find_links)
+    server.user(name="Service user", user=USER, system=True, home=HOME, shell="/usr/sbin/nologin",
+                create_home=False)
+    apt.packages(name="Python venv support", packages=["python3-venv"])
+    for path in (ROOT, RELEASES):
+        files.directory(name=f"Directory {path}", path=path, mode="755")
+    for path in (HOME, CACHE):
+        files.directory(name=f"Writable {path}", path=path, user=USER, group=USER, mode="750")
+    uv_tool(name=f"uv {UV_VERSION}")
+    release_dir(name=f"Install {release.requirement} into {release.id}", release=release)
+    current_link(name="Switch current release", release=release)
+    prune(name=f"Keep the last {KEEP} releases")
+    return release

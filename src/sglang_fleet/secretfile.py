@@ -1,0 +1,41 @@
+"""Root-only files that hold secrets, written without their contents ever reaching pyinfra's
+output (not even with ``--diff`` or ``-vvv``): compared by checksum, uploaded by a function.
+
+    secret_file(name="AWS credentials", dest="/etc/sglang/aws-credentials", content=text)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Generator
+from io import BytesIO
+from typing import Any
+
+from pyinfra.api.command import FunctionCommand
+from pyinfra.api.operation import operation
+from pyinfra.context import host
+from pyinfra.facts.files import Sha256File
+
+
+def _upload(state: Any, host_: Any, dest: str, content: bytes) -> None:
+    tmp = f"{dest}.sglang-fleet-new"
+    if not host_.put_file(BytesIO(content), tmp):
+        raise OSError(f"could not upload {dest}")
+    # The directory is root-only (0700), so the file is never readable by others on its way.
+    ok, _ = host_.run_shell_command(
+        f"chown root:root {tmp} && chmod 600 {tmp} && mv -f {tmp} {dest}")
+    if not ok:
+        raise OSError(f"could not install {dest}")
+
+
+@operation(is_idempotent=True)
+def secret_file(dest: str, content: str) -> Generator[Any, None, None]:
+    """Ensure ``dest`` holds ``content``, owned by root with mode 0600."""
+    data = content.encode()
+    current = host.get_fact(Sha256File, path=dest)
+    if current != hashlib.sha256(data).hexdigest():
+        yield FunctionCommand(_upload, (dest, data), {})
+        return
+    ok, out = host.run_shell_command(f"stat -c '%U:%G %a' {dest}")
+    if not ok or "".join(out.stdout_lines).strip() != "root:root 600":
+        yield f"chown root:root {dest} && chmod 600 {dest}"
