@@ -16,5 +16,7 @@ _ssh = {
     "ssh_strict_host_key_checking": "accept-new",
 }
 
-lab_hosts = [(h.name, {"ssh_hostname": h.address, "gpu_count": h.gpus, **_ssh})
+# Lab hosts share the machine's network: each server listens on its host's own address.
+lab_hosts = [(h.name, {"ssh_hostname": h.address, "gpu_count": h.gpus,
+                       "sglang.server.host": h.address, **_ssh})
              for h in _lab.hosts]

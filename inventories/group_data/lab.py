@@ -9,6 +9,10 @@ from sglang_fleet.lab.state import S3_BUCKET, load
 
 _lab = load()
 
+sglang_profile = "profiles/qwen3.6-27b-mtp.yaml"
+# The API key: made by `lab up` and kept in the lab's root-only state, never in the repository.
+secrets = {"sglang-api-key": _lab.api_key()}
+
 # NVIDIA's CUDA repository (developer.download.nvidia.com/compute/cuda/repos on a real site).
 nvidia_repo_base_url = _lab.repo_url
 

@@ -18,7 +18,7 @@ from typing import Any
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import Directory, Link
+from pyinfra.facts.files import Directory
 from pyinfra.operations import apt, files, server
 
 from sglang_fleet.profile import Profile
@@ -28,7 +28,9 @@ RELEASES = f"{ROOT}/releases"
 CURRENT = f"{ROOT}/current"
 PREVIOUS = f"{ROOT}/previous"
 UV_VENV = f"{ROOT}/uv"
-UV = f"{UV_VENV}/bin/uv"
+# uv and pip trust the host's certificate store, as apt does (sites may inspect TLS).
+SYSTEM_CAS = "/etc/ssl/certs/ca-certificates.crt"
+UV = f"UV_NATIVE_TLS=1 {UV_VENV}/bin/uv"
 UV_VERSION = "0.9.9"
 USER = "sglang"
 HOME = "/var/lib/sglang"
@@ -88,9 +90,9 @@ def release_for(profile: Profile, find_links: str | None = None) -> Release:
 @operation(is_idempotent=True)
 def uv_tool() -> Ops:
     """uv itself, from PyPI into its own venv (no installer script from outside)."""
-    if host.get_fact(Link, path=UV) is None and not host.get_fact(Directory, path=UV_VENV):
+    if not host.get_fact(Directory, path=UV_VENV):
         yield f"python3 -m venv {UV_VENV}"
-        yield f"{UV_VENV}/bin/pip install --quiet uv=={UV_VERSION}"
+        yield f"{UV_VENV}/bin/pip install --quiet --cert {SYSTEM_CAS} uv=={UV_VERSION}"
 
 
 @operation(is_idempotent=True)

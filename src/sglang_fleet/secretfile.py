@@ -17,12 +17,12 @@ from pyinfra.context import host
 from pyinfra.facts.files import Sha256File
 
 
-def _upload(state: Any, host_: Any, dest: str, content: bytes) -> None:
+def _upload(state: Any, host: Any, dest: str, content: bytes) -> None:  # names pyinfra reads
     tmp = f"{dest}.sglang-fleet-new"
-    if not host_.put_file(BytesIO(content), tmp):
+    if not host.put_file(BytesIO(content), tmp):
         raise OSError(f"could not upload {dest}")
     # The directory is root-only (0700), so the file is never readable by others on its way.
-    ok, _ = host_.run_shell_command(
+    ok, _ = host.run_shell_command(
         f"chown root:root {tmp} && chmod 600 {tmp} && mv -f {tmp} {dest}")
     if not ok:
         raise OSError(f"could not install {dest}")

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra.api.deploy import deploy
-from pyinfra.api.operation import operation
+from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
 from pyinfra.operations import files
 
@@ -63,12 +63,13 @@ def present(path: str) -> Ops:
 
 
 @deploy("Model weights")
-def stage_weights(profile: Profile) -> None:
+def stage_weights(profile: Profile) -> list[OperationMeta]:
+    """Returns the operations whose change means the server must restart."""
     source = profile.model.source
     dest = model_path(profile)
     if source.startswith("/"):
         present(name=f"Model at {dest}", path=dest)
-        return
+        return []
     files.directory(name="Secrets directory", path=SECRETS, user="root", group="root",
                     mode="700")
     data = host.data
@@ -86,5 +87,5 @@ def stage_weights(profile: Profile) -> None:
     tools_venv(name="Staging tools (boto3, huggingface_hub)")
     files.put(name="Staging script", src=str(Path(__file__).with_name("stage_weights.py")),
               dest=SCRIPT, mode="755")
-    staged(name=f"Stage {source}", source=source, dest=dest,
-           endpoint=data.get("s3_endpoint_url"), token_file=token_file)
+    return [staged(name=f"Stage {source}", source=source, dest=dest,
+                   endpoint=data.get("s3_endpoint_url"), token_file=token_file)]

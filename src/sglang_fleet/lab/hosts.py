@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -40,6 +41,11 @@ def prepare(host: Host, lower: Path, lab: Lab) -> None:
     ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh / "authorized_keys").write_text(lab.ssh_key.with_suffix(".pub").read_text())
     (ssh / "authorized_keys").chmod(0o600)
+    # The site's network: hosts trust what this machine trusts (a proxy's CA, if any).
+    local_cas = root / "usr" / "local" / "share" / "ca-certificates"
+    for ca in Path("/usr/local/share/ca-certificates").glob("*.crt"):
+        shutil.copy(ca, local_cas / ca.name)
+    shutil.copy("/etc/ssl/certs/ca-certificates.crt", root / "etc/ssl/certs/ca-certificates.crt")
     # What the GPU stubs answer from, as real hardware would: count, model, memory, NVSwitch.
     (root / "etc" / "lab-hardware.json").write_text(json.dumps(
         {"gpus": host.gpus, "name": "NVIDIA B200", "memory_mib": 183359, "hgx": host.hgx}))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -48,6 +49,15 @@ class Lab:
     @property
     def known_hosts(self) -> Path:
         return STATE_DIR / "ssh" / "known_hosts"
+
+    def api_key(self) -> str:
+        """The lab's API key (root-only file, created on first use)."""
+        path = STATE_DIR / "ssh" / "api-key"
+        if not path.exists():
+            path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+            path.write_text(secrets.token_urlsafe(24))
+            path.chmod(0o600)
+        return path.read_text().strip()
 
     @property
     def repo_url(self) -> str:

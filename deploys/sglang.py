@@ -1,0 +1,28 @@
+"""Converge hosts into verified SGLang servers:
+
+    pyinfra -y inventories/b200.py deploys/sglang.py
+
+preflight → driver → engine → weights → service → gate. Preflight (the profile, its rendering
+for the pinned release and SGLang's startup rules) fails before any host changes; every later
+stage changes only what differs, so running it again changes nothing.
+"""
+
+from pyinfra.context import host
+
+from sglang_fleet import hostdata, preflight
+from sglang_fleet.driver import install_driver
+from sglang_fleet.engine import install_engine
+from sglang_fleet.gate import run_gate
+from sglang_fleet.render import render
+from sglang_fleet.service import install_service
+from sglang_fleet.weights import stage_weights
+
+profile = hostdata.profile_for(host)
+launch = render(profile)
+preflight.require(profile, launch, preflight.resolve_architecture(profile))
+
+install_driver()
+release = install_engine(profile)
+weights = stage_weights(profile)
+install_service(profile, launch, release, restart_if=weights)
+run_gate(profile, launch)

@@ -1,0 +1,110 @@
+"""Gate stage (every run): health within the startup budget (failing fast, with this
+invocation's journal), the effective arguments against the rendered ones, a smoke generation
+and the capacity report, run on the host by ``gate_check``; a failed gate puts the last good
+unit and environment back and fails the deploy.
+
+    from sglang_fleet.gate import run_gate
+    run_gate(profile, launch)      # in a pyinfra deploy, after the service stage
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.deploy import deploy
+from pyinfra.api.operation import operation
+from pyinfra.context import host, state
+from pyinfra.operations import files
+
+from sglang_fleet.driver import fail
+from sglang_fleet.engine import ROOT
+from sglang_fleet.profile import Profile
+from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
+from sglang_fleet.service import ENV_FILE, UNIT, UNIT_PATH
+
+TOOLS = f"{ROOT}/tools"
+LAST_GOOD = "/etc/sglang/last-good"
+Ops = Generator[Any, None, None]
+HERE = Path(__file__).resolve().parent
+
+
+def expectations(launch: Launch) -> dict[str, Any]:
+    """What /server_info must report for this launch (SGLang resolves the rest itself)."""
+    args = launch.args
+    expect: dict[str, Any] = {"model_path": args["model_path"], "version": launch.version,
+                              "served_model_name": args.get("served_model_name")}
+    if args.get("speculative_algorithm"):
+        expect["speculative_algorithm"] = args["speculative_algorithm"]
+    for dest in MAMBA_STRATEGY_DESTS:
+        if args.get(dest) not in (None, "auto"):
+            expect[dest] = args[dest]
+    if args.get("max_running_requests") is not None:
+        expect["max_running_requests"] = args["max_running_requests"]
+    return expect
+
+
+def url(profile: Profile) -> str:
+    address = profile.server.host
+    return f"http://{'127.0.0.1' if address in ('0.0.0.0', '::') else address}:" \
+           f"{profile.server.port}"
+
+
+def _check(argv: list[str]) -> tuple[bool, list[str]]:
+    command = f"PYTHONPATH={TOOLS} python3 -m sglang_fleet.gate_check {shlex.join(argv)}"
+    ok, output = host.run_shell_command(command)
+    return ok, [line for line in output.stdout_lines]
+
+
+def _same(a: str, b: str) -> bool:
+    ok, _ = host.run_shell_command(f"cmp -s {a} {b}")
+    return bool(ok)
+
+
+@operation(is_idempotent=True)
+def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
+    if not state.is_executing:
+        return
+    base = ["--unit", UNIT, "--url", url(profile), "--env-file", ENV_FILE,
+            "--model", profile.model.served_name, "--budget", str(budget)]
+    ok, lines = _check([*base, "--expect", json.dumps(expectations(launch)),
+                        *(["--job", job] if job else [])])
+    for line in lines:
+        if not line.startswith("GATE "):
+            logger.info(f"{host.print_prefix}{line}")
+    if ok:
+        if not (_same(UNIT_PATH, f"{LAST_GOOD}/{UNIT}") and
+                _same(ENV_FILE, f"{LAST_GOOD}/sglang.env")):
+            yield (f"install -d -m 700 {LAST_GOOD} && cp -p {UNIT_PATH} {LAST_GOOD}/{UNIT} && "
+                   f"cp -p {ENV_FILE} {LAST_GOOD}/sglang.env")
+        return
+    error = next((json.loads(line[5:]).get("error", "gate failed") for line in lines
+                  if line.startswith("GATE ")), "gate failed")
+    has_last, _ = host.run_shell_command(f"test -f {LAST_GOOD}/{UNIT}")
+    if not has_last:
+        yield fail(f"{error.splitlines()[0]} (no earlier good release to return to)")
+        return
+    logger.warning(f"{host.print_prefix}gate failed: putting the last good release back")
+    host.run_shell_command(f"cp -p {LAST_GOOD}/{UNIT} {UNIT_PATH} && "
+                           f"cp -p {LAST_GOOD}/sglang.env {ENV_FILE} && systemctl daemon-reload "
+                           f"&& systemctl restart {UNIT}")
+    back, _ = _check([*base, "--health-only"])
+    where = "the last good release serves again" if back else "the last good release did " \
+            "not come back either"
+    yield fail(f"{error.splitlines()[0]}; {where}")
+
+
+@deploy("Gate")
+def run_gate(profile: Profile, launch: Launch) -> None:
+    """Health, effective arguments, smoke generation and capacity report; rollback on failure."""
+    files.directory(name="Gate tools", path=f"{TOOLS}/sglang_fleet", mode="755")
+    for name in ("__init__.py", "capacity.py", "gate_check.py"):
+        files.put(name=f"Gate tool {name}", src=str(HERE / name),
+                  dest=f"{TOOLS}/sglang_fleet/{name}", mode="644")
+    job = host.data.get("job_estimate", "")  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
+    gate(name="Gate: health, arguments, smoke generation, capacity", profile=profile,
+         launch=launch, budget=int(host.data.get("startup_budget_seconds", 1800)), job=str(job))
