@@ -86,7 +86,7 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
                   if line.startswith("GATE ")), "gate failed")
     has_last, _ = host.run_shell_command(f"test -f {LAST_GOOD}/{UNIT}")
     if not has_last:
-        yield fail(f"{error.splitlines()[0]} (no earlier good release to return to)")
+        yield fail(f"{error} (no earlier good release to return to)")
         return
     logger.warning(f"{host.print_prefix}gate failed: putting the last good release back")
     host.run_shell_command(f"cp -p {LAST_GOOD}/{UNIT} {UNIT_PATH} && "
@@ -95,7 +95,7 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
     back, _ = _check([*base, "--health-only"])
     where = "the last good release serves again" if back else "the last good release did " \
             "not come back either"
-    yield fail(f"{error.splitlines()[0]}; {where}")
+    yield fail(f"{error}; {where}")
 
 
 @deploy("Gate")

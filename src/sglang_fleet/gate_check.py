@@ -32,7 +32,19 @@ EAGLE_ALIASES = {"NEXTN": "EAGLE"}
 
 
 class GateError(Exception):
-    pass
+    def __init__(self, message: str, details: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.details = details or []
+
+
+SECRETS: list[str] = []  # values never to print (the API key)
+
+
+def shown(line: str, width: int = 240) -> str:
+    """A journal line fit for the deploy's output: secrets masked, long lines cut."""
+    for secret in SECRETS:
+        line = line.replace(secret, "***")
+    return line if len(line) <= width else line[:width] + " …"
 
 
 def unit_state(unit: str) -> dict[str, str]:
@@ -73,8 +85,9 @@ def wait_healthy(unit: str, url: str, budget: float) -> str:
         if state.get("ActiveState") == "failed" or restarted or \
                 state.get("SubState") == "auto-restart":
             tail = [line for line in journal(invocation) if line.strip()]
-            raise GateError(f"{unit} failed to start (invocation {invocation[:12]}):\n    "
-                            + "\n    ".join(tail[-15:]))
+            last = tail[-1].strip() if tail else f"{state.get('Result')}, no output"
+            raise GateError(f"{unit} failed to start: {shown(last, 160)}",
+                            [f"invocation {invocation}:", *tail[-15:]])
         status, _ = request(f"{url}/health_generate", None, timeout=25)
         if status == 200:
             return invocation
@@ -148,6 +161,8 @@ def api_key(env_file: str) -> str | None:
 
 def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     key = api_key(args.env_file)
+    if key:
+        SECRETS.append(key)
     invocation = wait_healthy(args.unit, args.url, args.budget)
     result["invocation"] = invocation
     print("health: /health_generate 200")
@@ -195,6 +210,8 @@ def main() -> int:
         run(args, result)
         result["ok"] = True
     except GateError as err:
+        for line in err.details:
+            print(f"journal: {shown(line)}")
         print(f"error: {err}")
         result["error"] = str(err)
     print("GATE " + json.dumps(result))

@@ -1,0 +1,124 @@
+"""deploys/sglang.py on two fresh lab hosts: the whole converge, gated, idempotent, restarting
+only on change, refusing bad input before touching a host, and rolling back a failed start."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.lab.conftest import booted_lab, pyinfra, run, ssh
+
+pytestmark = pytest.mark.lab
+HOSTS = ("lab1", "lab2")
+
+
+@pytest.fixture(scope="module")
+def lab() -> Iterator[None]:
+    yield from booted_lab("--hosts", "2")
+
+
+def deploy(*data: str, limit: str | None = None) -> tuple[int, str]:
+    args = [a for d in data for a in ("--data", d)] + (["--limit", limit] if limit else [])
+    result = pyinfra("deploys/sglang.py", *args)
+    return result.returncode, result.stdout + result.stderr
+
+
+def main_pid(host: str) -> str:
+    return ssh(host, "systemctl show -p MainPID --value sglang.service").stdout.strip()
+
+
+def server_info(host: str) -> dict[str, object]:
+    env = ssh(host, "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang.env").stdout
+    key = env.strip().strip('"')
+    out = ssh(host, f"curl -s -H 'Authorization: Bearer {key}' "
+                    f"http://127.0.0.{10 + int(host[-1])}:30000/server_info").stdout
+    info: dict[str, object] = json.loads(out)
+    return info
+
+
+def changed_ops(out: str) -> int:
+    total = next(line for line in out.splitlines() if "Grand total" in line).split()
+    return 0 if total[3] == "-" else int(total[3])
+
+
+def test_fresh_hosts_converge_and_pass_the_gate(lab: None) -> None:
+    code, out = deploy()
+    assert code == 0, out[-5000:]
+    for host in HOSTS:
+        assert f"[{host}] health: /health_generate 200" in out
+        assert re.search(rf"\[{host}\] arguments: SGLang 0\.5\.23, EAGLE, model "
+                         r"/var/lib/sglang/models/lab-models--qwen3\.6-27b: as rendered", out)
+        assert re.search(rf"\[{host}\] smoke: '4\..*', TTFT \d+ ms, \d+ tok/s, accept length "
+                         r"\d\.\d\d", out)
+        assert re.search(rf"\[{host}\] capacity: KV tokens \d+, mamba slots \d+ .*max running "
+                         r"requests \d+, GPU memory free", out)
+        assert f"[{host}] advice: max running requests" in out
+    staged = ssh("lab1", "ls /var/lib/sglang/models/lab-models--qwen3.6-27b").stdout.split()
+    assert "config.json" in staged and len([f for f in staged if f.endswith(".safetensors")]) == 4
+
+
+def test_second_run_changes_nothing(lab: None) -> None:
+    pids = {h: main_pid(h) for h in HOSTS}
+    code, out = deploy()
+    assert code == 0, out[-3000:]
+    assert changed_ops(out) == 0, out[-3000:]
+    assert {h: main_pid(h) for h in HOSTS} == pids
+
+
+def test_one_profile_change_restarts_each_server_once(lab: None) -> None:
+    pids = {h: main_pid(h) for h in HOSTS}
+    before = {h: ssh(h, "journalctl -u sglang -o cat | grep -c 'fired up'").stdout.strip()
+              for h in HOSTS}
+    code, out = deploy("sglang.memory.max_running_requests=16")
+    assert code == 0, out[-3000:]
+    for host in HOSTS:
+        assert main_pid(host) != pids[host]
+        fired = ssh(host, "journalctl -u sglang -o cat | grep -c 'fired up'").stdout.strip()
+        assert int(fired) == int(before[host]) + 1  # exactly one restart
+        assert server_info(host)["max_running_requests"] == 16
+        assert f"[{host}] health: /health_generate 200" in out
+
+
+def test_bad_input_fails_in_preflight_and_changes_nothing(lab: None) -> None:
+    pids = {h: main_pid(h) for h in HOSTS}
+    for data in ("sglang.extra_args=[\"--cuda-graph-max-bs\", \"8\"]",
+                 "sglang.mamba.strategy=no_buffer"):
+        code, out = deploy("sglang.memory.max_running_requests=16", data)
+        assert code == 1, out[-2000:]
+        assert "Starting operation" not in out and "Traceback" not in out
+    assert "--cuda-graph-max-bs" in out or "no_buffer" in out
+    assert {h: main_pid(h) for h in HOSTS} == pids
+
+
+def test_failed_start_is_shown_and_the_previous_release_keeps_serving(lab: None) -> None:
+    tic = time.monotonic()
+    code, out = deploy("sglang.memory.max_running_requests=16",
+                       "sglang.env.SGLANG_SIM_FAIL_STARTUP=simulated startup failure",
+                       limit="lab1")
+    assert code != 0
+    assert time.monotonic() - tic < 30 + 15  # fails within 30 s of the restart (+ pyinfra)
+    assert "[lab1] error: sglang.service failed to start: RuntimeError: simulated startup " \
+           "failure" in out
+    assert "the last good release serves again" in out
+    assert server_info("lab1")["max_running_requests"] == 16
+    assert "SGLANG_SIM_FAIL_STARTUP" not in ssh("lab1", "cat /etc/sglang/sglang.env").stdout
+
+
+def test_api_key_is_enforced_and_never_shown(lab: None) -> None:
+    key = run("cat", "/var/lib/sglang-fleet-lab/ssh/api-key").stdout.strip()
+    assert ssh("lab1", "curl -s -o /dev/null -w '%{http_code}' "
+                       "http://127.0.0.11:30000/v1/models").stdout == "401"
+    assert ssh("lab1", f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer "
+                       f"{key}' http://127.0.0.11:30000/v1/models").stdout == "200"
+    unit = ssh("lab1", "systemctl cat sglang.service").stdout
+    assert key not in unit and "${SGLANG_API_KEY}" in unit
+    assert ssh("lab1", "stat -c '%U %a' /etc/sglang/sglang.env").stdout.strip() == "root 600"
+    code, out = deploy("sglang.memory.max_running_requests=16")
+    assert code == 0 and key not in out
+    security = ssh("lab1", "systemd-analyze security sglang.service --no-pager").stdout
+    found = re.search(r"exposure level for sglang\.service: ([\d.]+)", security)
+    assert found and float(found.group(1)) <= 3.0, security[-500:]
