@@ -78,6 +78,33 @@ def cmd_lab_ssh(args: argparse.Namespace) -> int:
     return manage.ssh(args.host, args.command)
 
 
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Lab up, the whole deploy, then a smoke generation against every host."""
+    import subprocess
+    from pathlib import Path
+
+    from sglang_fleet import gate_check
+    from sglang_fleet.lab import manage, state
+
+    root = Path(__file__).resolve().parents[2]
+    lab = manage.up(args.hosts, args.gpus, False)
+    deploy = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/sglang.py"],
+                            cwd=root)
+    if deploy.returncode:
+        print("demo: the deploy failed (see above)", file=sys.stderr)
+        return 1
+    key = lab.api_key()
+    model = profile.load(root / "profiles" / "qwen3.6-27b-mtp.yaml").model.served_name
+    print(f"\n{'host':<8}{'answer':<24}{'TTFT':>8}{'tok/s':>8}{'accept':>8}")
+    for host in state.load().hosts:
+        s = gate_check.smoke(f"http://{host.address}:30000", key, model)
+        accept = f"{s['accept_length']:.2f}" if s["accept_length"] else "-"
+        print(f"{host.name:<8}{s['answer'][:22]!r:<24}{s['ttft_s'] * 1000:>6.0f}ms"
+              f"{s['tokens_per_s']:>8.0f}{accept:>8}")
+    print("\nnext: sglang-fleet lab ssh lab1 journalctl -u sglang; sglang-fleet lab down")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang-fleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -96,6 +123,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", help=version_help)
     p.add_argument("--model-config", help="the model's config.json (or its directory)")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("demo", help="lab up, deploy, smoke: the whole product on lab hosts")
+    p.add_argument("--hosts", type=int, default=2)
+    p.add_argument("--gpus", type=int, default=8)
+    p.set_defaults(func=cmd_demo)
 
     lab = sub.add_parser("lab", help="simulated B200 hosts on this machine (needs root)")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)

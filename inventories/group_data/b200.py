@@ -1,0 +1,36 @@
+"""Group data for the B200 hosts of inventories/b200.py (a documented example).
+
+Secrets are read from root-only files on the machine that runs pyinfra, never written here.
+"""
+
+from pathlib import Path
+
+ssh_user = "root"
+
+# The serving setup: a profile plus per-group overrides of any of its keys.
+sglang_profile = "profiles/qwen3.6-27b-mtp.yaml"
+sglang_overrides = {
+    "model": {"source": "s3://models/qwen3.6-27b"},
+    "memory": {"max_mamba_cache_size": 240},
+}
+
+# Driver stage: NVIDIA's repository and the 580 branch; the deploy may reboot these hosts.
+nvidia_driver_branch = "580"
+allow_reboot = True
+engine_cuda = "13.0"
+
+# Weights from S3 (boto3 on the host; credentials land in /etc/sglang/aws-credentials, 0600).
+_secrets = Path("/etc/sglang-fleet")
+s3_endpoint_url = None  # AWS itself; set for MinIO, Ceph or another S3-compatible store
+if (_secrets / "aws-credentials").exists():
+    _creds = dict(line.split("=", 1) for line in
+                  (_secrets / "aws-credentials").read_text().split() if "=" in line)
+    aws_access_key_id = _creds.get("aws_access_key_id")
+    aws_secret_access_key = _creds.get("aws_secret_access_key")
+
+# The API key clients must send: the value of the profile's server.api_key_secret.
+if (_secrets / "sglang-api-key").exists():
+    secrets = {"sglang-api-key": (_secrets / "sglang-api-key").read_text().strip()}
+
+# Capacity report: how long would the job take at the measured speed?
+job_estimate = "900000,1000"  # completions, output tokens each

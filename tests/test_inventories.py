@@ -1,0 +1,30 @@
+"""The shipped inventories load, and every host's profile renders and passes preflight."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.conftest import ROOT
+
+
+def test_b200_inventory_renders_for_every_host() -> None:
+    script = """
+from pyinfra.api import Config, State
+from pyinfra.api.inventory import Inventory
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import make_inventory
+from sglang_fleet import hostdata, preflight
+from sglang_fleet.render import render
+ctx_state.set(State(Inventory(([], {})), Config()))  # loading an inventory needs a state
+inventory = make_inventory("inventories/b200.py")
+for host in inventory:
+    profile = hostdata.profile_for(host)
+    launch = render(profile)
+    preflight.require(profile, launch, preflight.resolve_architecture(profile))
+    print(host.name, profile.model.source, profile.memory.max_mamba_cache_size,
+          host.data.allow_reboot)
+"""
+    result = subprocess.run(["python", "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["b200-01 s3://models/qwen3.6-27b 240 True",
+                                          "b200-02 s3://models/qwen3.6-27b 240 True"]
