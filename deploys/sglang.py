@@ -13,16 +13,16 @@ from sglang_fleet import hostdata, preflight
 from sglang_fleet.driver import install_driver
 from sglang_fleet.engine import install_engine
 from sglang_fleet.gate import run_gate
-from sglang_fleet.render import render
+from sglang_fleet.render import render_all
 from sglang_fleet.service import install_service
 from sglang_fleet.weights import stage_weights
 
 profile = hostdata.profile_for(host)
-launch = render(profile)
-preflight.require(profile, launch, preflight.resolve_architecture(profile))
+launches = render_all(profile)
+preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
 
 install_driver()
 release = install_engine(profile)
 weights = stage_weights(profile)
-install_service(profile, launch, release, restart_if=weights)
-run_gate(profile, launch)
+install_service(profile, launches, release, restart_if=weights)
+run_gate(profile, launches)

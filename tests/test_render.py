@@ -140,3 +140,25 @@ def test_extra_args_deprecated_alias(write_profile: Write) -> None:
     with pytest.raises(InputError) as exc:
         render(p, "0.5.19")
     assert "deprecated" in str(exc.value) and "--cuda-graph-max-bs-decode" in str(exc.value)
+
+
+def test_instances_get_their_own_port_and_gpus(write_profile: Write) -> None:
+    p = profile.load(write_profile(MINIMAL + "parallel: {tp: 2, instances: 4}\n"))
+    from sglang_fleet.render import render_all
+
+    launches = render_all(p, "0.5.23")
+    assert [launch.port for launch in launches] == [30000, 30001, 30002, 30003]
+    assert [launch.unit for launch in launches] == [f"sglang-{i}.service" for i in range(4)]
+    assert launches[2].env["CUDA_VISIBLE_DEVICES"] == "4,5"
+    single = render(profile.load(write_profile(MINIMAL)), "0.5.23")
+    assert single.unit == "sglang.service" and "CUDA_VISIBLE_DEVICES" not in single.env
+
+
+def test_instances_must_fit_the_host(write_profile: Write) -> None:
+    from sglang_fleet import preflight
+    from sglang_fleet.render import render_all
+
+    p = profile.load(write_profile(MINIMAL + "parallel: {tp: 4, instances: 3}\n"))
+    with pytest.raises(InputError, match="3 instance\\(s\\) of tp x dp = 4 GPUs need 12, b1 has 8"):
+        preflight.require_host(p, render_all(p), "b1", 8)
+    preflight.require_host(p, render_all(p), "b1", 16)

@@ -25,7 +25,7 @@ from sglang_fleet.driver import fail
 from sglang_fleet.engine import ROOT
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
-from sglang_fleet.service import ENV_FILE, UNIT, UNIT_PATH
+from sglang_fleet.service import env_file, unit_path
 
 TOOLS = f"{ROOT}/tools"
 LAST_GOOD = "/etc/sglang/last-good"
@@ -48,10 +48,9 @@ def expectations(launch: Launch) -> dict[str, Any]:
     return expect
 
 
-def url(profile: Profile) -> str:
+def url(profile: Profile, launch: Launch) -> str:
     address = profile.server.host
-    return f"http://{'127.0.0.1' if address in ('0.0.0.0', '::') else address}:" \
-           f"{profile.server.port}"
+    return f"http://{'127.0.0.1' if address in ('0.0.0.0', '::') else address}:{launch.port}"
 
 
 def _check(argv: list[str]) -> tuple[bool, list[str]]:
@@ -69,7 +68,8 @@ def _same(a: str, b: str) -> bool:
 def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
     if not state.is_executing:
         return
-    base = ["--unit", UNIT, "--url", url(profile), "--env-file", ENV_FILE,
+    unit, env, saved = launch.unit, env_file(launch.unit), f"{LAST_GOOD}/{launch.unit}"
+    base = ["--unit", unit, "--url", url(profile, launch), "--env-file", env,
             "--model", profile.model.served_name, "--budget", str(budget)]
     ok, lines = _check([*base, "--expect", json.dumps(expectations(launch)),
                         *(["--job", job] if job else [])])
@@ -77,21 +77,19 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
         if not line.startswith("GATE "):
             logger.info(f"{host.print_prefix}{line}")
     if ok:
-        if not (_same(UNIT_PATH, f"{LAST_GOOD}/{UNIT}") and
-                _same(ENV_FILE, f"{LAST_GOOD}/sglang.env")):
-            yield (f"install -d -m 700 {LAST_GOOD} && cp -p {UNIT_PATH} {LAST_GOOD}/{UNIT} && "
-                   f"cp -p {ENV_FILE} {LAST_GOOD}/sglang.env")
+        if not (_same(unit_path(unit), saved) and _same(env, f"{saved}.env")):
+            yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
+                   f"cp -p {env} {saved}.env")
         return
     error = next((json.loads(line[5:]).get("error", "gate failed") for line in lines
                   if line.startswith("GATE ")), "gate failed")
-    has_last, _ = host.run_shell_command(f"test -f {LAST_GOOD}/{UNIT}")
+    has_last, _ = host.run_shell_command(f"test -f {saved}")
     if not has_last:
         yield fail(f"{error} (no earlier good release to return to)")
         return
-    logger.warning(f"{host.print_prefix}gate failed: putting the last good release back")
-    host.run_shell_command(f"cp -p {LAST_GOOD}/{UNIT} {UNIT_PATH} && "
-                           f"cp -p {LAST_GOOD}/sglang.env {ENV_FILE} && systemctl daemon-reload "
-                           f"&& systemctl restart {UNIT}")
+    logger.warning(f"{host.print_prefix}{unit}: gate failed, putting the last good release back")
+    host.run_shell_command(f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env} && "
+                           f"systemctl daemon-reload && systemctl restart {unit}")
     back, _ = _check([*base, "--health-only"])
     where = "the last good release serves again" if back else "the last good release did " \
             "not come back either"
@@ -99,12 +97,14 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
 
 
 @deploy("Gate")
-def run_gate(profile: Profile, launch: Launch) -> None:
+def run_gate(profile: Profile, launches: list[Launch]) -> None:
     """Health, effective arguments, smoke generation and capacity report; rollback on failure."""
     files.directory(name="Gate tools", path=f"{TOOLS}/sglang_fleet", mode="755")
     for name in ("__init__.py", "capacity.py", "gate_check.py"):
         files.put(name=f"Gate tool {name}", src=str(HERE / name),
                   dest=f"{TOOLS}/sglang_fleet/{name}", mode="644")
     job = host.data.get("job_estimate", "")  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
-    gate(name="Gate: health, arguments, smoke generation, capacity", profile=profile,
-         launch=launch, budget=int(host.data.get("startup_budget_seconds", 1800)), job=str(job))
+    for launch in launches:
+        gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, capacity",
+             profile=profile, launch=launch,
+             budget=int(host.data.get("startup_budget_seconds", 1800)), job=str(job))

@@ -76,6 +76,11 @@ class Parallel:
     tp: int
     dp: int
     nnodes: int
+    instances: int
+
+    @property
+    def gpus_per_instance(self) -> int:
+        return self.tp * self.dp
 
 
 @dataclass(frozen=True)

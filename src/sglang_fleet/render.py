@@ -51,6 +51,17 @@ class Launch:
     env: dict[str, str]
     secrets: dict[str, str] = field(default_factory=dict)
     args: dict[str, Any] = field(default_factory=dict)
+    instance: int = 0
+    instances: int = 1
+
+    @property
+    def unit(self) -> str:
+        """The systemd unit serving this launch: one per host, or one per GPU set."""
+        return "sglang.service" if self.instances == 1 else f"sglang-{self.instance}.service"
+
+    @property
+    def port(self) -> int:
+        return int(self.args["port"])
 
     def as_json(self) -> dict[str, Any]:
         return {"argv": list(self.argv), "env": dict(self.env)}
@@ -78,7 +89,7 @@ def model_path(profile: Profile) -> str:
     return str(MODELS_ROOT / slug)
 
 
-def _semantic_args(profile: Profile) -> Iterator[tuple[str, str, Any]]:
+def _semantic_args(profile: Profile, instance: int) -> Iterator[tuple[str, str, Any]]:
     """(profile key, SGLang destination, value) for every value the profile sets."""
     spec, mem, sched = profile.speculative, profile.memory, profile.scheduler
     yield "model.source", "model_path", model_path(profile)
@@ -107,7 +118,7 @@ def _semantic_args(profile: Profile) -> Iterator[tuple[str, str, Any]]:
     yield "parsers.reasoning", "reasoning_parser", profile.parsers.reasoning
     yield "parsers.tool", "tool_call_parser", profile.parsers.tool
     yield "server.host", "host", profile.server.host
-    yield "server.port", "port", profile.server.port
+    yield "server.port", "port", profile.server.port + instance
     yield "server.metrics", "enable_metrics", profile.server.metrics
 
 
@@ -126,10 +137,10 @@ def _value_problem(flag: flags.Flag, value: Any, version: str) -> str | None:
     return None
 
 
-def _render_semantic(profile: Profile, table: flags.FlagTable,
+def _render_semantic(profile: Profile, table: flags.FlagTable, instance: int,
                      problems: list[Problem]) -> list[str]:
     argv: list[str] = []
-    for key, dest, value in _semantic_args(profile):
+    for key, dest, value in _semantic_args(profile, instance):
         if value is None or value is False:
             continue
         option = _resolve_dest(table, dest)
@@ -180,15 +191,22 @@ def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[s
                                     "set it through its profile key instead of extra_args"))
 
 
-def _env(profile: Profile, version: str) -> dict[str, str]:
+def _env(profile: Profile, version: str, instance: int) -> dict[str, str]:
     env = dict(profile.env)
+    if profile.parallel.instances > 1:  # each instance on a GPU set of its own
+        size = profile.parallel.gpus_per_instance
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(
+            str(g) for g in range(instance * size, (instance + 1) * size))
     if profile.speculative.algorithm and not at_least(version, SPEC_V2_DEFAULT_FROM):
         env.setdefault(SPEC_V2_ENV, "1")
     return env
 
 
-def render(profile: Profile, version: str | None = None) -> Launch:
-    """Render ``profile`` for ``version`` (default: the profile's pin); InputError if it can't."""
+def render(profile: Profile, version: str | None = None, instance: int = 0) -> Launch:
+    """Render ``profile`` for ``version`` (default: the profile's pin); InputError if it can't.
+
+    ``instance`` picks one of ``parallel.instances`` servers on a host: its port is the
+    profile's plus the instance number, and it sees only its own GPUs."""
     version = version or profile.engine.version
     try:
         table = flags.load(version)
@@ -198,7 +216,7 @@ def render(profile: Profile, version: str | None = None) -> Launch:
                              "pick a supported release or run scripts/extract_flags.py "
                              f"{version}") from None
     problems: list[Problem] = []
-    args = _render_semantic(profile, table, problems)
+    args = _render_semantic(profile, table, instance, problems)
     _check_extra_args(profile, table, args, problems)
     if problems:
         raise InputError(problems)
@@ -212,4 +230,10 @@ def render(profile: Profile, version: str | None = None) -> Launch:
     secrets = {API_KEY_VAR: profile.server.api_key_secret} if profile.server.api_key_secret else {}
     return Launch(version=version,
                   argv=("python", "-m", profile.engine.launcher, *args),
-                  env=_env(profile, version), secrets=secrets, args=parsed)
+                  env=_env(profile, version, instance), secrets=secrets, args=parsed,
+                  instance=instance, instances=profile.parallel.instances)
+
+
+def render_all(profile: Profile, version: str | None = None) -> list[Launch]:
+    """One launch per server instance on a host."""
+    return [render(profile, version, i) for i in range(profile.parallel.instances)]

@@ -151,6 +151,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "tp": _int(1, fix="GPUs per tensor-parallel group"),
         "dp": _int(1, fix="data-parallel replicas"),
         "nnodes": _int(1, fix="hosts in one server"),
+        "instances": _int(1, high=64, fix="servers per host, each on tp x dp GPUs of its own"),
     },
     "parsers": {
         "reasoning": _opt_str("a reasoning parser the release knows, e.g. qwen3"),

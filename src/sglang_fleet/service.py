@@ -9,10 +9,11 @@ environment, the release or the weights changed.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Generator
+from typing import Any
 
 from pyinfra.api.deploy import deploy
-from pyinfra.api.operation import OperationMeta
+from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
 from pyinfra.operations import files, systemd
 
@@ -22,9 +23,7 @@ from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
 from sglang_fleet.secretfile import secret_file
 
-UNIT = "sglang.service"
-UNIT_PATH = f"/etc/systemd/system/{UNIT}"
-ENV_FILE = "/etc/sglang/sglang.env"
+SECRETS_DIR = "/etc/sglang"
 TEMPLATE = "templates/sglang.service.j2"
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -66,33 +65,56 @@ def secret_values(launch: Launch, host_name: str, data: object) -> dict[str, str
     return values
 
 
-@dataclass(frozen=True)
-class ServiceOps:
-    unit: OperationMeta
-    env: OperationMeta
+def unit_path(unit: str) -> str:
+    return f"/etc/systemd/system/{unit}"
 
 
-@deploy("SGLang service")
-def install_service(profile: Profile, launch: Launch, release: Release,
-                    restart_if: list[OperationMeta]) -> ServiceOps:
+def env_file(unit: str) -> str:
+    return f"{SECRETS_DIR}/{unit.removesuffix('.service')}.env"
+
+
+@operation(is_idempotent=True)
+def retire_other_units(keep: list[str]) -> Generator[Any, None, None]:
+    """Stop and remove sglang units this profile no longer runs (fewer instances)."""
+    ok, out = host.run_shell_command("ls /etc/systemd/system/ | grep -E '^sglang(-[0-9]+)?"
+                                     "\\.service$' || true")
+    for unit in (u.strip() for u in out.stdout_lines if u.strip()) if ok else ():
+        if unit not in keep:
+            yield (f"systemctl disable --now {unit} && rm -f {unit_path(unit)} "
+                   f"{env_file(unit)} && systemctl daemon-reload")
+
+
+def _unit(profile: Profile, launch: Launch, release: Release,
+          restart_if: list[OperationMeta]) -> None:
+    unit_name = launch.unit
     secrets = secret_values(launch, host.name, host.data)
-    exec_start = " ".join(systemd_word(w) for w in
-                          (release.python_bin, *launch.argv[1:]))
-    files.directory(name="Secrets directory", path="/etc/sglang", user="root", group="root",
-                    mode="700")
-    env = secret_file(name="Environment and secrets (root, 0600)", dest=ENV_FILE,
-                      content=environment(launch, secrets))
+    exec_start = " ".join(systemd_word(w) for w in (release.python_bin, *launch.argv[1:]))
+    env = secret_file(name=f"Environment and secrets of {unit_name} (root, 0600)",
+                      dest=env_file(unit_name), content=environment(launch, secrets))
+    budget = int(host.data.get("startup_budget_seconds", 1800))
     unit = files.template(
-        name=f"Unit {UNIT}", src=TEMPLATE, dest=UNIT_PATH, mode="644",
+        name=f"Unit {unit_name}", src=TEMPLATE, dest=unit_path(unit_name), mode="644",
         profile_path=profile.path, version=launch.version, release_id=release.id,
-        env_file=ENV_FILE, served_name=profile.model.served_name, exec_start=exec_start,
-        timeout_start=int(host.data.get("startup_budget_seconds", 1800)),
+        env_file=env_file(unit_name), served_name=profile.model.served_name,
+        exec_start=exec_start, timeout_start=budget,
         timeout_stop=int(host.data.get("drain_budget_seconds", 600)),
-        start_limit_interval=int(host.data.get("startup_budget_seconds", 1800)) * 4)
+        start_limit_interval=budget * 4)
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
     changes = [unit, env, *restart_if]
     # Restart first: it touches only a running unit, so a fresh host starts exactly once.
-    systemd.service(name=f"Restart {UNIT} (its definition changed)", service=UNIT,
+    systemd.service(name=f"Restart {unit_name} (its definition changed)", service=unit_name,
                     restarted=True, _if=lambda: any(op.did_change() for op in changes))
-    systemd.service(name=f"Enable and start {UNIT}", service=UNIT, running=True, enabled=True)
-    return ServiceOps(unit, env)
+    systemd.service(name=f"Enable and start {unit_name}", service=unit_name, running=True,
+                    enabled=True)
+
+
+@deploy("SGLang service")
+def install_service(profile: Profile, launches: list[Launch], release: Release,
+                    restart_if: list[OperationMeta]) -> None:
+    """One unit per server instance (``parallel.instances``, each on its own GPU set)."""
+    files.directory(name="Secrets directory", path=SECRETS_DIR, user="root", group="root",
+                    mode="700")
+    retire_other_units(name="Retire units of instances no longer wanted",
+                       keep=[launch.unit for launch in launches])
+    for launch in launches:
+        _unit(profile, launch, release, restart_if)

@@ -122,3 +122,19 @@ def test_api_key_is_enforced_and_never_shown(lab: None) -> None:
     security = ssh("lab1", "systemd-analyze security sglang.service --no-pager").stdout
     found = re.search(r"exposure level for sglang\.service: ([\d.]+)", security)
     assert found and float(found.group(1)) <= 3.0, security[-500:]
+
+
+def test_one_instance_per_gpu_set(lab: None) -> None:
+    code, out = deploy("sglang.parallel.instances=2", "sglang.parallel.tp=4", limit="lab2")
+    assert code == 0, out[-4000:]
+    for unit in ("sglang-0.service", "sglang-1.service"):
+        assert f"Gate {unit}" in out
+        assert ssh("lab2", f"systemctl is-active {unit}").stdout.strip() == "active"
+    assert ssh("lab2", "systemctl is-active sglang.service").stdout.strip() != "active"
+    visible = ssh("lab2", "cat /proc/$(systemctl show -p MainPID --value sglang-1.service)"
+                          "/environ | tr '\\0' '\\n' | grep CUDA_VISIBLE_DEVICES").stdout
+    assert visible.strip() == "CUDA_VISIBLE_DEVICES=4,5,6,7"
+    code, out = deploy(limit="lab2")  # back to one server per host
+    assert code == 0, out[-4000:]
+    assert ssh("lab2", "ls /etc/systemd/system/ | grep -c '^sglang'").stdout.strip() == "1"
+    assert ssh("lab2", "systemctl is-active sglang.service").stdout.strip() == "active"
