@@ -39,8 +39,10 @@ def systemd_word(word: str) -> str:
 
 
 def _env_line(name: str, value: str) -> str:
-    return f'{name}="{value}"' if re.search(r"[\s#'\"\\$]", value) is None else \
-        f"{name}='{value}'" if "'" not in value else f'{name}="{value}"'
+    """systemd's EnvironmentFile quoting: single quotes keep everything literally."""
+    if "'" not in value:
+        return f"{name}='{value}'"
+    return f'{name}="' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def environment(launch: Launch, secrets: dict[str, str]) -> str:

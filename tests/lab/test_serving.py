@@ -33,7 +33,7 @@ def main_pid(host: str) -> str:
 
 def server_info(host: str) -> dict[str, object]:
     env = ssh(host, "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang.env").stdout
-    key = env.strip().strip('"')
+    key = env.strip().strip("'\"")
     out = ssh(host, f"curl -s -H 'Authorization: Bearer {key}' "
                     f"http://127.0.0.{10 + int(host[-1])}:30000/server_info").stdout
     info: dict[str, object] = json.loads(out)
