@@ -78,6 +78,43 @@ def cmd_lab_ssh(args: argparse.Namespace) -> int:
     return manage.ssh(args.host, args.command)
 
 
+def cmd_smoke(args: argparse.Namespace) -> int:
+    """The gate's smoke generation against a running server (or router); changes nothing."""
+    from pathlib import Path
+
+    from sglang_fleet import gate_check
+
+    key = None
+    if args.api_key_file:
+        try:
+            key = Path(args.api_key_file).read_text().strip()
+        except OSError as exc:
+            print(f"error: {args.api_key_file}: {exc.strerror}", file=sys.stderr)
+            return 1
+    url = args.url.rstrip("/")
+    report: dict[str, object] = {"url": url, "ok": False}
+    status, raw = gate_check.request(f"{url}/v1/models", key)
+    try:
+        if status != 200:
+            raise gate_check.GateError(f"{url}/v1/models answered {status or 'nothing'}"
+                                       + (" (an API key is needed)" if status == 401 else ""))
+        model = json.loads(raw)["data"][0]["id"]
+        report["model"] = model
+        report["smoke"] = result = gate_check.smoke(url, key, model)
+        if not result["sane"]:
+            raise gate_check.GateError(f"smoke answer is not sane: {result['answer']!r}")
+        report["ok"] = True
+        if not args.json:
+            print(f"{url} ({model}): " + gate_check.describe(result))
+    except gate_check.GateError as err:
+        report["error"] = str(err)
+        if not args.json:
+            print(f"error: {err}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    return 0 if report["ok"] else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Lab up, the whole deploy, then a smoke generation against every host."""
     import subprocess
@@ -123,6 +160,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", help=version_help)
     p.add_argument("--model-config", help="the model's config.json (or its directory)")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("smoke", help="a smoke generation against a running server or router")
+    p.add_argument("url", help="e.g. http://10.0.0.11:30000")
+    p.add_argument("--api-key-file", help="a file holding the API key")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.set_defaults(func=cmd_smoke)
 
     p = sub.add_parser("demo", help="lab up, deploy, smoke: the whole product on lab hosts")
     p.add_argument("--hosts", type=int, default=2)

@@ -96,6 +96,31 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
     yield fail(f"{error}; {where}")
 
 
+@operation(is_idempotent=True)
+def smoke(profile: Profile, launch: Launch) -> Ops:
+    """The gate's smoke generation alone, with the gate tools the deploy left on the host."""
+    if not state.is_executing:
+        return
+    installed, _ = host.run_shell_command(f"test -f {TOOLS}/sglang_fleet/gate_check.py")
+    if not installed:
+        yield fail(f"{TOOLS} has no gate tools: run deploys/sglang.py first")
+        return
+    ok, lines = _check(["--unit", launch.unit, "--url", url(profile, launch), "--env-file",
+                        env_file(launch.unit), "--model", profile.model.served_name,
+                        "--smoke-only"])
+    for line in lines:
+        if not line.startswith("GATE "):
+            logger.info(f"{host.print_prefix}{launch.unit}: {line}")
+    if not ok:
+        yield fail(f"{launch.unit}: smoke test failed")
+
+
+@deploy("Smoke test")
+def smoke_test(profile: Profile, launches: list[Launch]) -> None:
+    for launch in launches:
+        smoke(name=f"Smoke {launch.unit}", profile=profile, launch=launch)
+
+
 @deploy("Gate")
 def run_gate(profile: Profile, launches: list[Launch]) -> None:
     """Health, effective arguments, smoke generation and capacity report; rollback on failure."""

@@ -152,6 +152,12 @@ def smoke(url: str, key: str | None, model: str) -> dict[str, Any]:
             "accept_length": meta.get("spec_accept_length")}
 
 
+def describe(s: dict[str, Any]) -> str:
+    accept = f", accept length {s['accept_length']:.2f}" if s["accept_length"] else ""
+    return (f"smoke: {s['answer'] or '(reasoning only)'!r}, TTFT {s['ttft_s'] * 1000:.0f} ms, "
+            f"{s['tokens_per_s']:.0f} tok/s{accept}")
+
+
 def api_key(env_file: str) -> str | None:
     for line in Path(env_file).read_text().splitlines():
         if line.startswith("SGLANG_API_KEY="):
@@ -163,6 +169,15 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     key = api_key(args.env_file)
     if key:
         SECRETS.append(key)
+    if args.smoke_only:  # a running server, changed by nothing
+        status, _ = request(f"{args.url}/health_generate", None, timeout=25)
+        if status != 200:
+            raise GateError(f"{args.url}/health_generate answered {status or 'nothing'}")
+        result["smoke"] = s = smoke(args.url, key, args.model)
+        print(describe(s))
+        if not s["sane"]:
+            raise GateError(f"smoke answer is not sane: {s['answer']!r}")
+        return
     invocation = wait_healthy(args.unit, args.url, args.budget)
     result["invocation"] = invocation
     print("health: /health_generate 200")
@@ -181,9 +196,7 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     result["smoke"] = s = smoke(args.url, key, args.model)
     if not s["sane"]:
         raise GateError(f"smoke answer is not sane: {s['answer']!r}")
-    accept = f", accept length {s['accept_length']:.2f}" if s["accept_length"] else ""
-    print(f"smoke: {s['answer'] or '(reasoning only)'!r}, TTFT {s['ttft_s'] * 1000:.0f} ms, "
-          f"{s['tokens_per_s']:.0f} tok/s{accept}")
+    print(describe(s))
     cap = capacity.parse(journal(invocation, 0))
     print("capacity: " + capacity.summary(cap))
     for line in capacity.advice(cap):
@@ -204,6 +217,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=1800)
     ap.add_argument("--job", default="", help="COMPLETIONS,TOKENS for the job estimate")
     ap.add_argument("--health-only", action="store_true", help="only wait until healthy")
+    ap.add_argument("--smoke-only", action="store_true",
+                    help="only a smoke generation against the running server")
     args = ap.parse_args()
     result: dict[str, Any] = {"ok": False}
     try:

@@ -138,3 +138,12 @@ def test_one_instance_per_gpu_set(lab: None) -> None:
     assert code == 0, out[-4000:]
     assert ssh("lab2", "ls /etc/systemd/system/ | grep -c '^sglang'").stdout.strip() == "1"
     assert ssh("lab2", "systemctl is-active sglang.service").stdout.strip() == "active"
+
+
+def test_smoke_deploy_changes_nothing(lab: None) -> None:
+    result = pyinfra("deploys/smoke.py")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    for host in HOSTS:
+        assert re.search(rf"\[{host}\] sglang\.service: smoke: '4\..*', TTFT \d+ ms", out)
+    assert changed_ops(out) == 0
