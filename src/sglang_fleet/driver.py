@@ -8,9 +8,7 @@ one), the fabric manager and NVLSM on NVSwitch hosts, and a verification with nv
 
 from __future__ import annotations
 
-import shlex
 import time
-from collections.abc import Generator
 from dataclasses import dataclass
 from io import StringIO
 from typing import Any
@@ -32,13 +30,13 @@ from sglang_fleet.facts.nvidia import (
     NvidiaModule,
     NvidiaSmi,
 )
+from sglang_fleet.ops import Ops, fail
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING = "cuda-keyring_1.1-1_all.deb"
 # Minimum driver for each CUDA release (NVIDIA's CUDA toolkit release notes).
 DRIVER_FLOOR = {"12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
 APT_NO_UPGRADE = "/etc/apt/apt.conf.d/51sglang-fleet-nvidia"
-Ops = Generator[Any, None, None]
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -105,12 +103,6 @@ def repo_path() -> str:
         raise OperationError(f"no NVIDIA CUDA repository for {distro}/{host.get_fact(Arch)}: "
                              "supported are ubuntu2204, ubuntu2404, debian12 on x86_64 or sbsa")
     return f"{distro}/{arch}"
-
-
-def fail(message: str) -> str:
-    """A command that fails with ``message``: pyinfra shows it as the host's error, without the
-    traceback an exception raised while executing an operation would print."""
-    return f"echo {shlex.quote('error: ' + message)} >&2; exit 1"
 
 
 def _installed(package: str) -> str | None:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from collections.abc import Generator
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
@@ -21,6 +19,7 @@ from pyinfra.context import host
 from pyinfra.facts.files import Directory
 from pyinfra.operations import apt, files, server
 
+from sglang_fleet.ops import Ops
 from sglang_fleet.profile import Profile
 
 ROOT = "/opt/sglang"
@@ -36,7 +35,6 @@ USER = "sglang"
 HOME = "/var/lib/sglang"
 CACHE = "/var/cache/sglang"
 KEEP = 3
-Ops = Generator[Any, None, None]
 # Where SGLang, torch, triton, flashinfer and Hugging Face write; the service may write there.
 CACHE_ENV = {
     "HOME": HOME,

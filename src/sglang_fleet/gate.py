@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +20,14 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.operations import files
 
-from sglang_fleet.driver import fail
 from sglang_fleet.engine import ROOT
+from sglang_fleet.ops import Ops, fail
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
 from sglang_fleet.service import env_file, unit_path
 
 TOOLS = f"{ROOT}/tools"
 LAST_GOOD = "/etc/sglang/last-good"
-Ops = Generator[Any, None, None]
 HERE = Path(__file__).resolve().parent
 
 

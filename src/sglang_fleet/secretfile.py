@@ -7,7 +7,6 @@ output (not even with ``--diff`` or ``-vvv``): compared by checksum, uploaded by
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Generator
 from io import BytesIO
 from typing import Any
 
@@ -15,6 +14,8 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.facts.files import Sha256File
+
+from sglang_fleet.ops import Ops
 
 
 def _upload(state: Any, host: Any, dest: str, content: bytes) -> None:  # names pyinfra reads
@@ -29,7 +30,7 @@ def _upload(state: Any, host: Any, dest: str, content: bytes) -> None:  # names 
 
 
 @operation(is_idempotent=True)
-def secret_file(dest: str, content: str) -> Generator[Any, None, None]:
+def secret_file(dest: str, content: str) -> Ops:
     """Ensure ``dest`` holds ``content``, owned by root with mode 0600."""
     data = content.encode()
     current = host.get_fact(Sha256File, path=dest)

@@ -9,8 +9,6 @@ environment, the release or the weights changed.
 from __future__ import annotations
 
 import re
-from collections.abc import Generator
-from typing import Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
@@ -19,6 +17,7 @@ from pyinfra.operations import files, systemd
 
 from sglang_fleet.engine import CACHE_ENV, Release
 from sglang_fleet.errors import InputError
+from sglang_fleet.ops import Ops
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
 from sglang_fleet.secretfile import secret_file
@@ -76,7 +75,7 @@ def env_file(unit: str) -> str:
 
 
 @operation(is_idempotent=True)
-def retire_other_units(keep: list[str]) -> Generator[Any, None, None]:
+def retire_other_units(keep: list[str]) -> Ops:
     """Stop and remove sglang units this profile no longer runs (fewer instances)."""
     ok, out = host.run_shell_command("ls /etc/systemd/system/ | grep -E '^sglang(-[0-9]+)?"
                                      "\\.service$' || true")

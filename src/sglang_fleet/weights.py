@@ -9,9 +9,7 @@ into place when complete; credentials only in root-owned 0600 files.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Generator
 from pathlib import Path
-from typing import Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
@@ -19,6 +17,7 @@ from pyinfra.context import host
 from pyinfra.operations import files
 
 from sglang_fleet.engine import ROOT, UV
+from sglang_fleet.ops import Ops, fail
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import model_path
 from sglang_fleet.secretfile import secret_file
@@ -29,7 +28,6 @@ SECRETS = "/etc/sglang"
 AWS_CREDENTIALS = f"{SECRETS}/aws-credentials"
 HF_TOKEN = f"{SECRETS}/hf-token"
 MANIFEST = ".sglang-fleet-manifest.json"
-Ops = Generator[Any, None, None]
 
 
 @operation(is_idempotent=True)
@@ -59,7 +57,7 @@ def present(path: str) -> Ops:
     """A host path: it must already hold a model."""
     status, _ = host.run_shell_command(f"test -f {path}/config.json")
     if not status:
-        yield f"echo 'error: {path}/config.json: no model there' >&2; exit 1"
+        yield fail(f"{path}/config.json: no model there")
 
 
 @deploy("Model weights")
