@@ -24,6 +24,7 @@ from sglang_fleet.profile import Profile
 
 ROOT = "/opt/sglang"
 RELEASES = f"{ROOT}/releases"
+TOOLS = f"{ROOT}/tools"  # staging and gate tools, apart from any engine release
 CURRENT = f"{ROOT}/current"
 PREVIOUS = f"{ROOT}/previous"
 UV_VENV = f"{ROOT}/uv"

@@ -20,13 +20,12 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.operations import files
 
-from sglang_fleet.engine import ROOT
+from sglang_fleet.engine import TOOLS
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
-from sglang_fleet.service import env_file, unit_path
+from sglang_fleet.service import env_file, startup_budget, unit_path
 
-TOOLS = f"{ROOT}/tools"
 LAST_GOOD = "/etc/sglang/last-good"
 HERE = Path(__file__).resolve().parent
 
@@ -130,4 +129,4 @@ def run_gate(profile: Profile, launches: list[Launch]) -> None:
     for launch in launches:
         gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, capacity",
              profile=profile, launch=launch,
-             budget=int(host.data.get("startup_budget_seconds", 1800)), job=str(job))
+             budget=startup_budget(), job=str(job))

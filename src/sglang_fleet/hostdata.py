@@ -61,9 +61,7 @@ def overrides(host: Host) -> dict[str, Any]:
 def profile_for(host: Host) -> profile.Profile:
     """Load, override and validate the profile ``host`` serves."""
     source = f"pyinfra data of {host.name}"
-    path = None
-    for level in _levels(host):
-        path = level.get(PROFILE_KEY, path)
+    path = host.data.get(PROFILE_KEY)
     if not isinstance(path, str):
         raise InputError.one(source, PROFILE_KEY, "no serving profile for this host",
                              f"set {PROFILE_KEY} = 'profiles/<name>.yaml' in group data")

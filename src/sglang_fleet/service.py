@@ -9,6 +9,7 @@ environment, the release or the weights changed.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
@@ -51,9 +52,9 @@ def environment(launch: Launch, secrets: dict[str, str]) -> str:
         f"{_env_line(k, v)}\n" for k, v in sorted(env.items()))
 
 
-def secret_values(launch: Launch, host_name: str, data: object) -> dict[str, str]:
+def secret_values(launch: Launch, host_name: str, data: Any) -> dict[str, str]:
     """Values of the secrets the launch refers to, from host data (``secrets`` mapping)."""
-    available = getattr(data, "get", lambda *_: None)("secrets") or {}
+    available = data.get("secrets") or {}
     values = {}
     for var, name in launch.secrets.items():
         if name not in available:
@@ -64,6 +65,11 @@ def secret_values(launch: Launch, host_name: str, data: object) -> dict[str, str
                                  "file or the environment, never committed")
         values[var] = str(available[name])
     return values
+
+
+def startup_budget() -> int:
+    """Seconds a server may take to load and warm up (host data, default 30 minutes)."""
+    return int(host.data.get("startup_budget_seconds", 1800))
 
 
 def unit_path(unit: str) -> str:
@@ -92,7 +98,7 @@ def _unit(profile: Profile, launch: Launch, release: Release,
     exec_start = " ".join(systemd_word(w) for w in (release.python_bin, *launch.argv[1:]))
     env = secret_file(name=f"Environment and secrets of {unit_name} (root, 0600)",
                       dest=env_file(unit_name), content=environment(launch, secrets))
-    budget = int(host.data.get("startup_budget_seconds", 1800))
+    budget = startup_budget()
     unit = files.template(
         name=f"Unit {unit_name}", src=TEMPLATE, dest=unit_path(unit_name), mode="644",
         profile_path=profile.path, version=launch.version, release_id=release.id,

@@ -16,13 +16,12 @@ from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
 from pyinfra.operations import files
 
-from sglang_fleet.engine import ROOT, UV
+from sglang_fleet.engine import TOOLS, UV
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import model_path
 from sglang_fleet.secretfile import secret_file
 
-TOOLS = f"{ROOT}/tools"
 SCRIPT = f"{TOOLS}/stage_weights.py"
 SECRETS = "/etc/sglang"
 AWS_CREDENTIALS = f"{SECRETS}/aws-credentials"

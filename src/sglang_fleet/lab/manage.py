@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from sglang_fleet.lab import hosts, rootfs, site
-from sglang_fleet.lab.state import STATE_DIR, Host, Lab, host_address, load
+from sglang_fleet.lab.state import Host, Lab, host_address, load
 
 
 def _require_root() -> None:
@@ -83,5 +83,3 @@ def ssh(name: str, command: list[str]) -> int:
         return 1
     return hosts.ssh(host, lab, " ".join(command) or None, tty=not command).returncode
 
-
-__all__ = ["STATE_DIR", "down", "ssh", "status", "up"]
