@@ -18,5 +18,8 @@ _ssh = {
 
 # Lab hosts share the machine's network: each server listens on its host's own address.
 lab_hosts = [(h.name, {"ssh_hostname": h.address, "gpu_count": h.gpus,
-                       "sglang.server.host": h.address, **_ssh})
+                       "sglang.server.host": h.address, "router_host": h.address, **_ssh})
              for h in _lab.hosts]
+
+# The router (deploys/router.py) runs on the first host, beside its server, on port 30080.
+routers = [name for name, _ in lab_hosts[:1]]

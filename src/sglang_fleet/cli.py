@@ -115,6 +115,14 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return 0 if report["ok"] else 1
 
 
+def cmd_roll(args: argparse.Namespace) -> int:
+    """Rolling redeploy through the router (see sglang_fleet.roll)."""
+    from sglang_fleet import roll
+
+    return roll.main(args.inventory, args.data, args.batch, args.drain_timeout,
+                     args.health_timeout)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Lab up, the whole deploy, then a smoke generation against every host."""
     import subprocess
@@ -166,6 +174,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", help="a file holding the API key")
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.set_defaults(func=cmd_smoke)
+
+    p = sub.add_parser("roll", help="rolling redeploy through the router, stopping at the "
+                       "first failure and putting that host's last good release back")
+    p.add_argument("inventory", help="a pyinfra inventory, e.g. inventories/b200.py")
+    p.add_argument("--batch", type=int, default=1, help="hosts at a time (default 1)")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   help="pyinfra data for the deploy, e.g. sglang.memory.page_size=64")
+    p.add_argument("--drain-timeout", type=float, default=600,
+                   help="seconds to wait for a host's requests in flight (default 600)")
+    p.add_argument("--health-timeout", type=float, default=300,
+                   help="seconds for the router to see a host healthy again (default 300)")
+    p.set_defaults(func=cmd_roll)
 
     p = sub.add_parser("demo", help="lab up, deploy, smoke: the whole product on lab hosts")
     p.add_argument("--hosts", type=int, default=2)

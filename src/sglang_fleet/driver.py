@@ -31,6 +31,7 @@ from sglang_fleet.facts.nvidia import (
     NvidiaSmi,
 )
 from sglang_fleet.ops import Ops, fail
+from sglang_fleet.packages import packages_baseline, packages_purged
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING = "cuda-keyring_1.1-1_all.deb"
@@ -84,6 +85,12 @@ class DriverConfig:
                    branch=branch, version=str(version) if version else None, gpu_count=count,
                    allow_reboot=bool(data.get("allow_reboot", False)), engine_cuda=cuda,
                    cuda_toolkit=data.get("cuda_toolkit"), dcgm=bool(data.get("install_dcgm")))
+
+    @property
+    def extras(self) -> list[str]:
+        """The CUDA toolkit and DCGM, when host data asks for them."""
+        return ([f"cuda-toolkit-{self.cuda_toolkit}"] if self.cuda_toolkit else []) + \
+            (["datacenter-gpu-manager-4-cuda13"] if self.dcgm else [])
 
     @property
     def packages(self) -> list[str]:
@@ -271,6 +278,7 @@ def install_driver() -> None:
     """Converge the host's NVIDIA stack; read the configuration from the host's data."""
     cfg = DriverConfig.from_data(host.data, host.name)
     base = f"{cfg.repo_base_url}/{repo_path()}"
+    packages_baseline(name="Packages before sglang-fleet (for teardown)")
     keyring = None
     if _installed("cuda-keyring") is None:
         keyring = apt.deb(name="NVIDIA repository keyring", src=f"{base}/{KEYRING}")
@@ -281,10 +289,8 @@ def install_driver() -> None:
     apt.packages(name="Kernel headers for DKMS",
                  packages=[f"linux-headers-{host.get_fact(KernelVersion)}"])
     driver_packages(name=f"Open driver, branch {cfg.branch}", cfg=cfg)
-    extras = ([f"cuda-toolkit-{cfg.cuda_toolkit}"] if cfg.cuda_toolkit else []) + \
-        (["datacenter-gpu-manager-4-cuda13"] if cfg.dcgm else [])
-    if extras:
-        apt.packages(name="CUDA toolkit and DCGM", packages=extras)
+    if cfg.extras:
+        apt.packages(name="CUDA toolkit and DCGM", packages=cfg.extras)
     if cfg.dcgm:
         systemd.service(name="DCGM", service="nvidia-dcgm", running=True, enabled=True)
     load_driver(name="Loaded driver is the installed one", cfg=cfg)
@@ -295,10 +301,11 @@ def install_driver() -> None:
 
 @deploy("Remove the NVIDIA driver")
 def remove_driver() -> None:
-    """Take away what install_driver put on the host (teardown with purge=driver)."""
+    """Take away what install_driver put on the host (teardown with purge=driver); the loaded
+    module stays in the kernel until the next reboot."""
     cfg = DriverConfig.from_data(host.data, host.name)
-    held = [*cfg.packages, "nvidia-fabricmanager"]
-    apt.packages(name="Driver stack", present=False, purge=True,
-                 packages=[*held, f"nvidia-driver-pinning-{cfg.branch}", "nvlsm", "cuda-keyring"],
-                 extra_uninstall_args="--allow-change-held-packages")
+    purged = packages_purged(name="Driver stack", owned=[
+        *cfg.packages, "nvidia-fabricmanager", f"nvidia-driver-pinning-{cfg.branch}", "nvlsm",
+        *cfg.extras, "cuda-keyring"], shared=[f"linux-headers-{host.get_fact(KernelVersion)}"])
     files.file(name="Unattended-upgrades exclusion", path=APT_NO_UPGRADE, present=False)
+    apt.update(name="Forget the NVIDIA repository", _if=purged.did_change)

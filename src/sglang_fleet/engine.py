@@ -20,6 +20,7 @@ from pyinfra.facts.files import Directory
 from pyinfra.operations import apt, files, server
 
 from sglang_fleet.ops import Ops
+from sglang_fleet.packages import packages_baseline
 from sglang_fleet.profile import Profile
 
 ROOT = "/opt/sglang"
@@ -147,6 +148,7 @@ def install_engine(profile: Profile) -> Release:
     release = release_for(profile, find_links)
     server.user(name="Service user", user=USER, system=True, home=HOME, shell="/usr/sbin/nologin",
                 create_home=False)
+    packages_baseline(name="Packages before sglang-fleet (for teardown)")
     apt.packages(name="Python venv support", packages=["python3-venv"])
     for path in (ROOT, RELEASES):
         files.directory(name=f"Directory {path}", path=path, mode="755")

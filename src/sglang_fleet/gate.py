@@ -20,7 +20,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.operations import files
 
-from sglang_fleet.engine import TOOLS
+from sglang_fleet.engine import CURRENT, RELEASES, TOOLS
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
@@ -110,6 +110,52 @@ def smoke(profile: Profile, launch: Launch) -> Ops:
             logger.info(f"{host.print_prefix}{launch.unit}: {line}")
     if not ok:
         yield fail(f"{launch.unit}: smoke test failed")
+
+
+@operation(is_idempotent=True)
+def last_good_back(unit: str) -> Ops:
+    """Put the unit and environment that last passed the gate back, with the ``current`` link
+    on the release they run, and restart the unit if it ran something else."""
+    saved = f"{LAST_GOOD}/{unit}"
+    ok, _ = host.run_shell_command(f"test -f {saved} -a -f {saved}.env")
+    if not ok:
+        yield fail(f"{unit}: no release has passed the gate on this host: nothing to go back to")
+        return
+    if not (_same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit))):
+        yield (f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env_file(unit)} && "
+               f"systemctl daemon-reload && systemctl restart {unit}")
+    ok, out = host.run_shell_command(
+        f"grep -o '{RELEASES}/[^/ ]*' {saved} | head -1; readlink {CURRENT} || true")
+    lines = [line.strip() for line in out.stdout_lines] if ok else []
+    if len(lines) == 2 and lines[0] != lines[1]:
+        yield f"ln -sfn {lines[0]} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"
+
+
+@operation(is_idempotent=True)
+def regate(profile: Profile, launch: Launch, budget: int) -> Ops:
+    """Health (within the startup budget) and a smoke generation of what serves now."""
+    if not state.is_executing:
+        return
+    base = ["--unit", launch.unit, "--url", url(profile, launch), "--env-file",
+            env_file(launch.unit), "--model", profile.model.served_name, "--budget", str(budget)]
+    for check in ("--health-only", "--smoke-only"):
+        ok, lines = _check([*base, check])
+        for line in lines:
+            if not line.startswith("GATE "):
+                logger.info(f"{host.print_prefix}{launch.unit}: {line}")
+        if not ok:
+            yield fail(f"{launch.unit}: the last good release does not pass the gate either "
+                       f"({check.removeprefix('--').replace('-only', '')})")
+            return
+
+
+@deploy("Back to the last good release")
+def restore_last_good(profile: Profile, launches: list[Launch]) -> None:
+    """What a rolling redeploy does to a host whose new release failed."""
+    for launch in launches:
+        last_good_back(name=f"Last good {launch.unit}", unit=launch.unit)
+        regate(name=f"Gate {launch.unit}: health and smoke generation", profile=profile,
+               launch=launch, budget=startup_budget())
 
 
 @deploy("Smoke test")

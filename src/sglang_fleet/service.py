@@ -80,15 +80,39 @@ def env_file(unit: str) -> str:
     return f"{SECRETS_DIR}/{unit.removesuffix('.service')}.env"
 
 
-@operation(is_idempotent=True)
-def retire_other_units(keep: list[str]) -> Ops:
-    """Stop and remove sglang units this profile no longer runs (fewer instances)."""
+def _removal(unit: str) -> str:
+    return (f"systemctl disable --now {unit}; rm -f {unit_path(unit)} {env_file(unit)} "
+            f"&& systemctl daemon-reload && systemctl reset-failed {unit} 2>/dev/null; true")
+
+
+def installed_units() -> list[str]:
+    """The sglang server units on the host (``sglang.service``, ``sglang-N.service``)."""
     ok, out = host.run_shell_command("ls /etc/systemd/system/ | grep -E '^sglang(-[0-9]+)?"
                                      "\\.service$' || true")
-    for unit in (u.strip() for u in out.stdout_lines if u.strip()) if ok else ():
+    return [u.strip() for u in out.stdout_lines if u.strip()] if ok else []
+
+
+@operation(is_idempotent=True)
+def retire_other_units(keep: list[str]) -> Ops:
+    """Stop and remove sglang units this profile no longer runs (fewer instances); with
+    ``keep=[]`` every one of them (teardown).
+
+        retire_other_units(name="Retire units", keep=["sglang.service"])
+    """
+    for unit in installed_units():
         if unit not in keep:
-            yield (f"systemctl disable --now {unit} && rm -f {unit_path(unit)} "
-                   f"{env_file(unit)} && systemctl daemon-reload")
+            yield _removal(unit)
+
+
+@operation(is_idempotent=True)
+def unit_absent(unit: str) -> Ops:
+    """Stop, disable and remove one unit and its environment file.
+
+        unit_absent(name="Remove the router", unit="sglang-router.service")
+    """
+    ok, _ = host.run_shell_command(f"test -e {unit_path(unit)} -o -e {env_file(unit)}")
+    if ok:
+        yield _removal(unit)
 
 
 def _unit(profile: Profile, launch: Launch, release: Release,

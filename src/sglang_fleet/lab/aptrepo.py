@@ -22,6 +22,13 @@ GNUPG = STATE_DIR / "gnupg"
 RELOAD = "systemctl daemon-reload >/dev/null 2>&1 || true\n"  # as deb-systemd-helper does
 
 
+def disable(unit: str) -> str:
+    """A prerm that stops and disables the package's unit on removal, as dh_installsystemd's
+    generated scripts do (no enable links left dangling)."""
+    return (f'if [ "$1" = remove ]; then systemctl disable --now {unit} >/dev/null 2>&1 '
+            "|| true; fi\n")
+
+
 @dataclass
 class Deb:
     name: str
@@ -32,6 +39,7 @@ class Deb:
     provides: str = ""
     files: dict[str, str | Path] = field(default_factory=dict)  # path in package → text or file
     postinst: str = ""
+    prerm: str = ""
     description: str = "lab stand-in"
 
 
@@ -54,7 +62,9 @@ def _driver(version: str, flavour: str) -> Deb:
                "usr/lib/lab-nvidia/lab-daemon": STUBS / "lab-daemon",
                "lib/systemd/system/lab-nvidia-module.service":
                    STUBS / "lab-nvidia-module.service"},
-        postinst="systemctl enable lab-nvidia-module.service >/dev/null 2>&1 || true\n")
+        postinst="systemctl enable lab-nvidia-module.service >/dev/null 2>&1 || true\n",
+        prerm='if [ "$1" = remove ]; then systemctl disable lab-nvidia-module.service '
+              '>/dev/null 2>&1 || true; fi\n')
 
 
 def packages(kernel: str) -> list[Deb]:
@@ -71,6 +81,7 @@ def packages(kernel: str) -> list[Deb]:
                 description="CUDA driver metapackage (proprietary kernel modules)"),
             Deb("nvidia-fabricmanager", f"{version}-1",
                 description="NVIDIA Fabric Manager", postinst=RELOAD,
+                prerm=disable("nvidia-fabricmanager.service"),
                 files={"lib/systemd/system/nvidia-fabricmanager.service":
                        _daemon_unit("NVIDIA fabric manager service", "fabricmanager", version)}),
         ]
@@ -81,10 +92,11 @@ def packages(kernel: str) -> list[Deb]:
             files={f"etc/apt/preferences.d/nvidia-driver-pinning-{BRANCH}": pin},
             description="Pin the NVIDIA driver stack to one branch"),
         Deb("nvlsm", "2025.06.4-1", description="NVLink subnet manager", postinst=RELOAD,
+            prerm=disable("nvlsm.service"),
             files={"lib/systemd/system/nvlsm.service":
                    _daemon_unit("NVLink Subnet Manager", "nvlsm", "2025.06.4")}),
         Deb("datacenter-gpu-manager-4-cuda13", "1:4.4.1-1", description="NVIDIA DCGM",
-            postinst=RELOAD,
+            postinst=RELOAD, prerm=disable("nvidia-dcgm.service"),
             files={"lib/systemd/system/nvidia-dcgm.service":
                    _daemon_unit("NVIDIA DCGM service", "nv-hostengine", "4.4.1"),
                    "usr/bin/dcgmi": "#!/bin/sh\necho 'Successfully ran diagnostic.'\n"}),
@@ -120,6 +132,9 @@ def build_deb(deb: Deb, out: Path) -> Path:
         if deb.postinst:
             (control / "postinst").write_text("#!/bin/sh\nset -e\n" + deb.postinst)
             (control / "postinst").chmod(0o755)
+        if deb.prerm:
+            (control / "prerm").write_text("#!/bin/sh\nset -e\n" + deb.prerm)
+            (control / "prerm").chmod(0o755)
         path = out / f"{deb.name}_{deb.version.split(':')[-1]}_{deb.arch}.deb"
         subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(root),
                         str(path)], check=True, stdout=subprocess.DEVNULL)

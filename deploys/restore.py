@@ -1,0 +1,16 @@
+"""Put the last release that passed the gate back on hosts, and gate it (health, smoke):
+
+    pyinfra -y inventories/b200.py deploys/restore.py --limit b200-01
+
+``sglang-fleet roll`` runs this on a host whose new release failed; it changes nothing on a
+host already serving its last good release, apart from gating it again.
+"""
+
+from pyinfra.context import host
+
+from sglang_fleet import hostdata
+from sglang_fleet.gate import restore_last_good
+from sglang_fleet.render import render_all
+
+profile = hostdata.profile_for(host)
+restore_last_good(profile, render_all(profile))

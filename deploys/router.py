@@ -1,0 +1,15 @@
+"""The SGLang router on the hosts of the group ``routers``, in front of every serving host:
+
+    pyinfra -y inventories/b200.py deploys/router.py
+
+Hosts outside ``routers`` are left alone. Running it again changes nothing; a host added to or
+removed from the inventory is added to or removed from the running router without a restart.
+"""
+
+from pyinfra.context import host, inventory
+
+from sglang_fleet import fleet
+from sglang_fleet.router import install_router
+
+if fleet.ROUTERS_GROUP in host.groups:
+    install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory))

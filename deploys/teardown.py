@@ -1,0 +1,19 @@
+"""Take hosts out of service:
+
+    pyinfra -y inventories/b200.py deploys/teardown.py
+    pyinfra -y inventories/b200.py deploys/teardown.py --data purge=engine,weights,driver
+
+Out of the routers, the router itself on router hosts, the server units and their environment
+files. Engine releases, staged weights and the driver go only when ``purge`` names them; a full
+purge leaves the host as it was before the first deploy. Running it again changes nothing.
+"""
+
+from pyinfra.context import host, inventory
+
+from sglang_fleet import fleet
+from sglang_fleet.teardown import Purge, teardown
+
+purge = Purge.from_data(host.data, host.name)
+serving = host in fleet.serving_hosts([host])
+teardown(purge, fleet.worker_urls(host) if serving else [], fleet.routers(inventory),
+         is_router=fleet.ROUTERS_GROUP in host.groups)

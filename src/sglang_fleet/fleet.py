@@ -1,0 +1,100 @@
+"""Who serves and who routes, read from the inventory: the serving hosts (those with a
+``sglang_profile``) in inventory order, their worker URLs, and the routers in front of them
+(the group ``routers``).
+
+    for host in serving_hosts(inventory):
+        print(host.name, worker_urls(host))
+    for router in routers(inventory):
+        print(router.url)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra.api.host import Host
+from pyinfra.api.inventory import Inventory
+
+from sglang_fleet import hostdata
+from sglang_fleet.errors import InputError
+from sglang_fleet.render import render_all
+
+ROUTERS_GROUP = "routers"
+ROUTER_VERSION = "0.3.2"
+ROUTER_PORT = 30080
+ANY_ADDRESS = ("0.0.0.0", "::", "")
+
+
+def address(host: Host) -> str:
+    """How other machines reach the host: its SSH address unless data says otherwise."""
+    return str(host.data.get("sglang_address") or host.data.get("ssh_hostname") or host.name)
+
+
+def serving_hosts(inventory: Iterable[Host]) -> list[Host]:
+    """Hosts that run SGLang servers, in inventory order (router-only hosts set no profile)."""
+    return [host for host in inventory if host.data.get(hostdata.PROFILE_KEY)]
+
+
+def worker_urls(host: Host) -> list[str]:
+    """The URL of each server instance on ``host``, as a router reaches it."""
+    profile = hostdata.profile_for(host)
+    bind = profile.server.host
+    where = address(host) if bind in ANY_ADDRESS else bind
+    return [f"http://{where}:{launch.port}" for launch in render_all(profile)]
+
+
+def _int(data: Any, source: str, key: str, default: int) -> int:
+    value = data.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise InputError.one(source, key, f"must be a positive integer, got {value!r}",
+                             f"remove it (default {default}) or set a number")
+    return value
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    """A router host's data, validated (``router_*`` keys, all optional)."""
+
+    host_name: str
+    version: str
+    bind: str
+    port: int
+    url: str
+    policy: str
+    health_interval: int
+    health_failures: int
+    health_successes: int
+    api_key: str | None
+
+    @classmethod
+    def from_host(cls, host: Host) -> RouterConfig:
+        data, source = host.data, f"pyinfra data of {host.name}"
+        policy = str(data.get("router_policy", "cache_aware"))
+        policies = ("cache_aware", "round_robin", "power_of_two", "random")
+        if policy not in policies:
+            raise InputError.one(source, "router_policy", f"unknown policy {policy!r}",
+                                 f"one of {', '.join(policies)}")
+        secret = str(data.get("router_api_key_secret", "sglang-api-key"))
+        key = (data.get("secrets") or {}).get(secret)
+        bind = str(data.get("router_host", "0.0.0.0"))
+        port = _int(data, source, "router_port", ROUTER_PORT)
+        where = address(host) if bind in ANY_ADDRESS else bind
+        return cls(host_name=host.name, version=str(data.get("router_version", ROUTER_VERSION)),
+                   bind=bind, port=port, url=str(data.get("router_url", f"http://{where}:{port}")),
+                   policy=policy,
+                   health_interval=_int(data, source, "router_health_check_interval_secs", 5),
+                   health_failures=_int(data, source, "router_health_failure_threshold", 3),
+                   health_successes=_int(data, source, "router_health_success_threshold", 2),
+                   api_key=str(key) if key else None)
+
+
+def routers(inventory: Inventory) -> list[RouterConfig]:
+    """Every router of the inventory (none if it has no ``routers`` group)."""
+    group = inventory.get_group(ROUTERS_GROUP, None) or []
+    return [RouterConfig.from_host(host) for host in group]
+
+
+def all_worker_urls(inventory: Iterable[Host]) -> list[str]:
+    return [url for host in serving_hosts(inventory) for url in worker_urls(host)]

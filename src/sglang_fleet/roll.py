@@ -1,0 +1,205 @@
+"""Rolling redeploy through the router: hosts in inventory order, K at a time; each batch is
+taken out of every router, drained (its servers' own metrics, with a bound), converged with
+``deploys/sglang.py`` (which restarts only what changed) and gated, put back, and seen healthy
+by the routers before the next batch. The first failure stops the roll: the batch goes back to
+its last good release (``deploys/restore.py``), is put back, and the rest is left untouched.
+
+    sglang-fleet roll inventories/b200.py --batch 1 --data sglang.memory.max_running_requests=48
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pyinfra.api.config import Config
+from pyinfra.api.host import Host
+from pyinfra.api.inventory import Inventory
+from pyinfra.api.state import State
+from pyinfra.context import ctx_state
+from pyinfra_cli.inventory import make_inventory
+from pyinfra_cli.util import parse_cli_arg
+
+from sglang_fleet import fleet
+from sglang_fleet.errors import InputError
+from sglang_fleet.routerctl import Router, RouterError, drained
+
+DEPLOYS = Path(__file__).resolve().parents[2] / "deploys"
+
+
+@dataclass
+class Outcome:
+    """What happened to one host."""
+
+    host: str
+    result: str = "untouched"
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    inventory: str
+    data: list[str]
+    batches: list[list[Host]]
+    before: dict[str, list[str]]  # host -> worker URLs now (what the routers know)
+    after: dict[str, list[str]]  # host -> worker URLs once converged with the roll's data
+    routers: list[Router]
+
+
+def parse_data(pairs: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` pairs as pyinfra's ``--data`` reads them."""
+    data = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InputError.one("--data", pair, "not key=value",
+                                 "e.g. --data sglang.memory.max_running_requests=48")
+        data[key] = parse_cli_arg(value)
+    return data
+
+
+def load(inventory: str, data: dict[str, Any]) -> Inventory:
+    if not Path(inventory).is_file():
+        raise InputError.one(inventory, "", "no such inventory file",
+                             "give a pyinfra inventory, e.g. inventories/b200.py")
+    # Loading an inventory needs a state (pyinfra's API is untyped here).
+    ctx_state.set(State(Inventory(([], {})), Config()))  # type: ignore[no-untyped-call]
+    loaded: Inventory = make_inventory(inventory, override_data=data)
+    return loaded
+
+
+def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
+    if batch < 1:
+        raise InputError.one("--batch", "", f"must be at least 1, got {batch}",
+                             "hosts converged at a time, e.g. --batch 1")
+    now, then = load(inventory, {}), load(inventory, parse_data(data))
+    hosts = fleet.serving_hosts(then)
+    if not hosts:
+        raise InputError.one(inventory, "sglang_profile", "no serving hosts",
+                             "give hosts a serving profile in their group data")
+    routers = fleet.routers(then)
+    if not routers:
+        raise InputError.one(inventory, fleet.ROUTERS_GROUP,
+                             "no router: a roll takes hosts out of the router and puts them "
+                             "back", "put the router hosts in a group 'routers' and run "
+                             "deploys/router.py")
+    return Plan(inventory=inventory, data=list(data),
+                batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
+                before={h.name: fleet.worker_urls(h) for h in fleet.serving_hosts(now)},
+                after={h.name: fleet.worker_urls(h) for h in hosts},
+                routers=[Router(r.url, r.api_key) for r in routers])
+
+
+def say(message: str) -> None:
+    print(f"roll: {time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
+def pyinfra(inventory: str, deploy: str, hosts: list[str], data: Sequence[str]) -> int:
+    """One pyinfra run limited to ``hosts`` that stops at the first error (never asks)."""
+    argv = [sys.executable, "-m", "pyinfra", "-y", "--fail-percent", "0", inventory,
+            str(DEPLOYS / deploy), *(f"--limit={h}" for h in hosts),
+            *(f"--data={d}" for d in data)]
+    return subprocess.run(argv).returncode
+
+
+class Roll:
+    def __init__(self, plan: Plan, drain_timeout: float, health_timeout: float,
+                 run: Callable[[str, str, list[str], Sequence[str]], int] = pyinfra) -> None:
+        self.plan = plan
+        self.drain_timeout = drain_timeout
+        self.health_timeout = health_timeout
+        self.run = run
+        self.outcomes = {h.name: Outcome(h.name) for b in plan.batches for h in b}
+
+    def take_out(self, names: list[str]) -> None:
+        for name in names:
+            for router in self.plan.routers:
+                for url in self.plan.before.get(name, []):
+                    if router.remove(url):
+                        say(f"{name}: {url} out of {router.url}")
+        for name in names:
+            for url in self.plan.before.get(name, []):
+                done, left = drained(url, self.drain_timeout)
+                if done:
+                    say(f"{name}: {url} drained")
+                else:
+                    note = (f"{url}: {left} requests still in flight after "
+                            f"{self.drain_timeout:.0f} s; its own SIGTERM drain finishes them"
+                            if left else f"{url}: no metrics to drain by")
+                    self.outcomes[name].notes.append(note)
+                    say(f"{name}: {note}")
+
+    def put_back(self, names: list[str], urls: dict[str, list[str]]) -> None:
+        for name in names:
+            for router in self.plan.routers:
+                for url in urls.get(name, []):
+                    router.add(url)
+                    router.wait_healthy(url, self.health_timeout)
+                    say(f"{name}: {url} healthy in {router.url}")
+
+    def batch(self, hosts: list[Host]) -> bool:
+        names = [h.name for h in hosts]
+        tic = time.monotonic()
+        self.take_out(names)
+        say(f"{', '.join(names)}: converging")
+        ok = self.run(self.plan.inventory, "sglang.py", names, self.plan.data) == 0
+        try:
+            if ok:
+                self.put_back(names, self.plan.after)
+        except RouterError as err:
+            ok = False
+            say(f"{', '.join(names)}: {err}")
+            for router in self.plan.routers:
+                for name in names:
+                    for url in self.plan.after.get(name, []):
+                        router.remove(url)
+        for name in names:
+            self.outcomes[name].result = "converged" if ok else "failed"
+        if not ok:
+            self.restore(names)
+        for name in names:
+            self.outcomes[name].seconds = time.monotonic() - tic
+        return ok
+
+    def restore(self, names: list[str]) -> None:
+        say(f"{', '.join(names)}: failed; back to the last good release")
+        back = self.run(self.plan.inventory, "restore.py", names, []) == 0
+        for name in names:
+            self.outcomes[name].result = ("failed, last good release serving again" if back
+                                          else "failed, last good release NOT serving")
+        if back:
+            self.put_back(names, self.plan.before)
+
+    def __call__(self) -> bool:
+        order = [h.name for b in self.plan.batches for h in b]
+        say(f"order: {' → '.join(order)} ({len(self.plan.batches)} batches); routers: "
+            f"{', '.join(r.url for r in self.plan.routers)}")
+        return all(self.batch(hosts) for hosts in self.plan.batches)  # stops at a failure
+
+    def report(self) -> str:
+        rows = [f"{'host':<16}{'result':<44}{'seconds':>8}"]
+        for outcome in self.outcomes.values():
+            rows.append(f"{outcome.host:<16}{outcome.result:<44}{outcome.seconds:>8.0f}")
+            rows += [f"{'':<16}{note}" for note in outcome.notes]
+        return "\n".join(rows)
+
+
+def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
+         health_timeout: float) -> int:
+    roll = Roll(plan(inventory, data, batch), drain_timeout, health_timeout)
+    try:
+        ok = roll()
+    except RouterError as err:
+        say(f"stopped: {err}")
+        ok = False
+    print(roll.report())
+    if not ok:
+        print("roll: stopped at the first failure; hosts after it were not touched",
+              file=sys.stderr)
+    return 0 if ok else 1

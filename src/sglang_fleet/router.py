@@ -1,0 +1,142 @@
+"""Router stage: the real ``sglang-router`` (from PyPI, pinned) as a hardened systemd service in
+front of every serving host of the inventory, health-checking them, with the API key from a
+root-only file; the running router's worker list is kept in step without a restart.
+
+    from sglang_fleet.router import install_router
+    install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory))
+"""
+
+from __future__ import annotations
+
+import shlex
+from io import StringIO
+from pathlib import Path
+
+from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
+from pyinfra.api.deploy import deploy
+from pyinfra.api.operation import operation
+from pyinfra.context import host, state
+from pyinfra.operations import apt, files, systemd
+
+from sglang_fleet.engine import ROOT, UV, uv_tool
+from sglang_fleet.fleet import RouterConfig
+from sglang_fleet.ops import Ops, fail
+from sglang_fleet.packages import packages_baseline
+from sglang_fleet.routerctl import Router, RouterError
+from sglang_fleet.secretfile import secret_file
+from sglang_fleet.service import SECRETS_DIR, env_file, systemd_word, unit_absent, unit_path
+
+UNIT = "sglang-router.service"
+HOME = f"{ROOT}/router"
+LAUNCHER = f"{HOME}/launch.py"
+ENV_FILE = env_file(UNIT)
+WORKERS_FILE = "/etc/sglang-router/workers.env"
+TEMPLATE = "templates/sglang-router.service.j2"
+CACHE_LINK = "/var/cache/sglang-router"
+CACHE_DIR = "/var/cache/private/sglang-router"
+GRACE = 60  # seconds the router gives requests in flight when it stops
+HERE = Path(__file__).resolve().parent
+
+
+def venv(config: RouterConfig) -> str:
+    return f"{HOME}/sglang-router-{config.version}"
+
+
+def argv(config: RouterConfig) -> list[str]:
+    """The router's command line (the worker list comes from ``$SGLANG_ROUTER_WORKERS``)."""
+    return [f"{venv(config)}/bin/python", LAUNCHER, "launch", "--host", config.bind,
+            "--port", str(config.port), "--policy", config.policy,
+            "--health-check-endpoint", "/health",
+            "--health-check-interval-secs", str(config.health_interval),
+            "--health-failure-threshold", str(config.health_failures),
+            "--health-success-threshold", str(config.health_successes),
+            "--shutdown-grace-period-secs", str(GRACE),
+            "--prometheus-host", config.bind]
+
+
+@operation(is_idempotent=True)
+def router_release(config: RouterConfig) -> Ops:
+    """sglang-router==VERSION in its own venv, renamed into place when complete."""
+    path = venv(config)
+    status, _ = host.run_shell_command(f"test -f {path}/.complete")
+    if status:
+        return
+    tmp = f"{path}.partial"
+    yield f"rm -rf {tmp}"
+    yield f"{UV} venv --quiet --relocatable --python /usr/bin/python3 {tmp}"
+    yield (f"UV_CACHE_DIR=/var/cache/sglang/uv {UV} pip install --quiet --python "
+           f"{tmp}/bin/python sglang-router=={shlex.quote(config.version)}")
+    yield f"touch {tmp}/.complete && mv -T {tmp} {path}"
+
+
+def _sync(state: object, host: object, config: RouterConfig, urls: list[str]) -> None:
+    router = Router(config.url, config.api_key)
+    have = router.workers()
+    for url in urls:
+        if url not in have:
+            router.add(url)
+    for url in have:
+        if url not in urls:
+            router.remove(url)
+
+
+@operation(is_idempotent=True)
+def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Ops:
+    """The running router routes to exactly ``urls`` (added or removed through its API)."""
+    if not state.is_executing:
+        return
+    router = Router(config.url, config.api_key)
+    try:
+        router._wait(router.alive, wait, "the router to answer")
+        have = router.workers()
+    except RouterError as err:
+        yield fail(str(err))
+        return
+    if set(have) != set(urls):
+        yield FunctionCommand(_sync, (config, urls), {})
+        return
+    healthy = sum(1 for w in have.values() if w.get("is_healthy"))
+    logger.info(f"{host.print_prefix}router {config.url}: {healthy}/{len(urls)} workers healthy")
+
+
+@deploy("SGLang router")
+def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
+    packages_baseline(name="Packages before sglang-fleet (for teardown)")
+    apt.packages(name="Python venv support", packages=["python3-venv"])
+    files.directory(name=f"Directory {HOME}", path=HOME, mode="755")
+    uv_tool(name="uv")
+    router_release(name=f"Install sglang-router {config.version}", config=config)
+    launcher = files.put(name="Router launcher", src=str(HERE / "router_launch.py"),
+                         dest=LAUNCHER, mode="644")
+    files.directory(name="Secrets directory", path=SECRETS_DIR, user="root", group="root",
+                    mode="700")
+    key = secret_file(name="Router API key (root, 0600)", dest=ENV_FILE,
+                      content=f"SGLANG_API_KEY='{config.api_key}'\n" if config.api_key else "\n")
+    files.directory(name="Router worker list directory", path=WORKERS_FILE.rsplit("/", 1)[0],
+                    mode="755")
+    files.put(name="Router worker list (read at start)", dest=WORKERS_FILE, mode="644",
+              src=StringIO(f"SGLANG_ROUTER_WORKERS='{' '.join(worker_urls)}'\n"))
+    exec_start = " ".join([*(systemd_word(w) for w in argv(config)),
+                           "--worker-urls", "$SGLANG_ROUTER_WORKERS"])
+    unit = files.template(name=f"Unit {UNIT}", src=TEMPLATE, dest=unit_path(UNIT), mode="644",
+                          version=config.version, env_file=ENV_FILE, workers_file=WORKERS_FILE,
+                          exec_start=exec_start, grace=GRACE)
+    systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
+    changes = [unit, key, launcher]
+    systemd.service(name=f"Restart {UNIT} (its definition changed)", service=UNIT,
+                    restarted=True, _if=lambda: any(op.did_change() for op in changes))
+    systemd.service(name=f"Enable and start {UNIT}", service=UNIT, running=True, enabled=True)
+    workers_in_step(name=f"Router routes to {len(worker_urls)} workers", config=config,
+                    urls=worker_urls)
+
+
+@deploy("Remove the SGLang router")
+def remove_router() -> None:
+    """Stop and remove the router's unit, key and worker list; its releases go with purge."""
+    unit_absent(name=f"Stop and remove {UNIT} and its key", unit=UNIT)
+    # systemd keeps a DynamicUser's CacheDirectory (and the link to it) after the unit goes.
+    files.link(name="Router cache link", path=CACHE_LINK, present=False)
+    files.directory(name="Router cache", path=CACHE_DIR, present=False)
+    files.directory(name="Router worker list", path=WORKERS_FILE.rsplit("/", 1)[0],
+                    present=False)

@@ -1,0 +1,106 @@
+"""The router's worker API and the workers' own metrics, over HTTP from the operator's machine.
+
+    router = Router("http://10.0.0.10:30080", api_key)
+    router.remove("http://10.0.0.11:30000")      # new requests go elsewhere at once
+    drained("http://10.0.0.11:30000", timeout=600)
+    router.add("http://10.0.0.11:30000")
+    router.wait_healthy("http://10.0.0.11:30000", timeout=120)
+
+Measured with sglang-router 0.3.2: ``DELETE /workers/{id}`` takes the worker out of routing at
+once and does not cut the requests already sent to it (they finish with 200); ``POST /workers``
+and ``DELETE`` answer 202 and finish in the background.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+RUNNING = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+
+
+class RouterError(Exception):
+    """The router refused or did not answer; the message says which and what it said."""
+
+
+class Router:
+    def __init__(self, url: str, api_key: str | None, timeout: float = 10) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise RouterError(f"router {self.url}: {method} {path}: {exc}") from None
+        if response.status_code >= 400:
+            raise RouterError(f"router {self.url}: {method} {path} answered "
+                              f"{response.status_code}: {response.text[:200]}")
+        return response.json() if response.content else None
+
+    def alive(self) -> bool:
+        try:
+            return self.http.get("/liveness").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        """Registered workers by URL."""
+        return {w["url"]: w for w in self._call("GET", "/workers").get("workers", [])}
+
+    def add(self, url: str) -> bool:
+        """Register ``url`` unless it is registered already; True if it was added."""
+        if url in self.workers():
+            return False
+        self._call("POST", "/workers", json={"url": url})
+        return True
+
+    def remove(self, url: str) -> bool:
+        """Take ``url`` out of routing; True if it was registered."""
+        worker = self.workers().get(url)
+        if worker is None:
+            return False
+        self._call("DELETE", f"/workers/{worker['id']}")
+        self._wait(lambda: url not in self.workers(), 30, f"{url} to leave the router")
+        return True
+
+    def wait_healthy(self, url: str, timeout: float) -> None:
+        self._wait(lambda: bool(self.workers().get(url, {}).get("is_healthy")), timeout,
+                   f"the router to see {url} healthy")
+
+    def _wait(self, done: Any, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                raise RouterError(f"router {self.url}: gave up waiting {timeout:.0f} s for {what}")
+            time.sleep(0.5)
+
+
+def in_flight(url: str) -> int | None:
+    """Requests running or queued on a server, from its /metrics (None if it has none)."""
+    try:
+        text = httpx.get(f"{url.rstrip('/')}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return None
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in RUNNING:
+            total += float(line.rsplit(" ", 1)[1])
+            seen = True
+    return int(total) if seen else None
+
+
+def drained(url: str, timeout: float, poll: float = 0.5) -> tuple[bool, int | None]:
+    """Wait until ``url`` has nothing running or queued; (done, what is left) at the bound."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = in_flight(url)
+        if left == 0 or left is None:
+            return left == 0, left
+        if time.monotonic() > deadline:
+            return False, left
+        time.sleep(poll)

@@ -1,0 +1,112 @@
+"""Teardown: out of the routers, the router itself (on router hosts), the server units and their
+environment files; engine releases, staged weights and the driver only when asked to purge
+them; packages only if the product installed them (``packages.py``).
+
+    from sglang_fleet.teardown import teardown
+    teardown(Purge.from_data(host.data, host.name), urls, routers, is_router)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
+from pyinfra.api.deploy import deploy
+from pyinfra.api.operation import operation
+from pyinfra.context import host, state
+from pyinfra.operations import files, server
+
+from sglang_fleet.driver import remove_driver
+from sglang_fleet.engine import CACHE, HOME, ROOT, USER
+from sglang_fleet.errors import InputError
+from sglang_fleet.fleet import RouterConfig
+from sglang_fleet.ops import Ops
+from sglang_fleet.packages import BASELINE_DIR, packages_purged
+from sglang_fleet.render import MODELS_ROOT
+from sglang_fleet.router import remove_router
+from sglang_fleet.routerctl import Router, RouterError
+from sglang_fleet.service import SECRETS_DIR, retire_other_units
+
+PURGEABLE = ("engine", "weights", "driver")
+ENGINE_PACKAGES = ["python3-venv"]
+
+
+def _deregister(state: object, host: object, routers: list[RouterConfig],
+                urls: list[str]) -> None:
+    for config in routers:
+        router = Router(config.url, config.api_key)
+        for url in urls:
+            router.remove(url)
+
+
+@operation(is_idempotent=True)
+def out_of_routers(routers: list[RouterConfig], urls: list[str]) -> Ops:
+    """Take ``urls`` out of every router that still routes to them (from this machine)."""
+    if not state.is_executing:
+        return
+    registered = []
+    for config in routers:
+        try:
+            known = Router(config.url, config.api_key).workers()
+        except RouterError as err:
+            logger.warning(f"{host.print_prefix}{err}: not routing, nothing to take out")
+            continue
+        registered += [url for url in urls if url in known]
+    if registered:
+        yield FunctionCommand(_deregister, (routers, registered), {})
+
+
+@dataclass(frozen=True)
+class Purge:
+    """What teardown removes beyond the units (host data ``purge``: "engine,weights,driver")."""
+
+    engine: bool = False
+    weights: bool = False
+    driver: bool = False
+
+    @classmethod
+    def from_data(cls, data: Any, host_name: str) -> Purge:
+        raw = data.get("purge", "") or ""
+        words = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
+        names = {str(w).strip() for w in words if str(w).strip()}
+        unknown = sorted(names - set(PURGEABLE))
+        if unknown:
+            raise InputError.one(f"pyinfra data of {host_name}", "purge",
+                                 f"unknown {', '.join(map(repr, unknown))}",
+                                 f"a comma-separated subset of {','.join(PURGEABLE)}, e.g. "
+                                 "--data purge=engine,weights")
+        return cls(**{name: True for name in names})
+
+    @property
+    def everything(self) -> bool:
+        return self.engine and self.weights and self.driver
+
+
+@deploy("Teardown")
+def teardown(purge: Purge, urls: list[str], routers: list[RouterConfig],
+             is_router: bool) -> None:
+    if urls and routers:
+        out_of_routers(name="Out of the routers", routers=routers, urls=urls)
+    if is_router:
+        remove_router()
+    retire_other_units(name="Stop and remove the server units and environment files", keep=[])
+    files.directory(name="Last good units", path=f"{SECRETS_DIR}/last-good", present=False)
+    if purge.weights:
+        files.directory(name="Staged weights", path=str(MODELS_ROOT), present=False)
+        for name in ("aws-credentials", "hf-token"):
+            files.file(name=f"Credentials {name}", path=f"{SECRETS_DIR}/{name}", present=False)
+    if purge.engine:
+        for path in (ROOT, CACHE):
+            files.directory(name=f"Engine {path}", path=path, present=False)
+        packages_purged(name="Engine packages", owned=[], shared=ENGINE_PACKAGES)
+        server.user(name="Service user", user=USER, present=False)
+        server.group(name="Service group", group=USER, present=False)
+    if purge.engine and purge.weights:
+        files.directory(name=f"Service home {HOME}", path=HOME, present=False)
+    if purge.driver:
+        remove_driver()
+    if purge.everything:
+        files.directory(name="Secrets directory", path=SECRETS_DIR, present=False)
+        files.directory(name="Package baseline", path=BASELINE_DIR, present=False)

@@ -1,0 +1,161 @@
+"""Three lab hosts behind the real sglang-router: the router deploy, rolling redeploys under
+load (a good change and a release that fails to start), and teardown back to a fresh host."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.lab.conftest import booted_lab, pyinfra, run, ssh
+from tests.lab.load import Load
+
+pytestmark = pytest.mark.lab
+HOSTS = ("lab1", "lab2", "lab3")
+ROUTER = "http://127.0.0.11:30080"
+KEY_FILE = Path("/var/lib/sglang-fleet-lab/ssh/api-key")
+# What teardown must leave as it found it: packages, unit files and the product's paths.
+SNAPSHOT = r"""
+dpkg-query -W -f '${Package} ${Version}\n' | sort
+systemctl list-unit-files --no-legend --no-pager | awk '{print $1, $2}' | sort
+for p in /opt/sglang /etc/sglang /var/lib/sglang /var/cache/sglang /etc/sglang-router \
+         /var/lib/sglang-fleet /var/cache/sglang-router /var/cache/private/sglang-router \
+         /etc/apt/sources.list.d /etc/apt/preferences.d /etc/apt/apt.conf.d /etc/systemd/system
+do echo "== $p"; find $p 2>/dev/null | sort; done
+getent passwd sglang; getent group sglang; true
+"""
+
+
+def snapshot(host: str) -> list[str]:
+    return ssh(host, SNAPSHOT).stdout.splitlines()
+
+
+@pytest.fixture(scope="module")
+def fresh() -> Iterator[dict[str, list[str]]]:
+    """Three booted hosts; what they look like before any deploy."""
+    for _ in booted_lab("--hosts", "3"):
+        yield {host: snapshot(host) for host in HOSTS}
+
+
+@pytest.fixture(scope="module")
+def fleet(fresh: dict[str, list[str]]) -> dict[str, list[str]]:
+    for deploy in ("deploys/sglang.py", "deploys/router.py"):
+        result = pyinfra(deploy)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    return fresh
+
+
+def unchanged(result: subprocess.CompletedProcess[str]) -> bool:
+    """A pyinfra run that succeeded without changing anything."""
+    out = result.stdout + result.stderr
+    if result.returncode or not re.search(r"Grand total\s+\d+\s+-\s+-", out):
+        print(out[-3000:])
+        return False
+    return True
+
+
+def key() -> str:
+    return KEY_FILE.read_text().strip()
+
+
+def starts_since(host: str, since: float) -> int:
+    """How many times sglang.service started since ``since`` (epoch seconds)."""
+    out = ssh(host, f"journalctl -u sglang.service --since @{since:.0f} -o cat --no-pager "
+                    "| grep -c '^Started sglang.service' || true").stdout
+    return int(out.strip() or 0)
+
+
+def roll(*data: str) -> tuple[int, str, Load]:
+    args = [a for d in data for a in ("--data", d)]
+    with Load(ROUTER, key(), "qwen3.6-27b", rate=25) as load:
+        time.sleep(2)
+        result = run("sglang-fleet", "roll", "inventories/lab.py", *args, timeout=900)
+        time.sleep(2)
+    return result.returncode, result.stdout + result.stderr, load
+
+
+def router_workers() -> dict[str, bool]:
+    out = run("curl", "-s", "-H", f"Authorization: Bearer {key()}", f"{ROUTER}/workers").stdout
+    return {w["url"]: w["is_healthy"] for w in json.loads(out)["workers"]}
+
+
+def test_router_routes_to_every_host_with_the_key(fleet: dict[str, list[str]]) -> None:
+    assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
+    smoke = run("sglang-fleet", "smoke", ROUTER, "--api-key-file", str(KEY_FILE))
+    assert smoke.returncode == 0 and "smoke: '4." in smoke.stdout, smoke.stdout + smoke.stderr
+    assert run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+               f"{ROUTER}/v1/chat/completions").stdout == "401"
+    unit = ssh("lab1", "systemctl cat sglang-router.service").stdout
+    pid = ssh("lab1", "systemctl show -p MainPID --value sglang-router").stdout.strip()
+    cmdline = ssh("lab1", f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
+    assert key() not in unit and key() not in cmdline and pid != "0"
+    assert ssh("lab1", "stat -c '%U %a' /etc/sglang/sglang-router.env").stdout.strip() == \
+        "root 600"
+    assert unchanged(pyinfra("deploys/router.py"))
+
+
+def test_roll_restarts_each_host_once_without_a_failed_request(
+        fleet: dict[str, list[str]]) -> None:
+    since = time.time()
+    code, out, load = roll("sglang.memory.max_running_requests=40")
+    assert code == 0, out[-5000:]
+    assert "order: lab1 → lab2 → lab3" in out
+    for host in HOSTS:
+        assert starts_since(host, since) == 1, host
+        assert re.search(rf"^{host}\s+converged", out, re.M), out[-2000:]
+    assert load.sent / load.seconds >= 20
+    assert load.failed == 0, load.errors[:5]
+    assert all(router_workers().values()) and len(router_workers()) == 3
+
+
+def test_release_failing_to_start_stops_the_roll_at_the_first_host(
+        fleet: dict[str, list[str]]) -> None:
+    since = time.time()
+    code, out, load = roll("sglang.engine.version=0.5.22",
+                           "sglang.env.SGLANG_SIM_FAIL_STARTUP=simulated startup failure")
+    assert code != 0
+    assert re.search(r"^lab1\s+failed, last good release serving again", out, re.M), out[-4000:]
+    for host in ("lab2", "lab3"):
+        assert re.search(rf"^{host}\s+untouched", out, re.M)
+        assert starts_since(host, since) == 0, host
+    assert "sglang-sim-0.5.23" in ssh("lab1", "readlink /opt/sglang/current").stdout
+    assert "SGLANG_SIM_FAIL_STARTUP" not in ssh("lab1", "cat /etc/sglang/sglang.env").stdout
+    assert load.sent / load.seconds >= 20
+    assert load.failed == 0, load.errors[:5]
+    assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
+
+
+def test_teardown_purges_back_to_a_fresh_host_and_deploy_works_again(
+        fleet: dict[str, list[str]]) -> None:
+    kept = pyinfra("deploys/teardown.py", "--limit", "lab3")
+    assert kept.returncode == 0, kept.stdout[-3000:]
+    assert "http://127.0.0.13:30000" not in router_workers()
+    assert ssh("lab3", "systemctl cat sglang.service").returncode != 0
+    assert ssh("lab3", "ls /etc/sglang/sglang.env").returncode != 0
+    assert ssh("lab3", "ls /opt/sglang/releases /var/lib/sglang/models").stdout.strip()
+    assert ssh("lab3", "dpkg -s nvidia-open-580").returncode == 0
+
+    purge = pyinfra("deploys/teardown.py", "--data", "purge=engine,weights,driver")
+    assert purge.returncode == 0, purge.stdout[-3000:]
+    for host in HOSTS:
+        assert snapshot(host) == fleet[host], host
+    assert unchanged(pyinfra("deploys/teardown.py", "--data", "purge=engine,weights,driver"))
+
+    for deploy in ("deploys/sglang.py", "deploys/router.py"):
+        result = pyinfra(deploy)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+    assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
+
+
+def test_unknown_purge_is_refused_before_any_change(fleet: dict[str, list[str]]) -> None:
+    result = pyinfra("deploys/teardown.py", "--data", "purge=engine,models")
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "purge: unknown 'models'" in out and "fix: a comma-separated subset" in out
+    assert "Traceback" not in out
+    assert ssh("lab1", "systemctl is-active sglang.service").stdout.strip() == "active"
