@@ -13,3 +13,7 @@ b200_hosts = [
                  # one host may differ from its group, one key at a time:
                  "sglang.memory.max_mamba_cache_size": 240}),
 ]
+
+# sglang-router (deploys/router.py) beside the first server; clients and `sglang-fleet roll`
+# reach it at http://10.0.0.11:30080. A router-only host would set "sglang_profile": None.
+routers = ["b200-01"]

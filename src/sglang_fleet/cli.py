@@ -1,4 +1,5 @@
-"""``sglang-fleet``: render and check serving profiles.
+"""``sglang-fleet``: render and check serving profiles, smoke-test servers, roll a fleet through
+its router, and run the lab.
 
 Exit status: 0 fine, 1 a problem in the input (the message names file, key and fix),
 2 a usage error.
@@ -133,20 +134,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     root = Path(__file__).resolve().parents[2]
     lab = manage.up(args.hosts, args.gpus, False)
-    deploy = subprocess.run(["pyinfra", "-y", "inventories/lab.py", "deploys/sglang.py"],
-                            cwd=root)
-    if deploy.returncode:
-        print("demo: the deploy failed (see above)", file=sys.stderr)
-        return 1
+    for deploy in ("deploys/sglang.py", "deploys/router.py"):
+        if subprocess.run(["pyinfra", "-y", "inventories/lab.py", deploy], cwd=root).returncode:
+            print(f"demo: {deploy} failed (see above)", file=sys.stderr)
+            return 1
     key = lab.api_key()
     model = profile.load(root / "profiles" / "qwen3.6-27b-mtp.yaml").model.served_name
-    print(f"\n{'host':<8}{'answer':<24}{'TTFT':>8}{'tok/s':>8}{'accept':>8}")
-    for host in state.load().hosts:
-        s = gate_check.smoke(f"http://{host.address}:30000", key, model)
+    hosts = state.load().hosts
+    targets = [(h.name, f"http://{h.address}:30000") for h in hosts]
+    targets.append(("router", f"http://{hosts[0].address}:30080"))
+    print(f"\n{'server':<8}{'answer':<24}{'TTFT':>8}{'tok/s':>8}{'accept':>8}")
+    for name, url in targets:
+        s = gate_check.smoke(url, key, model)
         accept = f"{s['accept_length']:.2f}" if s["accept_length"] else "-"
-        print(f"{host.name:<8}{s['answer'][:22]!r:<24}{s['ttft_s'] * 1000:>6.0f}ms"
+        print(f"{name:<8}{s['answer'][:22]!r:<24}{s['ttft_s'] * 1000:>6.0f}ms"
               f"{s['tokens_per_s']:>8.0f}{accept:>8}")
-    print("\nnext: sglang-fleet lab ssh lab1 journalctl -u sglang; sglang-fleet lab down")
+    print("\nnext: sglang-fleet roll inventories/lab.py --data "
+          "sglang.memory.max_running_requests=40; "
+          "sglang-fleet lab down")
     return 0
 
 
@@ -187,7 +192,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds for the router to see a host healthy again (default 300)")
     p.set_defaults(func=cmd_roll)
 
-    p = sub.add_parser("demo", help="lab up, deploy, smoke: the whole product on lab hosts")
+    p = sub.add_parser("demo", help="lab up, deploy, router, smoke: the whole product on lab hosts")
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--gpus", type=int, default=8)
     p.set_defaults(func=cmd_demo)

@@ -22,8 +22,6 @@ from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
-from pyinfra_cli.inventory import make_inventory
-from pyinfra_cli.util import parse_cli_arg
 
 from sglang_fleet import fleet
 from sglang_fleet.errors import InputError
@@ -54,20 +52,23 @@ class Plan:
 
 def parse_data(pairs: Sequence[str]) -> dict[str, Any]:
     """``key=value`` pairs as pyinfra's ``--data`` reads them."""
-    data = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
+    split = [pair.partition("=") for pair in pairs]
+    for pair, (key, sep, _) in zip(pairs, split, strict=True):
         if not sep or not key:
             raise InputError.one("--data", pair, "not key=value",
                                  "e.g. --data sglang.memory.max_running_requests=48")
-        data[key] = parse_cli_arg(value)
-    return data
+    from pyinfra_cli.util import parse_cli_arg  # see load()
+
+    return {key: parse_cli_arg(value) for key, _, value in split}
 
 
 def load(inventory: str, data: dict[str, Any]) -> Inventory:
     if not Path(inventory).is_file():
         raise InputError.one(inventory, "", "no such inventory file",
                              "give a pyinfra inventory, e.g. inventories/b200.py")
+    # Importing pyinfra_cli patches the whole process with gevent: only where it is needed.
+    from pyinfra_cli.inventory import make_inventory
+
     # Loading an inventory needs a state (pyinfra's API is untyped here).
     ctx_state.set(State(Inventory(([], {})), Config()))  # type: ignore[no-untyped-call]
     loaded: Inventory = make_inventory(inventory, override_data=data)
@@ -116,6 +117,7 @@ class Roll:
         self.health_timeout = health_timeout
         self.run = run
         self.outcomes = {h.name: Outcome(h.name) for b in plan.batches for h in b}
+        self.serving = dict(plan.before)  # host -> the URLs it serves at now
 
     def take_out(self, names: list[str]) -> None:
         for name in names:
@@ -125,9 +127,10 @@ class Roll:
                         say(f"{name}: {url} out of {router.url}")
         for name in names:
             for url in self.plan.before.get(name, []):
+                tic = time.monotonic()
                 done, left = drained(url, self.drain_timeout)
                 if done:
-                    say(f"{name}: {url} drained")
+                    say(f"{name}: {url} drained in {time.monotonic() - tic:.1f} s")
                 else:
                     note = (f"{url}: {left} requests still in flight after "
                             f"{self.drain_timeout:.0f} s; its own SIGTERM drain finishes them"
@@ -137,15 +140,29 @@ class Roll:
 
     def put_back(self, names: list[str], urls: dict[str, list[str]]) -> None:
         for name in names:
+            self.serving[name] = urls.get(name, [])
             for router in self.plan.routers:
                 for url in urls.get(name, []):
                     router.add(url)
                     router.wait_healthy(url, self.health_timeout)
                     say(f"{name}: {url} healthy in {router.url}")
 
+    def others_healthy(self, names: list[str]) -> None:
+        """Every other host must be serving before this batch leaves: capacity stays N - K."""
+        for router in self.plan.routers:
+            workers = router.workers()
+            for name, urls in self.serving.items():
+                sick = [u for u in urls if name not in names
+                        and not workers.get(u, {}).get("is_healthy")]
+                if sick:
+                    raise RouterError(f"{name} ({', '.join(sick)}) is not healthy in "
+                                      f"{router.url}: taking {', '.join(names)} out too would "
+                                      "leave less than N - batch hosts serving")
+
     def batch(self, hosts: list[Host]) -> bool:
         names = [h.name for h in hosts]
         tic = time.monotonic()
+        self.others_healthy(names)
         self.take_out(names)
         say(f"{', '.join(names)}: converging")
         ok = self.run(self.plan.inventory, "sglang.py", names, self.plan.data) == 0

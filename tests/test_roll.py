@@ -1,0 +1,112 @@
+"""The rolling redeploy's control flow, with a stand-in router and pyinfra runs (the real ones
+are exercised under load in tests/lab/test_fleet.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from sglang_fleet import roll
+from sglang_fleet.errors import InputError
+from sglang_fleet.routerctl import RouterError
+
+URLS = {name: [f"http://{name}:30000"] for name in ("h1", "h2", "h3")}
+
+
+class FakeRouter:
+    url = "http://router:30080"
+
+    def __init__(self, healthy: dict[str, bool]) -> None:
+        self.known = dict(healthy)
+        self.log: list[tuple[str, str]] = []
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        return {url: {"is_healthy": ok} for url, ok in self.known.items()}
+
+    def remove(self, url: str) -> bool:
+        self.log.append(("remove", url))
+        return self.known.pop(url, None) is not None
+
+    def add(self, url: str) -> bool:
+        self.log.append(("add", url))
+        self.known[url] = True
+        return True
+
+    def wait_healthy(self, url: str, timeout: float) -> None:
+        if not self.known.get(url):
+            raise RouterError(f"{url} not healthy")
+
+
+class Runs:
+    """pyinfra runs, recorded; ``fail`` names the (deploy, host) that fails."""
+
+    def __init__(self, fail: tuple[str, str] | None = None) -> None:
+        self.fail = fail
+        self.calls: list[tuple[str, list[str], list[str]]] = []
+
+    def __call__(self, inventory: str, deploy: str, hosts: list[str], data: Any) -> int:
+        self.calls.append((deploy, hosts, list(data)))
+        return 1 if self.fail and (deploy, self.fail[1]) == self.fail and \
+            self.fail[1] in hosts else 0
+
+
+def make(router: FakeRouter, runs: Runs, batch: int = 1) -> roll.Roll:
+    hosts = [cast(Any, SimpleNamespace(name=n)) for n in URLS]
+    plan = roll.Plan(inventory="inv.py", data=["sglang.memory.page_size=64"],
+                     batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
+                     before=dict(URLS), after=dict(URLS), routers=[cast(Any, router)])
+    return roll.Roll(plan, drain_timeout=1, health_timeout=1, run=runs)
+
+
+@pytest.fixture(autouse=True)
+def instant_drain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(roll, "drained", lambda url, timeout: (True, 0))
+
+
+def test_hosts_go_out_converge_and_come_back_one_at_a_time() -> None:
+    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs()
+    rolled = make(router, runs)
+    assert rolled()
+    assert [(d, h) for d, h, _ in runs.calls] == [("sglang.py", ["h1"]), ("sglang.py", ["h2"]),
+                                                  ("sglang.py", ["h3"])]
+    assert all(data == ["sglang.memory.page_size=64"] for _, _, data in runs.calls)
+    assert router.log == [(op, URLS[h][0]) for h in URLS for op in ("remove", "add")]
+    assert "h3              converged" in rolled.report()
+
+
+def test_a_failure_restores_that_host_and_leaves_the_rest_untouched() -> None:
+    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs(("sglang.py", "h2"))
+    rolled = make(router, runs)
+    assert not rolled()
+    assert [(d, h) for d, h, _ in runs.calls] == [
+        ("sglang.py", ["h1"]), ("sglang.py", ["h2"]), ("restore.py", ["h2"])]
+    assert runs.calls[-1][2] == []  # the restore runs without the roll's data
+    assert all(router.known.values()) and len(router.known) == 3
+    report = rolled.report()
+    assert "h2              failed, last good release serving again" in report
+    assert "h3              untouched" in report
+
+
+def test_no_host_leaves_while_another_is_unhealthy() -> None:
+    router, runs = FakeRouter({"http://h1:30000": True, "http://h2:30000": True,
+                               "http://h3:30000": False}), Runs()
+    with pytest.raises(RouterError, match=r"h3 .* is not healthy"):
+        make(router, runs)()
+    assert runs.calls == [] and router.log == []
+
+
+def test_batches_of_two() -> None:
+    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs()
+    assert make(router, runs, batch=2)()
+    assert [h for _, h, _ in runs.calls] == [["h1", "h2"], ["h3"]]
+
+
+def test_bad_input_is_named() -> None:
+    with pytest.raises(InputError, match="--data: novalue: not key=value"):
+        roll.parse_data(["novalue"])
+    with pytest.raises(InputError, match="--batch: must be at least 1"):
+        roll.plan("inventories/b200.py", [], 0)
+    with pytest.raises(InputError, match="no such inventory file"):
+        roll.plan("inventories/nope.py", [], 1)

@@ -1,0 +1,104 @@
+"""Router and teardown configuration from host data, the router's command line, and reading a
+server's requests in flight from its metrics."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import pytest
+from pyinfra.api.inventory import Inventory
+
+from sglang_fleet import fleet, routerctl
+from sglang_fleet.errors import InputError
+from sglang_fleet.router import argv
+from sglang_fleet.teardown import Purge
+
+
+def routers(**data: Any) -> list[fleet.RouterConfig]:
+    inventory = Inventory(([("r1", {"ssh_hostname": "10.0.0.9", **data})], {}),
+                          routers=(["r1"], {}))  # type: ignore[no-untyped-call]
+    return fleet.routers(inventory)
+
+
+def test_router_defaults_and_url() -> None:
+    [config] = routers(secrets={"sglang-api-key": "k"})
+    assert (config.url, config.port, config.policy, config.api_key) == \
+        ("http://10.0.0.9:30080", 30080, "cache_aware", "k")
+    [bound] = routers(router_host="10.1.1.1", router_port=31000)
+    assert bound.url == "http://10.1.1.1:31000" and bound.api_key is None
+
+
+def test_router_command_line_never_holds_the_key() -> None:
+    [config] = routers(secrets={"sglang-api-key": "s3cret"}, router_policy="round_robin")
+    line = argv(config)
+    assert line[2:6] == ["launch", "--host", "0.0.0.0", "--port"]
+    assert line[line.index("--policy") + 1] == "round_robin"
+    assert "s3cret" not in " ".join(line) and "--api-key" not in line
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"router_policy": "fastest"}, "router_policy: unknown policy 'fastest'"),
+    ({"router_port": "30080"}, "router_port: must be a positive integer"),
+    ({"router_health_check_interval_secs": 0}, "router_health_check_interval_secs: must be"),
+])
+def test_bad_router_data_is_named(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(InputError, match=message) as err:
+        routers(**data)
+    assert "pyinfra data of r1" in str(err.value) and "fix:" in str(err.value)
+
+
+def test_no_routers_group_means_no_router() -> None:
+    assert fleet.routers(Inventory((["h1"], {}))) == []  # type: ignore[no-untyped-call]
+
+
+def test_purge_names() -> None:
+    assert Purge.from_data({}, "h") == Purge()
+    assert Purge.from_data({"purge": "engine,weights"}, "h") == Purge(engine=True, weights=True)
+    assert Purge.from_data({"purge": ["engine", "weights", "driver"]}, "h").everything
+    with pytest.raises(InputError, match=r"purge: unknown 'models'.*\n.*fix: a comma-separated"):
+        Purge.from_data({"purge": "engine,models"}, "h")
+
+
+METRICS = """# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",engine_type="unified",tp_rank="0"} 3.0
+sglang:num_queue_reqs{model_name="m",engine_type="unified",tp_rank="0"} 2.0
+sglang:num_running_reqs_offline_batch{model_name="m"} 7.0
+"""
+
+
+@pytest.fixture
+def metrics_url() -> Iterator[list[str]]:
+    """A server answering /metrics with whatever the test puts in the list."""
+    body = [METRICS]
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            data = body[0].encode()
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    body.append(f"http://127.0.0.1:{server.server_port}")
+    yield body
+    server.shutdown()
+
+
+def test_requests_in_flight_from_metrics(metrics_url: list[str]) -> None:
+    url = metrics_url[1]
+    assert routerctl.in_flight(url) == 5
+    assert routerctl.drained(url, timeout=0.2, poll=0.05) == (False, 5)
+    metrics_url[0] = METRICS.replace("3.0", "0.0").replace("2.0", "0.0")
+    assert routerctl.drained(url, timeout=0.2) == (True, 0)
+    metrics_url[0] = "# no sglang metrics here\n"
+    assert routerctl.in_flight(url) is None
+    assert routerctl.in_flight("http://127.0.0.1:9") is None
