@@ -3,6 +3,7 @@ are exercised under load in tests/lab/test_fleet.py)."""
 
 from __future__ import annotations
 
+import subprocess
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -11,6 +12,7 @@ import pytest
 from sglang_fleet import roll
 from sglang_fleet.errors import InputError
 from sglang_fleet.routerctl import RouterError
+from tests.conftest import ROOT
 
 URLS = {name: [f"http://{name}:30000"] for name in ("h1", "h2", "h3")}
 
@@ -110,3 +112,15 @@ def test_bad_input_is_named() -> None:
         roll.plan("inventories/b200.py", [], 0)
     with pytest.raises(InputError, match="no such inventory file"):
         roll.plan("inventories/nope.py", [], 1)
+
+
+def test_every_hosts_change_is_checked_before_any_host_is_touched() -> None:
+    # In a process of its own: loading an inventory imports pyinfra_cli, which patches the
+    # process with gevent.
+    result = subprocess.run(["sglang-fleet", "roll", "inventories/b200.py", "--data",
+                             "sglang.speculative.num_draft_tokens=7"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "error: pyinfra data of b200-01: speculative.num_draft_tokens:" in result.stderr
+    assert "fix: set speculative.num_draft_tokens: 4" in result.stderr
+    assert "roll:" not in result.stdout and "Traceback" not in result.stderr

@@ -23,8 +23,9 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
-from sglang_fleet import fleet
+from sglang_fleet import fleet, hostdata, preflight
 from sglang_fleet.errors import InputError
+from sglang_fleet.render import render_all
 from sglang_fleet.routerctl import Router, RouterError, drained
 
 DEPLOYS = Path(__file__).resolve().parents[2] / "deploys"
@@ -84,6 +85,9 @@ def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
     if not hosts:
         raise InputError.one(inventory, "sglang_profile", "no serving hosts",
                              "give hosts a serving profile in their group data")
+    for host in hosts:  # every host's change is checked before the first one is touched
+        profile = hostdata.profile_for(host)
+        preflight.require_host(profile, render_all(profile), host.name, host.data.get("gpu_count"))
     routers = fleet.routers(then)
     if not routers:
         raise InputError.one(inventory, fleet.ROUTERS_GROUP,

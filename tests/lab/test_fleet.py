@@ -99,6 +99,25 @@ def test_router_routes_to_every_host_with_the_key(fleet: dict[str, list[str]]) -
     assert unchanged(pyinfra("deploys/router.py"))
 
 
+def test_router_deploy_puts_a_missing_worker_back_without_a_restart(
+        fleet: dict[str, list[str]]) -> None:
+    pid = ssh("lab1", "systemctl show -p MainPID --value sglang-router").stdout.strip()
+    workers = json.loads(run("curl", "-s", "-H", f"Authorization: Bearer {key()}",
+                             f"{ROUTER}/workers").stdout)["workers"]
+    lab3 = next(w["id"] for w in workers if w["url"] == "http://127.0.0.13:30000")
+    run("curl", "-s", "-X", "DELETE", "-H", f"Authorization: Bearer {key()}",
+        f"{ROUTER}/workers/{lab3}")
+    time.sleep(1)
+    assert "http://127.0.0.13:30000" not in router_workers()
+    result = pyinfra("deploys/router.py")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.search(r"Router routes to 3 workers\s+1\s+1\s", result.stderr), \
+        result.stderr[-2000:]
+    time.sleep(1)
+    assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
+    assert ssh("lab1", "systemctl show -p MainPID --value sglang-router").stdout.strip() == pid
+
+
 def test_roll_restarts_each_host_once_without_a_failed_request(
         fleet: dict[str, list[str]]) -> None:
     since = time.time()
