@@ -57,7 +57,6 @@ def _int(data: Any, source: str, key: str, default: int) -> int:
 class RouterConfig:
     """A router host's data, validated (``router_*`` keys, all optional)."""
 
-    host_name: str
     version: str
     bind: str
     port: int
@@ -81,7 +80,7 @@ class RouterConfig:
         bind = str(data.get("router_host", "0.0.0.0"))
         port = _int(data, source, "router_port", ROUTER_PORT)
         where = address(host) if bind in ANY_ADDRESS else bind
-        return cls(host_name=host.name, version=str(data.get("router_version", ROUTER_VERSION)),
+        return cls(version=str(data.get("router_version", ROUTER_VERSION)),
                    bind=bind, port=port, url=str(data.get("router_url", f"http://{where}:{port}")),
                    policy=policy,
                    health_interval=_int(data, source, "router_health_check_interval_secs", 5),

@@ -88,7 +88,7 @@ def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Op
         return
     router = Router(config.url, config.api_key)
     try:
-        router._wait(router.alive, wait, "the router to answer")
+        router.wait_alive(wait)
         have = router.workers()
     except RouterError as err:
         yield fail(str(err))

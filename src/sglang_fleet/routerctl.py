@@ -67,6 +67,9 @@ class Router:
         self._wait(lambda: url not in self.workers(), 30, f"{url} to leave the router")
         return True
 
+    def wait_alive(self, timeout: float) -> None:
+        self._wait(self.alive, timeout, "the router to answer")
+
     def wait_healthy(self, url: str, timeout: float) -> None:
         self._wait(lambda: bool(self.workers().get(url, {}).get("is_healthy")), timeout,
                    f"the router to see {url} healthy")
