@@ -14,6 +14,5 @@ from sglang_fleet import fleet
 from sglang_fleet.teardown import Purge, teardown
 
 purge = Purge.from_data(host.data, host.name)
-serving = host in fleet.serving_hosts([host])
-teardown(purge, fleet.worker_urls(host) if serving else [], fleet.routers(inventory),
+teardown(purge, fleet.worker_urls(host) if fleet.is_serving(host) else [], fleet.routers(inventory),
          is_router=fleet.ROUTERS_GROUP in host.groups)

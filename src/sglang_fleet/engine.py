@@ -95,23 +95,37 @@ def uv_tool() -> Ops:
         yield f"{UV_VENV}/bin/pip install --quiet --cert {SYSTEM_CAS} uv=={UV_VERSION}"
 
 
-@operation(is_idempotent=True)
-def release_dir(release: Release) -> Ops:
-    """Install the release into ``<dir>.partial`` and rename it into place when complete.
+def venv_install(dest: str, python: str, requirement: str, source: list[str]) -> Ops:
+    """Commands that install ``requirement`` into a new venv at ``<dest>.partial`` and rename it
+    to ``dest`` when complete; nothing if ``dest`` is complete already.
 
     (pyinfra's pip/uv.packages drop extras and uv.venv is not idempotent: plain uv commands.)
     """
-    status, _ = host.run_shell_command(f"test -f {release.dir}/.complete")
+    status, _ = host.run_shell_command(f"test -f {dest}/.complete")
     if status:
         return
-    tmp = f"{release.dir}.partial"
+    tmp = f"{dest}.partial"
+    yield f"rm -rf {tmp}"
+    yield f"{UV} venv --quiet --relocatable --python {python} {tmp}"
+    yield (f"UV_CACHE_DIR={CACHE}/uv {UV} pip install --quiet --python {tmp}/bin/python "
+           f"{shlex.join(source)} {shlex.quote(requirement)}")
+    yield f"touch {tmp}/.complete && mv -T {tmp} {dest}"
+
+
+@operation(is_idempotent=True)
+def release_dir(release: Release) -> Ops:
+    """Install the release into its directory, renamed into place when complete."""
     source = [*(["--index-url", release.index_url] if release.index_url else []),
               *(["--find-links", release.find_links] if release.find_links else [])]
-    yield f"rm -rf {tmp}"
-    yield f"{UV} venv --quiet --relocatable --python {release.python} {tmp}"
-    yield (f"UV_CACHE_DIR={CACHE}/uv {UV} pip install --quiet --python {tmp}/bin/python "
-           f"{shlex.join(source)} {shlex.quote(release.requirement)}")
-    yield f"touch {tmp}/.complete && mv -T {tmp} {release.dir}"
+    yield from venv_install(release.dir, release.python, release.requirement, source)
+
+
+def uv_ready() -> None:
+    """uv and the venv support it builds on; the host's packages are recorded before the first
+    one the product installs (teardown purges only what it added)."""
+    packages_baseline(name="Packages before sglang-fleet (for teardown)")
+    apt.packages(name="Python venv support", packages=["python3-venv"])
+    uv_tool(name=f"uv {UV_VERSION}")
 
 
 @operation(is_idempotent=True)
@@ -148,13 +162,11 @@ def install_engine(profile: Profile) -> Release:
     release = release_for(profile, find_links)
     server.user(name="Service user", user=USER, system=True, home=HOME, shell="/usr/sbin/nologin",
                 create_home=False)
-    packages_baseline(name="Packages before sglang-fleet (for teardown)")
-    apt.packages(name="Python venv support", packages=["python3-venv"])
+    uv_ready()
     for path in (ROOT, RELEASES):
         files.directory(name=f"Directory {path}", path=path, mode="755")
     for path in (HOME, CACHE):
         files.directory(name=f"Writable {path}", path=path, user=USER, group=USER, mode="750")
-    uv_tool(name=f"uv {UV_VERSION}")
     release_dir(name=f"Install {release.requirement} into {release.id}", release=release)
     current_link(name="Switch current release", release=release)
     prune(name=f"Keep the last {KEEP} releases")

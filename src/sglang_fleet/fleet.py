@@ -19,7 +19,8 @@ from pyinfra.api.inventory import Inventory
 
 from sglang_fleet import hostdata
 from sglang_fleet.errors import InputError
-from sglang_fleet.render import render_all
+from sglang_fleet.profile import Profile
+from sglang_fleet.render import Launch, render_all
 
 ROUTERS_GROUP = "routers"
 ROUTER_VERSION = "0.3.2"
@@ -32,17 +33,27 @@ def address(host: Host) -> str:
     return str(host.data.get("sglang_address") or host.data.get("ssh_hostname") or host.name)
 
 
+def is_serving(host: Host) -> bool:
+    """Whether the host runs SGLang servers (router-only hosts set no profile)."""
+    return bool(host.data.get(hostdata.PROFILE_KEY))
+
+
 def serving_hosts(inventory: Iterable[Host]) -> list[Host]:
-    """Hosts that run SGLang servers, in inventory order (router-only hosts set no profile)."""
-    return [host for host in inventory if host.data.get(hostdata.PROFILE_KEY)]
+    """Hosts that run SGLang servers, in inventory order."""
+    return [host for host in inventory if is_serving(host)]
+
+
+def urls(host: Host, profile: Profile, launches: list[Launch]) -> list[str]:
+    """The URL of each of ``launches`` on ``host``, as a router reaches it."""
+    bind = profile.server.host
+    where = address(host) if bind in ANY_ADDRESS else bind
+    return [f"http://{where}:{launch.port}" for launch in launches]
 
 
 def worker_urls(host: Host) -> list[str]:
-    """The URL of each server instance on ``host``, as a router reaches it."""
+    """The URL of each server instance on ``host``, from the profile it serves."""
     profile = hostdata.profile_for(host)
-    bind = profile.server.host
-    where = address(host) if bind in ANY_ADDRESS else bind
-    return [f"http://{where}:{launch.port}" for launch in render_all(profile)]
+    return urls(host, profile, render_all(profile))
 
 
 def _int(data: Any, source: str, key: str, default: int) -> int:

@@ -50,10 +50,19 @@ def url(profile: Profile, launch: Launch) -> str:
     return f"http://{'127.0.0.1' if address in ('0.0.0.0', '::') else address}:{launch.port}"
 
 
-def _check(argv: list[str]) -> tuple[bool, list[str]]:
+def _check(profile: Profile, launch: Launch, *flags: str, budget: int | None = None,
+           show: bool = True, label: str = "") -> tuple[bool, list[str]]:
+    """Run gate_check on the host for one launch; show its human lines (after ``label``)."""
+    argv = ["--unit", launch.unit, "--url", url(profile, launch), "--env-file",
+            env_file(launch.unit), "--model", profile.model.served_name,
+            *(["--budget", str(budget)] if budget is not None else []), *flags]
     command = f"PYTHONPATH={TOOLS} python3 -m sglang_fleet.gate_check {shlex.join(argv)}"
     ok, output = host.run_shell_command(command)
-    return ok, [line for line in output.stdout_lines]
+    lines = list(output.stdout_lines)
+    for line in lines if show else ():
+        if not line.startswith("GATE "):
+            logger.info(f"{host.print_prefix}{label}{line}")
+    return ok, lines
 
 
 def _same(a: str, b: str) -> bool:
@@ -66,13 +75,8 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
     if not state.is_executing:
         return
     unit, env, saved = launch.unit, env_file(launch.unit), f"{LAST_GOOD}/{launch.unit}"
-    base = ["--unit", unit, "--url", url(profile, launch), "--env-file", env,
-            "--model", profile.model.served_name, "--budget", str(budget)]
-    ok, lines = _check([*base, "--expect", json.dumps(expectations(launch)),
-                        *(["--job", job] if job else [])])
-    for line in lines:
-        if not line.startswith("GATE "):
-            logger.info(f"{host.print_prefix}{line}")
+    ok, lines = _check(profile, launch, "--expect", json.dumps(expectations(launch)),
+                       *(["--job", job] if job else []), budget=budget)
     if ok:
         if not (_same(unit_path(unit), saved) and _same(env, f"{saved}.env")):
             yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
@@ -87,7 +91,7 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
     logger.warning(f"{host.print_prefix}{unit}: gate failed, putting the last good release back")
     host.run_shell_command(f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env} && "
                            f"systemctl daemon-reload && systemctl restart {unit}")
-    back, _ = _check([*base, "--health-only"])
+    back, _ = _check(profile, launch, "--health-only", budget=budget, show=False)
     where = "the last good release serves again" if back else "the last good release did " \
             "not come back either"
     yield fail(f"{error}; {where}")
@@ -102,12 +106,7 @@ def smoke(profile: Profile, launch: Launch) -> Ops:
     if not installed:
         yield fail(f"{TOOLS} has no gate tools: run deploys/sglang.py first")
         return
-    ok, lines = _check(["--unit", launch.unit, "--url", url(profile, launch), "--env-file",
-                        env_file(launch.unit), "--model", profile.model.served_name,
-                        "--smoke-only"])
-    for line in lines:
-        if not line.startswith("GATE "):
-            logger.info(f"{host.print_prefix}{launch.unit}: {line}")
+    ok, _ = _check(profile, launch, "--smoke-only", label=f"{launch.unit}: ")
     if not ok:
         yield fail(f"{launch.unit}: smoke test failed")
 
@@ -136,13 +135,8 @@ def regate(profile: Profile, launch: Launch, budget: int) -> Ops:
     """Health (within the startup budget) and a smoke generation of what serves now."""
     if not state.is_executing:
         return
-    base = ["--unit", launch.unit, "--url", url(profile, launch), "--env-file",
-            env_file(launch.unit), "--model", profile.model.served_name, "--budget", str(budget)]
     for check in ("--health-only", "--smoke-only"):
-        ok, lines = _check([*base, check])
-        for line in lines:
-            if not line.startswith("GATE "):
-                logger.info(f"{host.print_prefix}{launch.unit}: {line}")
+        ok, _ = _check(profile, launch, check, budget=budget, label=f"{launch.unit}: ")
         if not ok:
             yield fail(f"{launch.unit}: the last good release does not pass the gate either "
                        f"({check.removeprefix('--').replace('-only', '')})")

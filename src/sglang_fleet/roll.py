@@ -85,9 +85,12 @@ def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
     if not hosts:
         raise InputError.one(inventory, "sglang_profile", "no serving hosts",
                              "give hosts a serving profile in their group data")
+    after = {}
     for host in hosts:  # every host's change is checked before the first one is touched
         profile = hostdata.profile_for(host)
-        preflight.require_host(profile, render_all(profile), host.name, host.data.get("gpu_count"))
+        launches = render_all(profile)
+        preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+        after[host.name] = fleet.urls(host, profile, launches)
     routers = fleet.routers(then)
     if not routers:
         raise InputError.one(inventory, fleet.ROUTERS_GROUP,
@@ -97,7 +100,7 @@ def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
     return Plan(inventory=inventory, data=list(data),
                 batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
                 before={h.name: fleet.worker_urls(h) for h in fleet.serving_hosts(now)},
-                after={h.name: fleet.worker_urls(h) for h in hosts},
+                after=after,
                 routers=[Router(r.url, r.api_key) for r in routers])
 
 
@@ -126,11 +129,11 @@ class Roll:
     def take_out(self, names: list[str]) -> None:
         for name in names:
             for router in self.plan.routers:
-                for url in self.plan.before.get(name, []):
+                for url in self.serving.get(name, []):
                     if router.remove(url):
                         say(f"{name}: {url} out of {router.url}")
         for name in names:
-            for url in self.plan.before.get(name, []):
+            for url in self.serving.get(name, []):
                 tic = time.monotonic()
                 done, left = drained(url, self.drain_timeout)
                 if done:

@@ -8,7 +8,6 @@ root-only file; the running router's worker list is kept in step without a resta
 
 from __future__ import annotations
 
-import shlex
 from io import StringIO
 from pathlib import Path
 
@@ -17,15 +16,14 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import files, systemd
 
-from sglang_fleet.engine import ROOT, UV, uv_tool
+from sglang_fleet.engine import ROOT, uv_ready, venv_install
 from sglang_fleet.fleet import RouterConfig
 from sglang_fleet.ops import Ops, fail
-from sglang_fleet.packages import packages_baseline
 from sglang_fleet.routerctl import Router, RouterError
-from sglang_fleet.secretfile import secret_file
-from sglang_fleet.service import SECRETS_DIR, env_file, systemd_word, unit_absent, unit_path
+from sglang_fleet.secretfile import secret_file, secrets_directory
+from sglang_fleet.service import env_file, systemd_word, unit_absent, unit_path
 
 UNIT = "sglang-router.service"
 HOME = f"{ROOT}/router"
@@ -58,16 +56,8 @@ def argv(config: RouterConfig) -> list[str]:
 @operation(is_idempotent=True)
 def router_release(config: RouterConfig) -> Ops:
     """sglang-router==VERSION in its own venv, renamed into place when complete."""
-    path = venv(config)
-    status, _ = host.run_shell_command(f"test -f {path}/.complete")
-    if status:
-        return
-    tmp = f"{path}.partial"
-    yield f"rm -rf {tmp}"
-    yield f"{UV} venv --quiet --relocatable --python /usr/bin/python3 {tmp}"
-    yield (f"UV_CACHE_DIR=/var/cache/sglang/uv {UV} pip install --quiet --python "
-           f"{tmp}/bin/python sglang-router=={shlex.quote(config.version)}")
-    yield f"touch {tmp}/.complete && mv -T {tmp} {path}"
+    yield from venv_install(venv(config), "/usr/bin/python3", f"sglang-router=={config.version}",
+                            [])
 
 
 def _sync(state: object, host: object, config: RouterConfig, urls: list[str]) -> None:
@@ -102,15 +92,12 @@ def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Op
 
 @deploy("SGLang router")
 def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
-    packages_baseline(name="Packages before sglang-fleet (for teardown)")
-    apt.packages(name="Python venv support", packages=["python3-venv"])
+    uv_ready()
     files.directory(name=f"Directory {HOME}", path=HOME, mode="755")
-    uv_tool(name="uv")
     router_release(name=f"Install sglang-router {config.version}", config=config)
     launcher = files.put(name="Router launcher", src=str(HERE / "router_launch.py"),
                          dest=LAUNCHER, mode="644")
-    files.directory(name="Secrets directory", path=SECRETS_DIR, user="root", group="root",
-                    mode="700")
+    secrets_directory()
     key = secret_file(name="Router API key (root, 0600)", dest=ENV_FILE,
                       content=f"SGLANG_API_KEY='{config.api_key}'\n" if config.api_key else "\n")
     files.directory(name="Router worker list directory", path=WORKERS_FILE.rsplit("/", 1)[0],

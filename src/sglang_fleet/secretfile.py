@@ -14,8 +14,17 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.facts.files import Sha256File
+from pyinfra.operations import files
 
 from sglang_fleet.ops import Ops
+
+SECRETS_DIR = "/etc/sglang"  # root only (0700): every secret file of the product lives here
+
+
+def secrets_directory() -> None:
+    """The root-only directory the secret files go in (a stage calls it before writing one)."""
+    files.directory(name="Secrets directory", path=SECRETS_DIR, user="root", group="root",
+                    mode="700")
 
 
 def _upload(state: Any, host: Any, dest: str, content: bytes) -> None:  # names pyinfra reads

@@ -21,9 +21,8 @@ from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
-from sglang_fleet.secretfile import secret_file
+from sglang_fleet.secretfile import SECRETS_DIR, secret_file, secrets_directory
 
-SECRETS_DIR = "/etc/sglang"
 TEMPLATE = "templates/sglang.service.j2"
 _PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
 
@@ -143,8 +142,7 @@ def _unit(profile: Profile, launch: Launch, release: Release,
 def install_service(profile: Profile, launches: list[Launch], release: Release,
                     restart_if: list[OperationMeta]) -> None:
     """One unit per server instance (``parallel.instances``, each on its own GPU set)."""
-    files.directory(name="Secrets directory", path=SECRETS_DIR, user="root", group="root",
-                    mode="700")
+    secrets_directory()
     retire_other_units(name="Retire units of instances no longer wanted",
                        keep=[launch.unit for launch in launches])
     for launch in launches:

@@ -22,12 +22,15 @@ from sglang_fleet.driver import remove_driver
 from sglang_fleet.engine import CACHE, HOME, ROOT, USER
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import RouterConfig
+from sglang_fleet.gate import LAST_GOOD
 from sglang_fleet.ops import Ops
 from sglang_fleet.packages import BASELINE_DIR, packages_purged
 from sglang_fleet.render import MODELS_ROOT
 from sglang_fleet.router import remove_router
 from sglang_fleet.routerctl import Router, RouterError
-from sglang_fleet.service import SECRETS_DIR, retire_other_units
+from sglang_fleet.secretfile import SECRETS_DIR
+from sglang_fleet.service import retire_other_units
+from sglang_fleet.weights import AWS_CREDENTIALS, HF_TOKEN
 
 PURGEABLE = ("engine", "weights", "driver")
 ENGINE_PACKAGES = ["python3-venv"]
@@ -92,11 +95,11 @@ def teardown(purge: Purge, urls: list[str], routers: list[RouterConfig],
     if is_router:
         remove_router()
     retire_other_units(name="Stop and remove the server units and environment files", keep=[])
-    files.directory(name="Last good units", path=f"{SECRETS_DIR}/last-good", present=False)
+    files.directory(name="Last good units", path=LAST_GOOD, present=False)
     if purge.weights:
         files.directory(name="Staged weights", path=str(MODELS_ROOT), present=False)
-        for name in ("aws-credentials", "hf-token"):
-            files.file(name=f"Credentials {name}", path=f"{SECRETS_DIR}/{name}", present=False)
+        for path in (AWS_CREDENTIALS, HF_TOKEN):
+            files.file(name=f"Credentials {path}", path=path, present=False)
     if purge.engine:
         for path in (ROOT, CACHE):
             files.directory(name=f"Engine {path}", path=path, present=False)

@@ -20,12 +20,11 @@ from sglang_fleet.engine import TOOLS, UV
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import model_path
-from sglang_fleet.secretfile import secret_file
+from sglang_fleet.secretfile import SECRETS_DIR, secret_file, secrets_directory
 
 SCRIPT = f"{TOOLS}/stage_weights.py"
-SECRETS = "/etc/sglang"
-AWS_CREDENTIALS = f"{SECRETS}/aws-credentials"
-HF_TOKEN = f"{SECRETS}/hf-token"
+AWS_CREDENTIALS = f"{SECRETS_DIR}/aws-credentials"
+HF_TOKEN = f"{SECRETS_DIR}/hf-token"
 MANIFEST = ".sglang-fleet-manifest.json"
 
 
@@ -67,8 +66,7 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
     if source.startswith("/"):
         present(name=f"Model at {dest}", path=dest)
         return []
-    files.directory(name="Secrets directory", path=SECRETS, user="root", group="root",
-                    mode="700")
+    secrets_directory()
     data = host.data
     if data.get("aws_access_key_id"):
         secret_file(name="AWS credentials (root only)", dest=AWS_CREDENTIALS, content=

@@ -9,6 +9,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,9 +80,15 @@ def roll(*data: str) -> tuple[int, str, Load]:
     return result.returncode, result.stdout + result.stderr, load
 
 
-def router_workers() -> dict[str, bool]:
+def workers() -> list[dict[str, Any]]:
+    """The router's worker list, from its API."""
     out = run("curl", "-s", "-H", f"Authorization: Bearer {key()}", f"{ROUTER}/workers").stdout
-    return {w["url"]: w["is_healthy"] for w in json.loads(out)["workers"]}
+    listed: list[dict[str, Any]] = json.loads(out)["workers"]
+    return listed
+
+
+def router_workers() -> dict[str, bool]:
+    return {w["url"]: w["is_healthy"] for w in workers()}
 
 
 def test_router_routes_to_every_host_with_the_key(fleet: dict[str, list[str]]) -> None:
@@ -102,9 +109,7 @@ def test_router_routes_to_every_host_with_the_key(fleet: dict[str, list[str]]) -
 def test_router_deploy_puts_a_missing_worker_back_without_a_restart(
         fleet: dict[str, list[str]]) -> None:
     pid = ssh("lab1", "systemctl show -p MainPID --value sglang-router").stdout.strip()
-    workers = json.loads(run("curl", "-s", "-H", f"Authorization: Bearer {key()}",
-                             f"{ROUTER}/workers").stdout)["workers"]
-    lab3 = next(w["id"] for w in workers if w["url"] == "http://127.0.0.13:30000")
+    lab3 = next(w["id"] for w in workers() if w["url"] == "http://127.0.0.13:30000")
     run("curl", "-s", "-X", "DELETE", "-H", f"Authorization: Bearer {key()}",
         f"{ROUTER}/workers/{lab3}")
     time.sleep(1)
