@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,10 +70,17 @@ def test_every_emitted_flag_is_spelled_in_full(path: Path, version: str) -> None
         assert not flag.deprecated and flag.alias_of is None
 
 
-def test_secret_is_referenced_not_embedded(field: profile.Profile) -> None:
+def test_keys_are_named_never_on_the_command_line(field: profile.Profile) -> None:
     launch = render(field)
-    assert pairs(launch.argv)["--api-key"] == "${SGLANG_API_KEY}"
+    assert "--api-key" not in launch.argv and "--admin-api-key" not in launch.argv
     assert launch.secrets == {"SGLANG_API_KEY": "sglang-api-key"}
+    admin = replace(field, server=replace(field.server,
+                                          admin_api_key_secret="sglang-admin-api-key"))
+    assert render(admin).secrets == {"SGLANG_API_KEY": "sglang-api-key",
+                                     "SGLANG_ADMIN_API_KEY": "sglang-admin-api-key"}
+    same = replace(field, server=replace(field.server, admin_api_key_secret="sglang-api-key"))
+    with pytest.raises(InputError, match="admin_api_key_secret: names the same secret"):
+        render(same)
 
 
 def test_parsed_args_hold_defaults_and_values(field: profile.Profile) -> None:

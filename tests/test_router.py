@@ -11,32 +11,63 @@ from typing import Any
 import pytest
 from pyinfra.api.inventory import Inventory
 
-from sglang_fleet import fleet, routerctl
+from sglang_fleet import fleet, router_launch, routerctl
 from sglang_fleet.errors import InputError
-from sglang_fleet.router import argv
+from sglang_fleet.router import argv, env_text
 from sglang_fleet.teardown import Purge
+
+KEYS = {"sglang-api-key": "client-key-0123456789",
+        "sglang-router-admin-key": "admin-key-0123456789"}
 
 
 def routers(**data: Any) -> list[fleet.RouterConfig]:
+    data.setdefault("secrets", KEYS)
     inventory = Inventory(([("r1", {"ssh_hostname": "10.0.0.9", **data})], {}),
                           routers=(["r1"], {}))  # type: ignore[no-untyped-call]
     return fleet.routers(inventory)
 
 
 def test_router_defaults_and_url() -> None:
-    [config] = routers(secrets={"sglang-api-key": "k"})
-    assert (config.url, config.port, config.policy, config.api_key) == \
-        ("http://10.0.0.9:30080", 30080, "cache_aware", "k")
-    [bound] = routers(router_host="10.1.1.1", router_port=31000)
-    assert bound.url == "http://10.1.1.1:31000" and bound.api_key is None
+    [config] = routers()
+    assert (config.url, config.port, config.policy, config.api_key, config.admin_key) == \
+        ("http://10.0.0.9:30080", 30080, "cache_aware", *KEYS.values())
+    [bound] = routers(router_host="10.1.1.1", router_port=31000, secrets={},
+                      router_allow_no_key=True)
+    assert bound.url == "http://10.1.1.1:31000" and bound.api_key is bound.admin_key is None
+
+
+@pytest.mark.parametrize(("secrets", "message"), [
+    ({}, "secrets.sglang-api-key: the router needs the secret"),
+    ({"sglang-api-key": KEYS["sglang-api-key"]},
+     "secrets.sglang-router-admin-key: the router needs the secret"),
+    ({"sglang-api-key": "k", "sglang-router-admin-key": KEYS["sglang-router-admin-key"]},
+     "secrets.sglang-api-key: must be 16 to 512"),
+    ({"sglang-api-key": KEYS["sglang-api-key"], "sglang-router-admin-key": KEYS["sglang-api-key"]},
+     "router_admin_api_key_secret: the router's admin key is the client key"),
+])
+def test_router_fails_closed_without_its_keys(secrets: dict[str, str], message: str) -> None:
+    with pytest.raises(InputError, match=message):
+        routers(secrets=secrets)
+
+
+def test_router_keys_reach_the_router_in_process_only() -> None:
+    environ = {"SGLANG_API_KEY": "c" * 16, "SGLANG_ROUTER_ADMIN_KEY": "a" * 16, "PATH": "/bin"}
+    flags = router_launch.key_flags(environ)
+    assert flags == ["--api-key", "c" * 16,
+                     "--control-plane-api-keys", f"sglang-fleet:sglang-fleet:admin:{'a' * 16}"]
+    assert environ == {"PATH": "/bin"}
+    [config] = routers()
+    text = env_text(config)
+    assert text == (f"SGLANG_API_KEY='{KEYS['sglang-api-key']}'\n"
+                    f"SGLANG_ROUTER_ADMIN_KEY='{KEYS['sglang-router-admin-key']}'\n")
 
 
 def test_router_command_line_never_holds_the_key() -> None:
-    [config] = routers(secrets={"sglang-api-key": "s3cret"}, router_policy="round_robin")
+    [config] = routers(router_policy="round_robin")
     line = argv(config)
     assert line[2:6] == ["launch", "--host", "0.0.0.0", "--port"]
     assert line[line.index("--policy") + 1] == "round_robin"
-    assert "s3cret" not in " ".join(line) and "--api-key" not in line
+    assert not set(KEYS.values()) & set(line) and "--api-key" not in line
 
 
 @pytest.mark.parametrize(("data", "message"), [

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import Directory
+from pyinfra.facts.files import Directory, File, Link
 from pyinfra.operations import apt, files, server
 
 from sglang_fleet.ops import Ops
@@ -34,12 +34,17 @@ SYSTEM_CAS = "/etc/ssl/certs/ca-certificates.crt"
 UV = f"UV_NATIVE_TLS=1 {UV_VENV}/bin/uv"
 UV_VERSION = "0.9.9"
 USER = "sglang"
+# root-owned (0755): what root stages there (models) the service can read but not replace.
 HOME = "/var/lib/sglang"
-CACHE = "/var/cache/sglang"
+STATE = f"{HOME}/state"  # the service's home and working directory, its own to write
+CACHE = "/var/cache/sglang"  # the service's kernel and hub caches, its own to write
+# uv's download cache for what root installs: root's alone, so a compromised server cannot
+# poison the next release.
+UV_CACHE = "/var/cache/sglang-fleet/uv"
 KEEP = 3
 # Where SGLang, torch, triton, flashinfer and Hugging Face write; the service may write there.
 CACHE_ENV = {
-    "HOME": HOME,
+    "HOME": STATE,
     "XDG_CACHE_HOME": CACHE,
     "HF_HOME": f"{CACHE}/huggingface",
     "TRITON_CACHE_DIR": f"{CACHE}/triton",
@@ -101,15 +106,14 @@ def venv_install(dest: str, python: str, requirement: str, source: list[str]) ->
 
     (pyinfra's pip/uv.packages drop extras and uv.venv is not idempotent: plain uv commands.)
     """
-    status, _ = host.run_shell_command(f"test -f {dest}/.complete")
-    if status:
+    if host.get_fact(File, path=f"{dest}/.complete"):
         return
-    tmp = f"{dest}.partial"
+    tmp = shlex.quote(f"{dest}.partial")
     yield f"rm -rf {tmp}"
-    yield f"{UV} venv --quiet --relocatable --python {python} {tmp}"
-    yield (f"UV_CACHE_DIR={CACHE}/uv {UV} pip install --quiet --python {tmp}/bin/python "
+    yield f"{UV} venv --quiet --relocatable --python {shlex.quote(python)} {tmp}"
+    yield (f"UV_CACHE_DIR={UV_CACHE} {UV} pip install --quiet --python {tmp}/bin/python "
            f"{shlex.join(source)} {shlex.quote(requirement)}")
-    yield f"touch {tmp}/.complete && mv -T {tmp} {dest}"
+    yield f"touch {tmp}/.complete && mv -T {tmp} {shlex.quote(dest)}"
 
 
 @operation(is_idempotent=True)
@@ -131,13 +135,13 @@ def uv_ready() -> None:
 @operation(is_idempotent=True)
 def current_link(release: Release) -> Ops:
     """Point ``current`` at the release (atomically) and ``previous`` at what it replaced."""
-    status, output = host.run_shell_command(f"readlink {CURRENT} || true")
-    now = "".join(output.stdout_lines).strip() if status else ""
+    link = host.get_fact(Link, path=CURRENT)
+    now = str(link["link_target"]) if link else ""
     if now == release.dir:
         return
     if now:
-        yield f"ln -sfn {now} {PREVIOUS}.new && mv -T {PREVIOUS}.new {PREVIOUS}"
-    yield f"ln -sfn {release.dir} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"
+        yield f"ln -sfn {shlex.quote(now)} {PREVIOUS}.new && mv -T {PREVIOUS}.new {PREVIOUS}"
+    yield f"ln -sfn {shlex.quote(release.dir)} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"
 
 
 @operation(is_idempotent=True)
@@ -153,19 +157,22 @@ def prune(keep: int = KEEP) -> Ops:
             keepers.add(target.stdout_lines[0].strip().rsplit("/", 1)[-1])
     for name in names:
         if name not in keepers:
-            yield f"rm -rf {RELEASES}/{name}"
+            yield f"rm -rf {shlex.quote(f'{RELEASES}/{name}')}"
 
 
 @deploy("Engine release")
 def install_engine(profile: Profile) -> Release:
     find_links = host.data.get("engine_find_links")
     release = release_for(profile, find_links)
-    server.user(name="Service user", user=USER, system=True, home=HOME, shell="/usr/sbin/nologin",
+    server.user(name="Service user", user=USER, system=True, home=STATE, shell="/usr/sbin/nologin",
                 create_home=False)
     uv_ready()
-    for path in (ROOT, RELEASES):
-        files.directory(name=f"Directory {path}", path=path, mode="755")
-    for path in (HOME, CACHE):
+    for path in (ROOT, RELEASES, HOME):
+        files.directory(name=f"Directory {path} (root's)", path=path, user="root",
+                        group="root", mode="755")
+    files.directory(name=f"Directory {UV_CACHE} (root only)", path=UV_CACHE, user="root",
+                    group="root", mode="700")
+    for path in (STATE, CACHE):
         files.directory(name=f"Writable {path}", path=path, user=USER, group=USER, mode="750")
     release_dir(name=f"Install {release.requirement} into {release.id}", release=release)
     current_link(name="Switch current release", release=release)

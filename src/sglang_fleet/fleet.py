@@ -21,6 +21,7 @@ from sglang_fleet import hostdata
 from sglang_fleet.errors import InputError
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch, render_all
+from sglang_fleet.secretfile import api_key
 
 ROUTERS_GROUP = "routers"
 ROUTER_VERSION = "0.3.2"
@@ -64,6 +65,32 @@ def _int(data: Any, source: str, key: str, default: int) -> int:
     return value
 
 
+def _router_keys(data: Any, source: str) -> tuple[str | None, str | None]:
+    """The client key and the /workers admin key, from the secrets the data names; both are
+    required (fail closed) unless ``router_allow_no_key`` is set."""
+    available = data.get("secrets") or {}
+    keys: list[str | None] = []
+    for key, default in (("router_api_key_secret", "sglang-api-key"),
+                         ("router_admin_api_key_secret", "sglang-router-admin-key")):
+        name = str(data.get(key, default))
+        value = available.get(name)
+        if not value and not data.get("router_allow_no_key"):
+            raise InputError.one(source, f"secrets.{name}",
+                                 f"the router needs the secret {name!r} ({key}) and host data "
+                                 "has no value for it: without it anyone who reaches the router "
+                                 "could use it" + (" or change its workers"
+                                                   if "admin" in key else ""),
+                                 f"set secrets = {{'{name}': ...}} (read from a root-only file), "
+                                 "or router_allow_no_key = True to run an open router")
+        keys.append(api_key(value, source, name) if value else None)
+    if keys[0] and keys[0] == keys[1]:
+        raise InputError.one(source, "router_admin_api_key_secret",
+                             "the router's admin key is the client key: every client could "
+                             "register a worker and receive other users' prompts",
+                             "give the admin key a secret of its own")
+    return keys[0], keys[1]
+
+
 @dataclass(frozen=True)
 class RouterConfig:
     """A router host's data, validated (``router_*`` keys, all optional)."""
@@ -76,7 +103,8 @@ class RouterConfig:
     health_interval: int
     health_failures: int
     health_successes: int
-    api_key: str | None
+    api_key: str | None  # what clients send (``--api-key``)
+    admin_key: str | None  # what /workers needs (``--control-plane-api-keys``, role admin)
 
     @classmethod
     def from_host(cls, host: Host) -> RouterConfig:
@@ -86,8 +114,7 @@ class RouterConfig:
         if policy not in policies:
             raise InputError.one(source, "router_policy", f"unknown policy {policy!r}",
                                  f"one of {', '.join(policies)}")
-        secret = str(data.get("router_api_key_secret", "sglang-api-key"))
-        key = (data.get("secrets") or {}).get(secret)
+        key, admin_key = _router_keys(data, source)
         bind = str(data.get("router_host", "0.0.0.0"))
         port = _int(data, source, "router_port", ROUTER_PORT)
         where = address(host) if bind in ANY_ADDRESS else bind
@@ -97,7 +124,7 @@ class RouterConfig:
                    health_interval=_int(data, source, "router_health_check_interval_secs", 5),
                    health_failures=_int(data, source, "router_health_failure_threshold", 3),
                    health_successes=_int(data, source, "router_health_success_threshold", 2),
-                   api_key=str(key) if key else None)
+                   api_key=key, admin_key=admin_key)
 
 
 def routers(inventory: Inventory) -> list[RouterConfig]:

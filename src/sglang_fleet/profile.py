@@ -94,6 +94,7 @@ class Server:
     host: str
     port: int
     api_key_secret: str | None
+    admin_api_key_secret: str | None
     metrics: bool
 
 

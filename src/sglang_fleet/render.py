@@ -22,7 +22,12 @@ from sglang_fleet.profile import Profile
 from sglang_fleet.releases import at_least
 
 MODELS_ROOT = PurePosixPath("/var/lib/sglang/models")
+# The keys' environment variables (from the host's root-only EnvironmentFile) and the flags the
+# launcher (server_launch.py) hands them to SGLang as, in-process: never on the command line.
 API_KEY_VAR = "SGLANG_API_KEY"
+ADMIN_API_KEY_VAR = "SGLANG_ADMIN_API_KEY"
+KEY_FLAGS = {API_KEY_VAR: ("server.api_key_secret", "--api-key"),
+             ADMIN_API_KEY_VAR: ("server.admin_api_key_secret", "--admin-api-key")}
 # 0.5.10 runs the overlap (spec v2) scheduler that extra_buffer needs only when this is set;
 # 0.5.11 turned it on by default and 0.5.14 removed the variable (sglang/srt/environ.py).
 SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
@@ -159,9 +164,30 @@ def _render_semantic(profile: Profile, table: flags.FlagTable, instance: int,
                                     "use one of the accepted values"))
             continue
         argv += [option, str(value)]
-    if profile.server.api_key_secret:
-        argv += ["--api-key", f"${{{API_KEY_VAR}}}"]
     return argv
+
+
+def _secrets(profile: Profile, table: flags.FlagTable, problems: list[Problem]) -> dict[str, str]:
+    """Environment variable → secret name, for the keys the profile names."""
+    names = {API_KEY_VAR: profile.server.api_key_secret,
+             ADMIN_API_KEY_VAR: profile.server.admin_api_key_secret}
+    secrets: dict[str, str] = {}
+    for var, name in names.items():
+        key, flag = KEY_FLAGS[var]
+        if not name:
+            continue
+        if table.get(flag) is None:
+            problems.append(Problem(profile.source_of(key), key,
+                                    f"SGLang {table.version} has no {flag}",
+                                    f"remove {key} or pin a release that has {flag}"))
+        secrets[var] = name
+    if len(secrets) == 2 and len(set(secrets.values())) == 1:
+        problems.append(Problem(profile.source_of("server.admin_api_key_secret"),
+                                "server.admin_api_key_secret",
+                                "names the same secret as server.api_key_secret: every client "
+                                "could then update weights or load adapters",
+                                "name a secret of its own, e.g. sglang-admin-api-key"))
+    return secrets
 
 
 def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[str],
@@ -217,6 +243,7 @@ def render(profile: Profile, version: str | None = None, instance: int = 0) -> L
                              f"{version}") from None
     problems: list[Problem] = []
     args = _render_semantic(profile, table, instance, problems)
+    secrets = _secrets(profile, table, problems)
     _check_extra_args(profile, table, args, problems)
     if problems:
         raise InputError(problems)
@@ -227,7 +254,6 @@ def render(profile: Profile, version: str | None = None, instance: int = 0) -> L
         raise InputError.one(profile.source_of("extra_args"), "extra_args",
                              f"SGLang {version}'s parser rejects the command line: {exc}",
                              "correct the flag or its value") from None
-    secrets = {API_KEY_VAR: profile.server.api_key_secret} if profile.server.api_key_secret else {}
     return Launch(version=version,
                   argv=("python", "-m", profile.engine.launcher, *args),
                   env=_env(profile, version, instance), secrets=secrets, args=parsed,

@@ -101,7 +101,7 @@ def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
                 batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
                 before={h.name: fleet.worker_urls(h) for h in fleet.serving_hosts(now)},
                 after=after,
-                routers=[Router(r.url, r.api_key) for r in routers])
+                routers=[Router(r.url, r.admin_key) for r in routers])
 
 
 def say(message: str) -> None:

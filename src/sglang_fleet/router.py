@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from io import StringIO
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
@@ -19,11 +20,13 @@ from pyinfra.context import host, state
 from pyinfra.operations import files, systemd
 
 from sglang_fleet.engine import ROOT, uv_ready, venv_install
+from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import RouterConfig
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.routerctl import Router, RouterError
 from sglang_fleet.secretfile import secret_file, secrets_directory
-from sglang_fleet.service import env_file, systemd_word, unit_absent, unit_path
+from sglang_fleet.service import allowed_clients, env_file, unit_absent, unit_path
+from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word
 
 UNIT = "sglang-router.service"
 HOME = f"{ROOT}/router"
@@ -53,6 +56,28 @@ def argv(config: RouterConfig) -> list[str]:
             "--prometheus-host", config.bind]
 
 
+def env_text(config: RouterConfig) -> str:
+    """The router's root-only environment file: its client key and its /workers admin key."""
+    keys = {"SGLANG_API_KEY": config.api_key, "SGLANG_ROUTER_ADMIN_KEY": config.admin_key}
+    return "".join(f"{env_line(k, v)}\n" for k, v in keys.items() if v) or "\n"
+
+
+def allowed_peers(worker_urls: list[str]) -> list[str]:
+    """With ``sglang_allowed_clients`` set: those clients and the workers (the router must reach
+    them through the same filter); empty means any."""
+    clients = allowed_clients()
+    if not clients:
+        return []
+    workers = [urlsplit(url).hostname or "" for url in worker_urls]
+    try:
+        return clients + networks(workers)
+    except UnsafeValue as err:
+        raise InputError.one(f"pyinfra data of {host.name}", "sglang_allowed_clients",
+                             f"the router's IP filter needs its workers' addresses: {err}",
+                             "give each serving host an IP address (sglang_address) or drop "
+                             "sglang_allowed_clients") from None
+
+
 @operation(is_idempotent=True)
 def router_release(config: RouterConfig) -> Ops:
     """sglang-router==VERSION in its own venv, renamed into place when complete."""
@@ -61,7 +86,7 @@ def router_release(config: RouterConfig) -> Ops:
 
 
 def _sync(state: object, host: object, config: RouterConfig, urls: list[str]) -> None:
-    router = Router(config.url, config.api_key)
+    router = Router(config.url, config.admin_key)
     have = router.workers()
     for url in urls:
         if url not in have:
@@ -76,7 +101,7 @@ def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Op
     """The running router routes to exactly ``urls`` (added or removed through its API)."""
     if not state.is_executing:
         return
-    router = Router(config.url, config.api_key)
+    router = Router(config.url, config.admin_key)
     try:
         router.wait_alive(wait)
         have = router.workers()
@@ -98,17 +123,17 @@ def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
     launcher = files.put(name="Router launcher", src=str(HERE / "router_launch.py"),
                          dest=LAUNCHER, mode="644")
     secrets_directory()
-    key = secret_file(name="Router API key (root, 0600)", dest=ENV_FILE,
-                      content=f"SGLANG_API_KEY='{config.api_key}'\n" if config.api_key else "\n")
+    key = secret_file(name="Router keys (root, 0600)", dest=ENV_FILE, content=env_text(config))
     files.directory(name="Router worker list directory", path=WORKERS_FILE.rsplit("/", 1)[0],
                     mode="755")
     files.put(name="Router worker list (read at start)", dest=WORKERS_FILE, mode="644",
-              src=StringIO(f"SGLANG_ROUTER_WORKERS='{' '.join(worker_urls)}'\n"))
+              src=StringIO(env_line("SGLANG_ROUTER_WORKERS", " ".join(worker_urls)) + "\n"))
     exec_start = " ".join([*(systemd_word(w) for w in argv(config)),
                            "--worker-urls", "$SGLANG_ROUTER_WORKERS"])
     unit = files.template(name=f"Unit {UNIT}", src=TEMPLATE, dest=unit_path(UNIT), mode="644",
                           version=config.version, env_file=ENV_FILE, workers_file=WORKERS_FILE,
-                          exec_start=exec_start, grace=GRACE)
+                          exec_start=exec_start, grace=GRACE,
+                          allowed=allowed_peers(worker_urls))
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
     changes = [unit, key, launcher]
     systemd.service(name=f"Restart {UNIT} (its definition changed)", service=UNIT,

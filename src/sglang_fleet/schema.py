@@ -161,6 +161,7 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "host": Field((str,), "0.0.0.0"),
         "port": _int(30000, high=65535, fix="a TCP port"),
         "api_key_secret": _opt_str("e.g. sglang-api-key", _secret_name),
+        "admin_api_key_secret": _opt_str("e.g. sglang-admin-api-key", _secret_name),
         "metrics": Field((bool,), False),
     },
     "env": {"*": Field((dict,), {}, _env, "UPPER_CASE names with string values", item=str)},

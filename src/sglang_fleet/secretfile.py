@@ -7,6 +7,7 @@ output (not even with ``--diff`` or ``-vvv``): compared by checksum, uploaded by
 from __future__ import annotations
 
 import hashlib
+import re
 from io import BytesIO
 from typing import Any
 
@@ -16,9 +17,23 @@ from pyinfra.context import host
 from pyinfra.facts.files import Sha256File
 from pyinfra.operations import files
 
+from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops
 
 SECRETS_DIR = "/etc/sglang"  # root only (0700): every secret file of the product lives here
+# API keys: printable ASCII without spaces, quotes, ``$`` or backslashes, long enough that masking
+# them in a server's output cannot hit ordinary text.
+API_KEY = re.compile(r"[A-Za-z0-9!#%&()*+,./:;<=>?@\[\]^_{|}~-]{16,512}")
+
+
+def api_key(value: object, source: str, name: str) -> str:
+    """``value`` if it has the form of an API key, else an InputError naming ``secrets.NAME``."""
+    if isinstance(value, str) and API_KEY.fullmatch(value):
+        return value
+    raise InputError.one(source, f"secrets.{name}", "must be 16 to 512 printable ASCII characters "
+                         "without spaces, quotes, $ or backslashes",
+                         "generate one: python3 -c 'import secrets; "
+                         "print(secrets.token_urlsafe(32))'")
 
 
 def secrets_directory() -> None:

@@ -8,7 +8,7 @@ environment, the release or the weights changed.
 
 from __future__ import annotations
 
-import re
+from pathlib import Path
 from typing import Any
 
 from pyinfra.api.deploy import deploy
@@ -16,39 +16,32 @@ from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
 from pyinfra.operations import files, systemd
 
-from sglang_fleet.engine import CACHE_ENV, Release
+from sglang_fleet.engine import CACHE, CACHE_ENV, STATE, TOOLS, USER, Release
 from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
-from sglang_fleet.secretfile import SECRETS_DIR, secret_file, secrets_directory
+from sglang_fleet.secretfile import SECRETS_DIR, api_key, secret_file, secrets_directory
+from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word, unit_text
 
 TEMPLATE = "templates/sglang.service.j2"
-_PLAIN = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+# Starts SGLang with the keys from the environment file, in-process (server_launch.py).
+LAUNCHER = f"{TOOLS}/server_launch.py"
+HERE = Path(__file__).resolve().parent
 
-
-def systemd_word(word: str) -> str:
-    """One argv word as systemd's ExecStart reads it; ``${VAR}`` references stay expandable."""
-    if re.fullmatch(r"\$\{[A-Z_][A-Z0-9_]*\}", word):
-        return word
-    escaped = word.replace("%", "%%").replace("$", "$$")
-    if _PLAIN.match(escaped):
-        return escaped
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _env_line(name: str, value: str) -> str:
-    """systemd's EnvironmentFile quoting: single quotes keep everything literally."""
-    if "'" not in value:
-        return f"{name}='{value}'"
-    return f'{name}="' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def environment(launch: Launch, secrets: dict[str, str]) -> str:
     """The EnvironmentFile: caches, the profile's env and the secrets' values."""
     env = {**CACHE_ENV, **launch.env, **secrets}
     return "# Managed by sglang-fleet (root, 0600): holds secrets.\n" + "".join(
-        f"{_env_line(k, v)}\n" for k, v in sorted(env.items()))
+        f"{env_line(k, v)}\n" for k, v in sorted(env.items()))
+
+
+def exec_start(launch: Launch, release: Release) -> str:
+    """The unit's ExecStart: the launcher, then SGLang's module and flags (no key among them)."""
+    words = (release.python_bin, LAUNCHER, *launch.argv[2:])
+    return " ".join(systemd_word(w) for w in words)
 
 
 def secret_values(launch: Launch, host_name: str, data: Any) -> dict[str, str]:
@@ -62,8 +55,24 @@ def secret_values(launch: Launch, host_name: str, data: Any) -> dict[str, str]:
                                  "has no value for it",
                                  f"set secrets = {{'{name}': ...}} in group data, read from a "
                                  "file or the environment, never committed")
-        values[var] = str(available[name])
+        values[var] = api_key(available[name], f"pyinfra data of {host_name}", name)
     return values
+
+
+def allowed_clients(data: Any = None) -> list[str]:
+    """``sglang_allowed_clients`` (host data): the networks a server or router answers, besides
+    the host itself; empty means any."""
+    data = host.data if data is None else data
+    raw = data.get("sglang_allowed_clients") or []
+    if isinstance(raw, str) or not isinstance(raw, (list, tuple)):
+        raise InputError.one(f"pyinfra data of {host.name}", "sglang_allowed_clients",
+                             f"must be a list of CIDR networks, got {raw!r}",
+                             "e.g. sglang_allowed_clients = ['10.0.0.0/8']")
+    try:
+        return networks([str(v) for v in raw])
+    except UnsafeValue as err:
+        raise InputError.one(f"pyinfra data of {host.name}", "sglang_allowed_clients", str(err),
+                             "list networks such as 10.0.0.0/8 or 192.0.2.7") from None
 
 
 def startup_budget() -> int:
@@ -114,23 +123,30 @@ def unit_absent(unit: str) -> Ops:
         yield _removal(unit)
 
 
-def _unit(profile: Profile, launch: Launch, release: Release,
+def _unit(profile: Profile, launch: Launch, release: Release, launcher: OperationMeta,
           restart_if: list[OperationMeta]) -> None:
     unit_name = launch.unit
     secrets = secret_values(launch, host.name, host.data)
-    exec_start = " ".join(systemd_word(w) for w in (release.python_bin, *launch.argv[1:]))
+    paths = {"user": USER, "home": STATE, "cache": CACHE}
+    try:
+        env_text, command = environment(launch, secrets), exec_start(launch, release)
+    except UnsafeValue as err:
+        raise InputError.one(profile.path, "env or extra_args", str(err),
+                             "remove control characters from the value") from None
     env = secret_file(name=f"Environment and secrets of {unit_name} (root, 0600)",
-                      dest=env_file(unit_name), content=environment(launch, secrets))
+                      dest=env_file(unit_name), content=env_text)
     budget = startup_budget()
     unit = files.template(
         name=f"Unit {unit_name}", src=TEMPLATE, dest=unit_path(unit_name), mode="644",
-        profile_path=profile.path, version=launch.version, release_id=release.id,
-        env_file=env_file(unit_name), served_name=profile.model.served_name,
-        exec_start=exec_start, timeout_start=budget,
+        profile_path=unit_text(profile.path), version=launch.version,
+        release_id=release.id, env_file=env_file(unit_name),
+        served_name=unit_text(profile.model.served_name or profile.model.source),
+        paths=paths, allowed_clients=allowed_clients(),
+        exec_start=command, timeout_start=budget,
         timeout_stop=int(host.data.get("drain_budget_seconds", 600)),
         start_limit_interval=budget * 4)
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
-    changes = [unit, env, *restart_if]
+    changes = [unit, env, launcher, *restart_if]
     # Restart first: it touches only a running unit, so a fresh host starts exactly once.
     systemd.service(name=f"Restart {unit_name} (its definition changed)", service=unit_name,
                     restarted=True, _if=lambda: any(op.did_change() for op in changes))
@@ -143,7 +159,9 @@ def install_service(profile: Profile, launches: list[Launch], release: Release,
                     restart_if: list[OperationMeta]) -> None:
     """One unit per server instance (``parallel.instances``, each on its own GPU set)."""
     secrets_directory()
+    launcher = files.put(name="Server launcher (keys in-process, never on the command line)",
+                         src=str(HERE / "server_launch.py"), dest=LAUNCHER, mode="644")
     retire_other_units(name="Retire units of instances no longer wanted",
                        keep=[launch.unit for launch in launches])
     for launch in launches:
-        _unit(profile, launch, release, restart_if)
+        _unit(profile, launch, release, launcher, restart_if)

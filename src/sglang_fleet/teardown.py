@@ -39,7 +39,7 @@ ENGINE_PACKAGES = ["python3-venv"]
 def _deregister(state: object, host: object, routers: list[RouterConfig],
                 urls: list[str]) -> None:
     for config in routers:
-        router = Router(config.url, config.api_key)
+        router = Router(config.url, config.admin_key)
         for url in urls:
             router.remove(url)
 
@@ -52,7 +52,7 @@ def out_of_routers(routers: list[RouterConfig], urls: list[str]) -> Ops:
     registered = []
     for config in routers:
         try:
-            known = Router(config.url, config.api_key).workers()
+            known = Router(config.url, config.admin_key).workers()
         except RouterError as err:
             logger.warning(f"{host.print_prefix}{err}: not routing, nothing to take out")
             continue

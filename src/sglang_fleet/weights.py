@@ -8,15 +8,19 @@ into place when complete; credentials only in root-owned 0600 files.
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
+from typing import Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
+from pyinfra.facts.files import File
 from pyinfra.operations import files
 
-from sglang_fleet.engine import TOOLS, UV
+from sglang_fleet.engine import TOOLS, UV, UV_CACHE
+from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import model_path
@@ -28,6 +32,21 @@ HF_TOKEN = f"{SECRETS_DIR}/hf-token"
 MANIFEST = ".sglang-fleet-manifest.json"
 
 
+# What AWS access keys and Hugging Face tokens are made of: one line, nothing an INI file or a
+# shell reads specially.
+_CREDENTIAL = re.compile(r"[A-Za-z0-9/+=_.-]{8,256}")
+
+
+def credential(data: Any, key: str) -> str:
+    """A credential from host data, checked before it is written to a root-only file."""
+    value = data.get(key)
+    if not isinstance(value, str) or not _CREDENTIAL.fullmatch(value):
+        raise InputError.one(f"pyinfra data of {host.name}", key,
+                             "must be one line of 8 to 256 letters, digits or / + = _ . -",
+                             f"set {key} to the credential exactly as issued")
+    return value
+
+
 @operation(is_idempotent=True)
 def tools_venv() -> Ops:
     """boto3 and huggingface_hub for the staging script, apart from any engine release."""
@@ -35,14 +54,14 @@ def tools_venv() -> Ops:
                                        f"{TOOLS}/bin/python -c 'import boto3, huggingface_hub'")
     if not status:
         yield f"{UV} venv --quiet --allow-existing --python /usr/bin/python3 {TOOLS}"
-        yield f"{UV} pip install --quiet --python {TOOLS}/bin/python boto3 huggingface_hub"
+        yield (f"UV_CACHE_DIR={UV_CACHE} {UV} pip install --quiet --python {TOOLS}/bin/python "
+               "boto3 huggingface_hub")
 
 
 @operation(is_idempotent=True)
 def staged(source: str, dest: str, endpoint: str | None, token_file: str | None) -> Ops:
     """Run the staging script unless DEST already holds a complete, verified model."""
-    status, _ = host.run_shell_command(f"test -f {dest}/{MANIFEST}")
-    if status:
+    if host.get_fact(File, path=f"{dest}/{MANIFEST}"):
         return
     argv = [f"{TOOLS}/bin/python", SCRIPT, source, dest]
     argv += ["--endpoint-url", endpoint] if endpoint else []
@@ -53,8 +72,7 @@ def staged(source: str, dest: str, endpoint: str | None, token_file: str | None)
 @operation(is_idempotent=True)
 def present(path: str) -> Ops:
     """A host path: it must already hold a model."""
-    status, _ = host.run_shell_command(f"test -f {path}/config.json")
-    if not status:
+    if not host.get_fact(File, path=f"{path}/config.json"):
         yield fail(f"{path}/config.json: no model there")
 
 
@@ -69,16 +87,17 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
     secrets_directory()
     data = host.data
     if data.get("aws_access_key_id"):
+        key_id = credential(data, "aws_access_key_id")
+        secret = credential(data, "aws_secret_access_key")
         secret_file(name="AWS credentials (root only)", dest=AWS_CREDENTIALS, content=
-                "[default]\n"
-                f"aws_access_key_id = {data.aws_access_key_id}\n"
-                f"aws_secret_access_key = {data.aws_secret_access_key}\n")
+                f"[default]\naws_access_key_id = {key_id}\naws_secret_access_key = {secret}\n")
     token_file = None
     if data.get("hf_token"):
         secret_file(name="Hugging Face token (root only)", dest=HF_TOKEN,
-                    content=str(data.hf_token) + "\n")
+                    content=credential(data, "hf_token") + "\n")
         token_file = HF_TOKEN
-    files.directory(name="Models directory", path=str(Path(dest).parent), mode="755")
+    files.directory(name="Models directory (root's; the service only reads it)",
+                    path=str(Path(dest).parent), user="root", group="root", mode="755")
     tools_venv(name="Staging tools (boto3, huggingface_hub)")
     files.put(name="Staging script", src=str(Path(__file__).with_name("stage_weights.py")),
               dest=SCRIPT, mode="755")
