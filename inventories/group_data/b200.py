@@ -28,9 +28,15 @@ if (_secrets / "aws-credentials").exists():
     aws_access_key_id = _creds.get("aws_access_key_id")
     aws_secret_access_key = _creds.get("aws_secret_access_key")
 
-# The API key clients must send: the value of the profile's server.api_key_secret.
-if (_secrets / "sglang-api-key").exists():
-    secrets = {"sglang-api-key": (_secrets / "sglang-api-key").read_text().strip()}
+# The keys, each from a root-only file on the operator's machine, never committed:
+# sglang-api-key: what clients send (the profile's server.api_key_secret, and the router's);
+# sglang-router-admin-key: the only key that changes the router's workers;
+# sglang-admin-api-key: SGLang's admin endpoints, if the profile names server.admin_api_key_secret.
+secrets = {name: (_secrets / name).read_text().strip()
+           for name in ("sglang-api-key", "sglang-router-admin-key", "sglang-admin-api-key")
+           if (_secrets / name).exists()}
+# Optional: only these networks reach the servers and routers (the hosts themselves always do).
+# sglang_allowed_clients = ["10.0.0.0/8"]
 
 # Capacity report: how long would the job take at the measured speed?
 job_estimate = "900000,1000"  # completions, output tokens each

@@ -4,17 +4,25 @@ The NVIDIA repository, the S3 endpoint and its credentials, and the engine packa
 lab's; everything the product does with them is what it does on a B200 site.
 """
 
-from sglang_fleet.lab.site import MODEL_PREFIX, S3_CREDENTIALS
+import hashlib
+
+from sglang_fleet.lab.site import MODEL_PREFIX, S3_CREDENTIALS, WWW
 from sglang_fleet.lab.state import S3_BUCKET, load
 
 _lab = load()
 
 sglang_profile = "profiles/qwen3.6-27b-mtp.yaml"
 # The API key: made by `lab up` and kept in the lab's root-only state, never in the repository.
-secrets = {"sglang-api-key": _lab.api_key()}
+secrets = {"sglang-api-key": _lab.api_key(), "sglang-router-admin-key": _lab.api_key("admin")}
+# The lab's site serves plain http on the host's loopback (a B200 site uses https).
+allow_insecure_urls = True
 
 # NVIDIA's CUDA repository (developer.download.nvidia.com/compute/cuda/repos on a real site).
 nvidia_repo_base_url = _lab.repo_url
+# The lab's keyring package is built by `lab up`; NVIDIA's is pinned in the driver stage.
+_keyring = WWW / "compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb"
+if _keyring.exists():
+    nvidia_keyring_sha256 = hashlib.sha256(_keyring.read_bytes()).hexdigest()
 
 # The engine: the SGLang simulator, installed from the lab's wheelhouse like SGLang from PyPI
 # (a wheel versioned 0.5.23 imitates SGLang 0.5.23).

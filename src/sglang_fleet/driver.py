@@ -8,6 +8,7 @@ one), the fabric manager and NVLSM on NVSwitch hosts, and a verification with nv
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from io import StringIO
@@ -16,7 +17,7 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.exceptions import OperationError
-from pyinfra.api.operation import operation
+from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host, state
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution
@@ -32,9 +33,23 @@ from sglang_fleet.facts.nvidia import (
 )
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.packages import packages_baseline, packages_purged
+from sglang_fleet.urls import checked_url
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING = "cuda-keyring_1.1-1_all.deb"
+# sha256 of NVIDIA's cuda-keyring_1.1-1_all.deb per repository (checked before dpkg runs it as
+# root). To update: download <base>/<distro>/<arch>/cuda-keyring_1.1-1_all.deb, check that
+# `dpkg-deb -c` shows only the keyring and the sources list and that the key's fingerprint is
+# EB693B3035CD5710E231E123A4B469963BF863CC, then `sha256sum` it. Elsewhere host data
+# `nvidia_keyring_sha256` gives it.
+KEYRING_SHA256 = {
+    "ubuntu2204/x86_64": "d93190d50b98ad4699ff40f4f7af50f16a76dac3bb8da1eaaf366d47898ff8df",
+    "ubuntu2404/x86_64": "d2a6b11c096396d868758b86dab1823b25e14d70333f1dfa74da5ddaf6a06dba",
+    "ubuntu2404/sbsa": "6ea7d2737648936820e85677177957a0f6521b840d98eb0bbae0a4f003fa7249",
+    "debian12/x86_64": "e7f219eab6fe4819cdb5c15b98233dc3420302d9c00883219cd3d896857cf48d",
+}
+# Root's alone: a package fetched here cannot be swapped by another local user before dpkg -i.
+KEYRING_DIR = "/var/cache/sglang-fleet/keyring"
 # Minimum driver for each CUDA release (NVIDIA's CUDA toolkit release notes).
 DRIVER_FLOOR = {"12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
 APT_NO_UPGRADE = "/etc/apt/apt.conf.d/51sglang-fleet-nvidia"
@@ -49,6 +64,7 @@ class DriverConfig:
     """The driver stage's host data, validated."""
 
     repo_base_url: str
+    keyring_sha256: str | None
     branch: str
     version: str | None
     gpu_count: int | None
@@ -81,8 +97,15 @@ class DriverConfig:
         if count is not None and (not isinstance(count, int) or count < 1):
             raise InputError.one(source, "gpu_count", f"must be a positive integer, got {count!r}",
                                  "the number of GPUs the host must show, e.g. 8")
-        return cls(repo_base_url=str(data.get("nvidia_repo_base_url", NVIDIA_REPOS)).rstrip("/"),
-                   branch=branch, version=str(version) if version else None, gpu_count=count,
+        base = checked_url(data.get("nvidia_repo_base_url", NVIDIA_REPOS), source,
+                           "nvidia_repo_base_url", bool(data.get("allow_insecure_urls")))
+        digest = data.get("nvidia_keyring_sha256")
+        if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", str(digest)):
+            raise InputError.one(source, "nvidia_keyring_sha256",
+                                 f"{digest!r} is not a sha256 (64 lower-case hex digits)",
+                                 f"sha256sum {KEYRING} after checking the package")
+        return cls(repo_base_url=base.rstrip("/"), keyring_sha256=digest, branch=branch,
+                   version=str(version) if version else None, gpu_count=count,
                    allow_reboot=bool(data.get("allow_reboot", False)), engine_cuda=cuda,
                    cuda_toolkit=data.get("cuda_toolkit"), dcgm=bool(data.get("install_dcgm")))
 
@@ -281,7 +304,7 @@ def install_driver() -> None:
     packages_baseline(name="Packages before sglang-fleet (for teardown)")
     keyring = None
     if _installed("cuda-keyring") is None:
-        keyring = apt.deb(name="NVIDIA repository keyring", src=f"{base}/{KEYRING}")
+        keyring = keyring_package(cfg, base)
     apt.update(name="Read the NVIDIA repository",
                _if=keyring.did_change if keyring else lambda: False)
     files.put(name="Keep the NVIDIA stack out of unattended upgrades", src=StringIO(NO_UPGRADE),
@@ -299,6 +322,30 @@ def install_driver() -> None:
     verify(name="Verify GPUs with nvidia-smi", cfg=cfg)
 
 
+def keyring_sha256(cfg: DriverConfig) -> str:
+    """The keyring package's pinned checksum for this host's repository."""
+    where = repo_path()
+    digest = cfg.keyring_sha256 or KEYRING_SHA256.get(where)
+    if digest is None:
+        raise InputError.one(f"pyinfra data of {host.name}", "nvidia_keyring_sha256",
+                             f"no pinned checksum of {KEYRING} for {where}",
+                             f"set nvidia_keyring_sha256 to the sha256 of {KEYRING} from "
+                             f"{where} (README: the driver stage)")
+    return digest
+
+
+def keyring_package(cfg: DriverConfig, base: str) -> OperationMeta:
+    """NVIDIA's keyring package, downloaded into root's own directory and installed only when
+    its sha256 is the pinned one."""
+    files.directory(name="Root-only download directory", path=KEYRING_DIR, user="root",
+                    group="root", mode="700")
+    local = f"{KEYRING_DIR}/{KEYRING}"
+    files.download(name=f"NVIDIA repository keyring ({KEYRING}, sha256 checked)",
+                   src=f"{base}/{KEYRING}", dest=local, sha256sum=keyring_sha256(cfg),
+                   temp_dir=KEYRING_DIR, mode="600")
+    return apt.deb(name="Install the NVIDIA repository keyring", src=local)
+
+
 @deploy("Remove the NVIDIA driver")
 def remove_driver() -> None:
     """Take away what install_driver put on the host (teardown with purge=driver); the loaded
@@ -308,4 +355,5 @@ def remove_driver() -> None:
         *cfg.packages, "nvidia-fabricmanager", f"nvidia-driver-pinning-{cfg.branch}", "nvlsm",
         *cfg.extras, "cuda-keyring"], shared=[f"linux-headers-{host.get_fact(KernelVersion)}"])
     files.file(name="Unattended-upgrades exclusion", path=APT_NO_UPGRADE, present=False)
+    files.directory(name="Downloaded keyring package", path=KEYRING_DIR, present=False)
     apt.update(name="Forget the NVIDIA repository", _if=purged.did_change)

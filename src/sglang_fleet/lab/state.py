@@ -50,9 +50,9 @@ class Lab:
     def known_hosts(self) -> Path:
         return STATE_DIR / "ssh" / "known_hosts"
 
-    def api_key(self) -> str:
-        """The lab's API key (root-only file, created on first use)."""
-        path = STATE_DIR / "ssh" / "api-key"
+    def api_key(self, role: str = "api") -> str:
+        """The lab's API key for ``role`` (root-only file, created on first use)."""
+        path = STATE_DIR / "ssh" / f"{role}-key"
         if not path.exists():
             path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
             path.write_text(secrets.token_urlsafe(24))
