@@ -2,14 +2,17 @@
 
     pyinfra -y inventories/b200.py deploys/router.py
 
-Hosts outside ``routers`` are left alone. Running it again changes nothing; a host added to or
-removed from the inventory is added to or removed from the running router without a restart.
+A host that left ``routers`` loses the router, its keys and its worker list. Running it again
+changes nothing; a host added to or removed from the inventory is added to or removed from the
+running router without a restart.
 """
 
 from pyinfra.context import host, inventory
 
 from sglang_fleet import fleet
-from sglang_fleet.router import install_router
+from sglang_fleet.router import install_router, remove_router
 
 if fleet.ROUTERS_GROUP in host.groups:
     install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory))
+else:
+    remove_router()

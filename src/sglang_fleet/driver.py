@@ -337,8 +337,9 @@ def keyring_sha256(cfg: DriverConfig) -> str:
 def keyring_package(cfg: DriverConfig, base: str) -> OperationMeta:
     """NVIDIA's keyring package, downloaded into root's own directory and installed only when
     its sha256 is the pinned one."""
-    files.directory(name="Root-only download directory", path=KEYRING_DIR, user="root",
-                    group="root", mode="700")
+    for path in (KEYRING_DIR.rsplit("/", 1)[0], KEYRING_DIR):
+        files.directory(name=f"Root-only directory {path}", path=path, user="root",
+                        group="root", mode="700")
     local = f"{KEYRING_DIR}/{KEYRING}"
     files.download(name=f"NVIDIA repository keyring ({KEYRING}, sha256 checked)",
                    src=f"{base}/{KEYRING}", dest=local, sha256sum=keyring_sha256(cfg),

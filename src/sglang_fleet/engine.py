@@ -41,7 +41,8 @@ STATE = f"{HOME}/state"  # the service's home and working directory, its own to 
 CACHE = "/var/cache/sglang"  # the service's kernel and hub caches, its own to write
 # uv's download cache for what root installs: root's alone, so a compromised server cannot
 # poison the next release.
-UV_CACHE = "/var/cache/sglang-fleet/uv"
+ROOT_CACHE = "/var/cache/sglang-fleet"  # root only (0700)
+UV_CACHE = f"{ROOT_CACHE}/uv"
 KEEP = 3
 # Where SGLang, torch, triton, flashinfer and Hugging Face write; the service may write there.
 CACHE_ENV = {
@@ -182,8 +183,9 @@ def install_engine(profile: Profile) -> Release:
     for path in (ROOT, RELEASES, HOME):
         files.directory(name=f"Directory {path} (root's)", path=path, user="root",
                         group="root", mode="755")
-    files.directory(name=f"Directory {UV_CACHE} (root only)", path=UV_CACHE, user="root",
-                    group="root", mode="700")
+    for path in (ROOT_CACHE, UV_CACHE):
+        files.directory(name=f"Directory {path} (root only)", path=path, user="root",
+                        group="root", mode="700")
     for path in (STATE, CACHE):
         files.directory(name=f"Writable {path}", path=path, user=USER, group=USER, mode="750")
     release_dir(name=f"Install {release.requirement} into {release.id}", release=release)

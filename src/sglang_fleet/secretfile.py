@@ -11,10 +11,11 @@ import re
 from io import BytesIO
 from typing import Any
 
+from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import Sha256File
+from pyinfra.facts.files import Directory, FindFiles, Sha256File
 from pyinfra.operations import files
 
 from sglang_fleet.errors import InputError
@@ -51,6 +52,22 @@ def _upload(state: Any, host: Any, dest: str, content: bytes) -> None:  # names 
         f"chown root:root {tmp} && chmod 600 {tmp} && mv -f {tmp} {dest}")
     if not ok:
         raise OSError(f"could not install {dest}")
+
+
+@operation(is_idempotent=True)
+def secrets_absent() -> Ops:
+    """Remove every file under the secrets directory (keys, credentials, environment files,
+    last-good copies, orphans included), naming each.
+
+        secrets_absent(name="Every secret file")
+    """
+    found = host.get_fact(FindFiles, path=SECRETS_DIR, quote_path=True) or []
+    if not found and not host.get_fact(Directory, path=SECRETS_DIR):
+        host.noop(f"{SECRETS_DIR} is absent")
+        return
+    for path in sorted(found):
+        logger.info(f"{host.print_prefix}removing secret file {path}")
+    yield f"rm -rf {SECRETS_DIR}"
 
 
 @operation(is_idempotent=True)

@@ -19,18 +19,16 @@ from pyinfra.context import host, state
 from pyinfra.operations import files, server
 
 from sglang_fleet.driver import remove_driver
-from sglang_fleet.engine import CACHE, HOME, ROOT, USER
+from sglang_fleet.engine import CACHE, HOME, ROOT, ROOT_CACHE, STATE, USER
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import RouterConfig
-from sglang_fleet.gate import LAST_GOOD
 from sglang_fleet.ops import Ops
 from sglang_fleet.packages import BASELINE_DIR, packages_purged
 from sglang_fleet.render import MODELS_ROOT
 from sglang_fleet.router import remove_router
 from sglang_fleet.routerctl import Router, RouterError
-from sglang_fleet.secretfile import SECRETS_DIR
+from sglang_fleet.secretfile import SECRETS_DIR, secrets_absent
 from sglang_fleet.service import retire_other_units
-from sglang_fleet.weights import AWS_CREDENTIALS, HF_TOKEN
 
 PURGEABLE = ("engine", "weights", "driver")
 ENGINE_PACKAGES = ["python3-venv"]
@@ -95,13 +93,12 @@ def teardown(purge: Purge, urls: list[str], routers: list[RouterConfig],
     if is_router:
         remove_router()
     retire_other_units(name="Stop and remove the server units and environment files", keep=[])
-    files.directory(name="Last good units", path=LAST_GOOD, present=False)
+    # At every purge level: keys, credentials, last-good copies and orphaned environment files.
+    secrets_absent(name=f"Every secret file under {SECRETS_DIR}")
     if purge.weights:
         files.directory(name="Staged weights", path=str(MODELS_ROOT), present=False)
-        for path in (AWS_CREDENTIALS, HF_TOKEN):
-            files.file(name=f"Credentials {path}", path=path, present=False)
     if purge.engine:
-        for path in (ROOT, CACHE):
+        for path in (ROOT, CACHE, STATE, ROOT_CACHE):
             files.directory(name=f"Engine {path}", path=path, present=False)
         packages_purged(name="Engine packages", owned=[], shared=ENGINE_PACKAGES)
         server.user(name="Service user", user=USER, present=False)
@@ -111,5 +108,4 @@ def teardown(purge: Purge, urls: list[str], routers: list[RouterConfig],
     if purge.driver:
         remove_driver()
     if purge.everything:
-        files.directory(name="Secrets directory", path=SECRETS_DIR, present=False)
         files.directory(name="Package baseline", path=BASELINE_DIR, present=False)
