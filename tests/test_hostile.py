@@ -10,7 +10,7 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import jinja2
 import pytest
@@ -22,8 +22,9 @@ from tests.conftest import ROOT
 
 HOSTILE = [
     "a; touch /tmp/pwned; #", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "${SGLANG_API_KEY}",
-    "$SGLANG_API_KEY", "50%n %i %%", "it's", 'say "hi"', "back\\slash", "line\nExecStartPre=+/bin/sh",
-    "cr\rx", "tab\tx", "nul\x00x", "\u202enew", "-", "--", " lead", "trail ", "", "a b  c",
+    "$SGLANG_API_KEY", "50%n %i %%", "it's", 'say "hi"', "back\\slash",
+    "line\nExecStartPre=+/bin/sh", "cr\rx", "tab\tx", "nul\x00x", "\u202enew",
+    "-", "--", " lead", "trail ", "", "a b  c",
     "{}\\;", "*?[x]", "~root", "!event", "#comment", "a=b", "|&<>",
 ]
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -101,7 +102,7 @@ class FakeHost:
     """What an operation reads from a host: facts answer None, shell commands fail."""
 
     name = "h1"
-    data: dict[str, Any] = {}
+    data: ClassVar[dict[str, Any]] = {}
 
     def get_fact(self, *args: Any, **kwargs: Any) -> Any:
         return None
