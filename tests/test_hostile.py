@@ -136,9 +136,9 @@ def test_shell_commands_keep_each_value_one_word(fake_host: FakeHost, text: str)
     assert f"pkg=={text}" in words(commands[2]) and text in words(commands[2])
     assert words(commands[3])[-1] == dest
     release = Release(text, "1", (), None, None, "/usr/bin/python3")
-    link = list(engine.current_link._inner(release))  # type: ignore[attr-defined]
+    link = list(engine.current_link._inner(release))
     assert release.dir in words(link[-1])
-    [stage] = list(weights.staged._inner(  # type: ignore[attr-defined]
+    [stage] = list(weights.staged._inner(
         f"s3://b/{text}", f"/var/lib/sglang/models/{text}", text, None))
     assert words(stage)[1:] == [f"{engine.TOOLS}/bin/python", weights.SCRIPT, f"s3://b/{text}",
                                 f"/var/lib/sglang/models/{text}", "--endpoint-url", text]
