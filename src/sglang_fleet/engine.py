@@ -188,6 +188,8 @@ def install_engine(profile: Profile) -> Release:
                         group="root", mode="700")
     for path in (STATE, CACHE):
         files.directory(name=f"Writable {path}", path=path, user=USER, group=USER, mode="750")
+    # Earlier releases of this product kept root's uv cache there, where the service can write.
+    files.directory(name="No root cache among the service's", path=f"{CACHE}/uv", present=False)
     release_dir(name=f"Install {release.requirement} into {release.id}", release=release)
     current_link(name="Switch current release", release=release)
     prune(name=f"Keep the last {KEEP} releases")

@@ -87,6 +87,20 @@ def test_units_carry_the_client_allow_list(fleet: None) -> None:
         assert "10.20.0.0/16" in shown and "IPAddressDeny=0.0.0.0/0 ::/0" in shown, shown
 
 
+def test_the_service_cannot_change_what_root_runs_or_stages(fleet: None) -> None:
+    owners = ssh("lab1", "stat -c '%n %U %a' /opt/sglang /opt/sglang/tools /var/lib/sglang "
+                         "/var/lib/sglang/models /var/cache/sglang-fleet "
+                         "/var/cache/sglang-fleet/uv /etc/sglang").stdout.split("\n")
+    assert [line.split()[1:] for line in owners if line] == [
+        ["root", "755"], ["root", "755"], ["root", "755"], ["root", "755"], ["root", "700"],
+        ["root", "700"], ["root", "700"]]
+    for target in ("/var/lib/sglang/models/planted", "/var/lib/sglang/planted",
+                   "/opt/sglang/tools/planted", "/var/cache/sglang-fleet/uv/planted"):
+        assert ssh("lab1", f"runuser -u sglang -- touch {target}").returncode != 0, target
+    assert ssh("lab1", "runuser -u sglang -- touch /var/cache/sglang/x "
+                       "/var/lib/sglang/state/x").returncode == 0
+
+
 def test_exposure_scores(fleet: None) -> None:
     for unit in ("sglang.service", "sglang-router.service"):
         out = ssh("lab1", f"systemd-analyze security --no-pager {unit} | tail -1").stdout
