@@ -9,8 +9,11 @@ Every host is in the group ``lab`` (this file's name), whose data lives in
 from sglang_fleet.lab.state import load
 
 _lab = load()
+# A lab made with --sudo-user refuses root's SSH login, as cloud images do: log in as that user
+# and become root with sudo for every operation.
 _ssh = {
-    "ssh_user": "root",
+    "ssh_user": _lab.login,
+    **({"_sudo": True} if _lab.sudo_user else {}),
     "ssh_key": str(_lab.ssh_key),
     "ssh_known_hosts_file": str(_lab.known_hosts),
     "ssh_strict_host_key_checking": "accept-new",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 
@@ -47,7 +48,11 @@ def cmd_lab_up(args: argparse.Namespace) -> int:
         print("sglang-fleet lab up: --hosts must be 1..200 and --gpus at least 1",
               file=sys.stderr)
         return 2
-    manage.up(args.hosts, args.gpus, args.hgx)
+    if args.sudo_user and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,30}", args.sudo_user):
+        print(f"sglang-fleet lab up: --sudo-user {args.sudo_user!r} is not a user name "
+              "(lower-case letters, digits, _ and -)", file=sys.stderr)
+        return 2
+    manage.up(args.hosts, args.gpus, args.hgx, args.sudo_user or "")
     return 0
 
 
@@ -203,6 +208,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, default=3, help="how many hosts (default 3)")
     p.add_argument("--gpus", type=int, default=8, help="B200s per host (default 8)")
     p.add_argument("--hgx", action="store_true", help="hosts are HGX boards (NVSwitch fabric)")
+    p.add_argument("--sudo-user", metavar="NAME",
+                   help="refuse root's SSH login; NAME logs in by key and has passwordless sudo")
     p.set_defaults(func=cmd_lab_up)
     p = lab_sub.add_parser("down", help="stop every host and service, unmount everything")
     p.set_defaults(func=cmd_lab_down)

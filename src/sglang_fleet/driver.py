@@ -31,7 +31,7 @@ from sglang_fleet.facts.nvidia import (
     NvidiaModule,
     NvidiaSmi,
 )
-from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops import Ops, fail, run
 from sglang_fleet.packages import packages_baseline, packages_purged
 from sglang_fleet.urls import checked_url
 
@@ -226,7 +226,7 @@ def fabric(cfg: DriverConfig) -> Ops:
     elif _installed("nvlsm") is None:
         yield "DEBIAN_FRONTEND=noninteractive apt-get install -y nvlsm infiniband-diags"
     for unit in ("nvlsm", "nvidia-fabricmanager"):
-        active, _ = host.run_shell_command(f"systemctl is-enabled {unit} && "
+        active, _ = run(f"systemctl is-enabled {unit} && "
                                            f"systemctl is-active {unit}")
         if not active:
             yield f"systemctl enable --now {unit}"

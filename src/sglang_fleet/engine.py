@@ -19,7 +19,7 @@ from pyinfra.context import host
 from pyinfra.facts.files import Directory, File, Link
 from pyinfra.operations import apt, files, server
 
-from sglang_fleet.ops import Ops
+from sglang_fleet.ops import Ops, run
 from sglang_fleet.packages import packages_baseline
 from sglang_fleet.profile import Profile
 from sglang_fleet.urls import checked_url
@@ -161,12 +161,12 @@ def current_link(release: Release) -> Ops:
 @operation(is_idempotent=True)
 def prune(keep: int = KEEP) -> Ops:
     """Remove releases beyond the newest ``keep``, never current or previous."""
-    status, output = host.run_shell_command(
+    status, output = run(
         f"cd {RELEASES} 2>/dev/null && ls -1t | grep -v '\\.partial$' || true")
     names = [n.strip() for n in output.stdout_lines if n.strip()] if status else []
     keepers = set(names[:keep])
     for link in (CURRENT, PREVIOUS):
-        ok, target = host.run_shell_command(f"readlink {link} || true")
+        ok, target = run(f"readlink {link} || true")
         if ok and target.stdout_lines:
             keepers.add(target.stdout_lines[0].strip().rsplit("/", 1)[-1])
     for name in names:

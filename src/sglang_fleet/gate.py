@@ -21,7 +21,7 @@ from pyinfra.context import host, state
 from pyinfra.operations import files
 
 from sglang_fleet.engine import CURRENT, RELEASES, TOOLS
-from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops import Ops, fail, run
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
 from sglang_fleet.service import env_file, startup_budget, unit_path
@@ -57,7 +57,7 @@ def _check(profile: Profile, launch: Launch, *flags: str, budget: int | None = N
             env_file(launch.unit), "--model", profile.model.served_name,
             *(["--budget", str(budget)] if budget is not None else []), *flags]
     command = f"PYTHONPATH={TOOLS} python3 -m sglang_fleet.gate_check {shlex.join(argv)}"
-    ok, output = host.run_shell_command(command)
+    ok, output = run(command)
     lines = list(output.stdout_lines)
     for line in lines if show else ():
         if not line.startswith("GATE "):
@@ -66,7 +66,7 @@ def _check(profile: Profile, launch: Launch, *flags: str, budget: int | None = N
 
 
 def _same(a: str, b: str) -> bool:
-    ok, _ = host.run_shell_command(f"cmp -s {a} {b}")
+    ok, _ = run(f"cmp -s {a} {b}")
     return bool(ok)
 
 
@@ -84,12 +84,12 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
         return
     error = next((json.loads(line[5:]).get("error", "gate failed") for line in lines
                   if line.startswith("GATE ")), "gate failed")
-    has_last, _ = host.run_shell_command(f"test -f {saved}")
+    has_last, _ = run(f"test -f {saved}")
     if not has_last:
         yield fail(f"{error} (no earlier good release to return to)")
         return
     logger.warning(f"{host.print_prefix}{unit}: gate failed, putting the last good release back")
-    host.run_shell_command(f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env} && "
+    run(f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env} && "
                            f"systemctl daemon-reload && systemctl restart {unit}")
     back, _ = _check(profile, launch, "--health-only", budget=budget, show=False)
     where = "the last good release serves again" if back else "the last good release did " \
@@ -102,7 +102,7 @@ def smoke(profile: Profile, launch: Launch) -> Ops:
     """The gate's smoke generation alone, with the gate tools the deploy left on the host."""
     if not state.is_executing:
         return
-    installed, _ = host.run_shell_command(f"test -f {TOOLS}/sglang_fleet/gate_check.py")
+    installed, _ = run(f"test -f {TOOLS}/sglang_fleet/gate_check.py")
     if not installed:
         yield fail(f"{TOOLS} has no gate tools: run deploys/sglang.py first")
         return
@@ -116,14 +116,14 @@ def last_good_back(unit: str) -> Ops:
     """Put the unit and environment that last passed the gate back, with the ``current`` link
     on the release they run, and restart the unit if it ran something else."""
     saved = f"{LAST_GOOD}/{unit}"
-    ok, _ = host.run_shell_command(f"test -f {saved} -a -f {saved}.env")
+    ok, _ = run(f"test -f {saved} -a -f {saved}.env")
     if not ok:
         yield fail(f"{unit}: no release has passed the gate on this host: nothing to go back to")
         return
     if not (_same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit))):
         yield (f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env_file(unit)} && "
                f"systemctl daemon-reload && systemctl restart {unit}")
-    ok, out = host.run_shell_command(
+    ok, out = run(
         f"grep -o '{RELEASES}/[^/ ]*' {saved} | head -1; readlink {CURRENT} || true")
     lines = [line.strip() for line in out.stdout_lines] if ok else []
     if len(lines) == 2 and lines[0] != lines[1]:

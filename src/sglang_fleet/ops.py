@@ -6,8 +6,27 @@ import shlex
 from collections.abc import Generator
 from typing import Any
 
+from pyinfra.connectors.util import CommandOutput
+from pyinfra.context import host
+
 # A pyinfra operation body: yields commands (strings or FunctionCommands).
 Ops = Generator[Any, None, None]
+# How the operation becomes root (`_sudo` and friends, from the call or from host data).
+_PRIVILEGE = ("_sudo", "_sudo_user", "_use_sudo_login", "_sudo_password", "_preserve_sudo_env",
+              "_su_user", "_use_su_login", "_preserve_su_env", "_su_shell", "_doas", "_doas_user")
+
+
+def privilege() -> dict[str, Any]:
+    """The current operation's way to root (empty when the SSH user is root), for commands an
+    operation or a FunctionCommand runs itself; pyinfra applies it only to yielded commands."""
+    args: dict[str, Any] = dict(host.current_op_global_arguments or {})
+    return {k: v for k, v in args.items() if k in _PRIVILEGE and v}
+
+
+def run(command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
+    """``host.run_shell_command`` with the operation's privilege: reads root-only state on a
+    host reached as a sudo user, as the yielded commands do."""
+    return host.run_shell_command(command, **privilege(), **kwargs)
 
 
 def fail(message: str) -> str:

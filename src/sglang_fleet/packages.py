@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pyinfra.api.operation import operation
-from pyinfra.context import host
 
-from sglang_fleet.ops import Ops
+from sglang_fleet.ops import Ops, run
 
 BASELINE_DIR = "/var/lib/sglang-fleet"
 BASELINE = f"{BASELINE_DIR}/packages-before"
@@ -24,14 +23,14 @@ def packages_baseline() -> Ops:
 
         packages_baseline(name="Packages before sglang-fleet")
     """
-    ok, _ = host.run_shell_command(f"test -f {BASELINE}")
+    ok, _ = run(f"test -f {BASELINE}")
     if not ok:
         yield (f"install -d -m 755 {BASELINE_DIR} && dpkg-query -W -f '${{Package}}\\n' | "
                f"sort > {BASELINE}.new && mv {BASELINE}.new {BASELINE}")
 
 
 def _lines(command: str) -> list[str]:
-    ok, out = host.run_shell_command(command)
+    ok, out = run(command)
     return [line.strip() for line in out.stdout_lines if line.strip()] if ok else []
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from io import BytesIO
+import shlex
 from typing import Any
 
 from pyinfra import logger
@@ -19,7 +19,7 @@ from pyinfra.facts.files import Directory, FindFiles, Sha256File
 from pyinfra.operations import files
 
 from sglang_fleet.errors import InputError
-from sglang_fleet.ops import Ops
+from sglang_fleet.ops import Ops, privilege, run
 
 SECRETS_DIR = "/etc/sglang"  # root only (0700): every secret file of the product lives here
 # API keys: printable ASCII without spaces, quotes, ``$`` or backslashes, long enough that masking
@@ -43,15 +43,15 @@ def secrets_directory() -> None:
                     mode="700")
 
 
-def _upload(state: Any, host: Any, dest: str, content: bytes) -> None:  # names pyinfra reads
-    tmp = f"{dest}.sglang-fleet-new"
-    if not host.put_file(BytesIO(content), tmp):
-        raise OSError(f"could not upload {dest}")
-    # The directory is root-only (0700), so the file is never readable by others on its way.
-    ok, _ = host.run_shell_command(
-        f"chown root:root {tmp} && chmod 600 {tmp} && mv -f {tmp} {dest}")
+def _upload(state: Any, host: Any, dest: str, content: str, privilege: dict[str, Any]) -> None:
+    """Write ``content`` to ``dest`` through the command's standard input, as root: never in a
+    temporary file another user could read, never on a command line."""
+    tmp = shlex.quote(f"{dest}.sglang-fleet-new")
+    command = (f"sh -c 'umask 077 && cat > {tmp} && chown root:root {tmp} && chmod 600 {tmp} "
+               f"&& mv -f {tmp} {shlex.quote(dest)}'")
+    ok, _ = host.run_shell_command(command, _stdin=content, **privilege)
     if not ok:
-        raise OSError(f"could not install {dest}")
+        raise OSError(f"could not write {dest}")
 
 
 @operation(is_idempotent=True)
@@ -73,11 +73,12 @@ def secrets_absent() -> Ops:
 @operation(is_idempotent=True)
 def secret_file(dest: str, content: str) -> Ops:
     """Ensure ``dest`` holds ``content``, owned by root with mode 0600."""
-    data = content.encode()
+    if not content.endswith("\n"):  # what goes through stdin ends with a newline
+        content += "\n"
     current = host.get_fact(Sha256File, path=dest)
-    if current != hashlib.sha256(data).hexdigest():
-        yield FunctionCommand(_upload, (dest, data), {})
+    if current != hashlib.sha256(content.encode()).hexdigest():
+        yield FunctionCommand(_upload, (dest, content, privilege()), {})
         return
-    ok, out = host.run_shell_command(f"stat -c '%U:%G %a' {dest}")
+    ok, out = run(f"stat -c '%U:%G %a' {dest}")
     if not ok or "".join(out.stdout_lines).strip() != "root:root 600":
         yield f"chown root:root {dest} && chmod 600 {dest}"

@@ -18,7 +18,7 @@ from pyinfra.operations import files, systemd
 
 from sglang_fleet.engine import CACHE, CACHE_ENV, STATE, TOOLS, USER, Release
 from sglang_fleet.errors import InputError
-from sglang_fleet.ops import Ops
+from sglang_fleet.ops import Ops, run
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
 from sglang_fleet.secretfile import SECRETS_DIR, api_key, secret_file, secrets_directory
@@ -95,7 +95,7 @@ def _removal(unit: str) -> str:
 
 def installed_units() -> list[str]:
     """The sglang server units on the host (``sglang.service``, ``sglang-N.service``)."""
-    ok, out = host.run_shell_command("ls /etc/systemd/system/ | grep -E '^sglang(-[0-9]+)?"
+    ok, out = run("ls /etc/systemd/system/ | grep -E '^sglang(-[0-9]+)?"
                                      "\\.service$' || true")
     return [u.strip() for u in out.stdout_lines if u.strip()] if ok else []
 
@@ -118,7 +118,7 @@ def unit_absent(unit: str) -> Ops:
 
         unit_absent(name="Remove the router", unit="sglang-router.service")
     """
-    ok, _ = host.run_shell_command(f"test -e {unit_path(unit)} -o -e {env_file(unit)}")
+    ok, _ = run(f"test -e {unit_path(unit)} -o -e {env_file(unit)}")
     if ok:
         yield _removal(unit)
 

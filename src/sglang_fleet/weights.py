@@ -21,7 +21,7 @@ from pyinfra.operations import files
 
 from sglang_fleet.engine import TOOLS, UV, UV_CACHE
 from sglang_fleet.errors import InputError
-from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops import Ops, fail, run
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import model_path
 from sglang_fleet.secretfile import SECRETS_DIR, secret_file, secrets_directory
@@ -50,7 +50,7 @@ def credential(data: Any, key: str) -> str:
 @operation(is_idempotent=True)
 def tools_venv() -> Ops:
     """boto3 and huggingface_hub for the staging script, apart from any engine release."""
-    status, _ = host.run_shell_command(f"test -x {TOOLS}/bin/python && "
+    status, _ = run(f"test -x {TOOLS}/bin/python && "
                                        f"{TOOLS}/bin/python -c 'import boto3, huggingface_hub'")
     if not status:
         yield f"{UV} venv --quiet --allow-existing --python /usr/bin/python3 {TOOLS}"

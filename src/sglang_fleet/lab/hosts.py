@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -37,10 +38,10 @@ def prepare(host: Host, lower: Path, lab: Lab) -> None:
     (root / "etc" / "hosts").write_text(f"127.0.0.1 localhost\n{host.address} {host.name}\n")
     (root / "etc" / "ssh" / "sshd_config.d" / "20-lab-listen.conf").write_text(
         f"ListenAddress {host.address}\n")
-    ssh = root / "root" / ".ssh"
-    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
-    (ssh / "authorized_keys").write_text(lab.ssh_key.with_suffix(".pub").read_text())
-    (ssh / "authorized_keys").chmod(0o600)
+    if lab.sudo_user:
+        sudo_user(root, lab)
+    else:
+        authorize(root, "/root", lab)
     # The site's network: hosts trust what this machine trusts (a proxy's CA, if any).
     local_cas = root / "usr" / "local" / "share" / "ca-certificates"
     for ca in Path("/usr/local/share/ca-certificates").glob("*.crt"):
@@ -49,6 +50,29 @@ def prepare(host: Host, lower: Path, lab: Lab) -> None:
     # What the GPU stubs answer from, as real hardware would: count, model, memory, NVSwitch.
     (root / "etc" / "lab-hardware.json").write_text(json.dumps(
         {"gpus": host.gpus, "name": "NVIDIA B200", "memory_mib": 183359, "hgx": host.hgx}))
+
+
+def authorize(root: Path, home: str, lab: Lab, owner: str = "root") -> None:
+    """The lab's key may log in to ``owner``, whose home is ``home`` inside ``root``."""
+    ssh = root / home.lstrip("/") / ".ssh"
+    ssh.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh / "authorized_keys").write_text(lab.ssh_key.with_suffix(".pub").read_text())
+    (ssh / "authorized_keys").chmod(0o600)
+    subprocess.run(["chroot", str(root), "chown", "-R", f"{owner}:{owner}", f"{home}/.ssh"],
+                   check=True)
+
+
+def sudo_user(root: Path, lab: Lab) -> None:
+    """As a cloud image: root's SSH login refused, ``lab.sudo_user`` logs in by key and has
+    passwordless sudo."""
+    name = lab.sudo_user
+    subprocess.run(["chroot", str(root), "useradd", "-m", "-s", "/bin/bash", name], check=True)
+    authorize(root, f"/home/{name}", lab, owner=name)
+    sudoers = root / "etc" / "sudoers.d" / f"90-{name}"
+    sudoers.write_text(f"{name} ALL=(ALL) NOPASSWD:ALL\n")
+    sudoers.chmod(0o440)
+    (root / "etc" / "ssh" / "sshd_config.d" / "05-lab-no-root.conf").write_text(
+        "PermitRootLogin no\n")
 
 
 def boot(host: Host) -> None:
@@ -77,9 +101,13 @@ def ssh(host: Host, lab: Lab, command: str | None = None, capture: bool = False,
         tty: bool = False) -> subprocess.CompletedProcess[str]:
     argv = ["ssh", "-i", str(lab.ssh_key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
             "-o", "StrictHostKeyChecking=accept-new", "-o", "LogLevel=ERROR",
-            "-o", "ConnectTimeout=5", *(["-t"] if tty else []), f"root@{host.address}"]
-    if command:
+            "-o", "ConnectTimeout=5", *(["-t"] if tty else []), f"{lab.login}@{host.address}"]
+    if command and lab.sudo_user:
+        argv.append(f"sudo -n sh -c {shlex.quote(command)}")
+    elif command:
         argv.append(command)
+    elif lab.sudo_user:
+        argv += ["-t", "sudo -i"]
     return subprocess.run(argv, capture_output=capture, text=True)
 
 

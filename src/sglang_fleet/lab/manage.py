@@ -33,14 +33,15 @@ def _ssh_key(lab: Lab) -> None:
     lab.known_hosts.unlink(missing_ok=True)  # hosts are new: their keys may differ
 
 
-def up(count: int, gpus: int, hgx: bool) -> Lab:
-    """Bring up ``count`` fresh hosts (taking down any running lab first)."""
+def up(count: int, gpus: int, hgx: bool, sudo_user: str = "") -> Lab:
+    """Bring up ``count`` fresh hosts (taking down any running lab first); with ``sudo_user``,
+    hosts refuse root's SSH login and that user logs in and has passwordless sudo."""
     _require_root()
     tic = time.monotonic()
     down(quiet=True)
     lower = rootfs.ensure()
     lab = Lab(hosts=[Host(f"lab{i}", host_address(i), gpus, hgx) for i in range(1, count + 1)],
-              rootfs=str(lower))
+              rootfs=str(lower), sudo_user=sudo_user)
     _ssh_key(lab)
     lab.save()
     site.start(lab)
@@ -50,7 +51,8 @@ def up(count: int, gpus: int, hgx: bool) -> Lab:
     for host in lab.hosts:
         hosts.wait_ssh(host, lab)
     print(f"lab up: {count} host(s) in {time.monotonic() - tic:.1f} s "
-          f"({', '.join(f'{h.name} {h.address}' for h in lab.hosts)})")
+          f"({', '.join(f'{h.name} {h.address}' for h in lab.hosts)}), "
+          f"logging in as {lab.login}" + (" (sudo)" if sudo_user else ""))
     return lab
 
 

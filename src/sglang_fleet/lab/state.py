@@ -41,6 +41,12 @@ class Host:
 class Lab:
     hosts: list[Host] = field(default_factory=list)
     rootfs: str = ""
+    sudo_user: str = ""  # set: root's SSH login is refused, this user logs in and sudoes
+
+    @property
+    def login(self) -> str:
+        """Who the lab and its inventory log in as."""
+        return self.sudo_user or "root"
 
     @property
     def ssh_key(self) -> Path:
@@ -76,7 +82,8 @@ class Lab:
         path = STATE_DIR / "lab.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"hosts": [asdict(h) for h in self.hosts],
-                                   "rootfs": self.rootfs}, indent=2))
+                                   "rootfs": self.rootfs, "sudo_user": self.sudo_user},
+                                  indent=2))
         tmp.replace(path)
 
 
@@ -86,4 +93,5 @@ def load() -> Lab:
     if not path.exists():
         return Lab()
     data = json.loads(path.read_text())
-    return Lab(hosts=[Host(**h) for h in data["hosts"]], rootfs=data.get("rootfs", ""))
+    return Lab(hosts=[Host(**h) for h in data["hosts"]], rootfs=data.get("rootfs", ""),
+               sudo_user=data.get("sudo_user", ""))
