@@ -3,8 +3,9 @@
     pyinfra -y inventories/b200.py deploys/sglang.py
 
 preflight → driver → engine → weights → service → gate. Preflight (the profile, its rendering
-for the pinned release and SGLang's startup rules) fails before any host changes; every later
-stage changes only what differs, so running it again changes nothing.
+for the pinned release, SGLang's startup rules, nothing else holding a server's port) fails
+before any host changes; every later stage changes only what differs, so running it again
+changes nothing.
 """
 
 from pyinfra.context import host
@@ -14,12 +15,13 @@ from sglang_fleet.driver import install_driver
 from sglang_fleet.engine import install_engine
 from sglang_fleet.gate import run_gate
 from sglang_fleet.render import render_all
-from sglang_fleet.service import install_service
+from sglang_fleet.service import install_service, require_free_ports
 from sglang_fleet.weights import stage_weights
 
 profile = hostdata.profile_for(host)
 launches = render_all(profile)
 preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+require_free_ports(launches)
 
 install_driver()
 release = install_engine(profile)

@@ -24,7 +24,7 @@ from sglang_fleet.engine import CURRENT, RELEASES, TOOLS
 from sglang_fleet.ops import Ops, fail, run
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
-from sglang_fleet.service import env_file, startup_budget, unit_path
+from sglang_fleet.service import env_file, foreign_listeners, startup_budget, unit_path
 
 LAST_GOOD = "/etc/sglang/last-good"
 HERE = Path(__file__).resolve().parent
@@ -91,10 +91,25 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
     logger.warning(f"{host.print_prefix}{unit}: gate failed, putting the last good release back")
     run(f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env} && "
                            f"systemctl daemon-reload && systemctl restart {unit}")
-    back, _ = _check(profile, launch, "--health-only", budget=budget, show=False)
-    where = "the last good release serves again" if back else "the last good release did " \
-            "not come back either"
-    yield fail(f"{error}; {where}")
+    back, lines = _check(profile, launch, "--health-only", budget=budget, show=False)
+    yield fail(f"{error}; {what_serves(launch, back, lines)}")
+
+
+def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
+    """What answers on the launch's port after a restore, as checked: its health, who listens
+    and what /server_info says; never a claim nobody checked."""
+    stale = foreign_listeners(launch)
+    if stale:
+        return (f"the last good release is NOT serving: port {launch.port} is held by "
+                f"{'; '.join(p.describe() for p in stale)}")
+    if not healthy:
+        return "the last good release did not come back either (/health_generate)"
+    result: dict[str, Any] = next((json.loads(line[5:]) for line in lines
+                                   if line.startswith("GATE ")), {})
+    info = result.get("serving") or {}
+    return (f"the last good release serves again ({launch.unit} alone on port {launch.port}, "
+            f"/health_generate 200, /server_info: SGLang {info.get('version')}, model "
+            f"{info.get('model_path')})")
 
 
 @operation(is_idempotent=True)

@@ -182,6 +182,14 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     result["invocation"] = invocation
     print("health: /health_generate 200")
     if args.health_only:
+        status, raw = request(f"{args.url}/server_info", key)
+        try:
+            info = json.loads(raw) if status == 200 else {}
+        except ValueError:
+            info = {}
+        result["serving"] = {k: info.get(k) for k in ("version", "model_path")}
+        print(f"serving: /server_info {status or 'no answer'}: SGLang {info.get('version')}, "
+              f"model {info.get('model_path')}")
         return
     status, raw = request(f"{args.url}/server_info", key)
     if status != 200:

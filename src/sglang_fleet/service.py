@@ -11,13 +11,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
 from pyinfra.operations import files, systemd
 
 from sglang_fleet.engine import CACHE, CACHE_ENV, STATE, TOOLS, USER, Release
-from sglang_fleet.errors import InputError
+from sglang_fleet.errors import InputError, Problem
+from sglang_fleet.facts.ports import Listener, PortListeners
 from sglang_fleet.ops import Ops, run
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
@@ -73,6 +75,51 @@ def allowed_clients(data: Any = None) -> list[str]:
     except UnsafeValue as err:
         raise InputError.one(f"pyinfra data of {host.name}", "sglang_allowed_clients", str(err),
                              "list networks such as 10.0.0.0/8 or 192.0.2.7") from None
+
+
+def foreign_listeners(launch: Launch) -> list[Listener]:
+    """Processes listening on the launch's port that are not its unit (a server started by
+    hand with nohup, setsid or tmux, another unit)."""
+    listeners = host.get_fact(PortListeners, port=launch.port) or []
+    return [p for p in listeners if p.unit != launch.unit]
+
+
+def require_free_ports(launches: list[Launch]) -> None:
+    """Preflight: stop before any change when something else holds a server's port, unless host
+    data ``replace_stale_servers`` lets the deploy stop it."""
+    if host.data.get("replace_stale_servers"):
+        return
+    problems = [Problem(f"host {host.name}", f"port {launch.port}",
+                        f"held by {p.describe()}, not by {launch.unit}",
+                        "stop it, or run with --data replace_stale_servers=true to let the "
+                        "deploy stop it (SIGTERM, its requests drained within "
+                        "drain_budget_seconds, then SIGKILL)")
+                for launch in launches for p in foreign_listeners(launch)]
+    if problems:
+        raise InputError(problems)
+
+
+@operation(is_idempotent=True)
+def stale_servers_stopped(launch: Launch, budget: int) -> Ops:
+    """Stop whatever else listens on the launch's port: SIGTERM, up to ``budget`` seconds for
+    its requests to drain, then SIGKILL.
+
+        stale_servers_stopped(name="Stale servers on :30000", launch=launch, budget=600)
+    """
+    stale = foreign_listeners(launch)
+    if not stale:
+        host.noop(f"nothing but {launch.unit} listens on port {launch.port}")
+        return
+    for p in stale:
+        logger.warning(f"{host.print_prefix}stopping {p.describe()}: it holds port "
+                       f"{launch.port} of {launch.unit}")
+        yield (f"kill -TERM {p.pid} 2>/dev/null; for _ in $(seq {budget}); do "
+               f"kill -0 {p.pid} 2>/dev/null || exit 0; sleep 1; done; kill -KILL {p.pid}")
+
+
+def drain_budget() -> int:
+    """Seconds a stopping server may take to finish its requests (host data, 10 minutes)."""
+    return int(host.data.get("drain_budget_seconds", 600))
 
 
 def startup_budget() -> int:
@@ -143,9 +190,12 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
         served_name=unit_text(profile.model.served_name or profile.model.source),
         paths=paths, allowed_clients=allowed_clients(),
         exec_start=command, timeout_start=budget,
-        timeout_stop=int(host.data.get("drain_budget_seconds", 600)),
+        timeout_stop=drain_budget(),
         start_limit_interval=budget * 4)
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
+    if host.data.get("replace_stale_servers"):
+        stale_servers_stopped(name=f"Nothing else on port {launch.port}", launch=launch,
+                              budget=drain_budget())
     changes = [unit, env, launcher, *restart_if]
     # Restart first: it touches only a running unit, so a fresh host starts exactly once.
     systemd.service(name=f"Restart {unit_name} (its definition changed)", service=unit_name,
