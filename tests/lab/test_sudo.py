@@ -4,6 +4,7 @@ file another user could read."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,12 +42,27 @@ def test_root_login_is_refused_and_the_user_sudoes(lab: None) -> None:
     assert ssh("lab1", "id -un").stdout.strip() == "root"  # the lab's own access: sudo
 
 
+def test_a_hand_started_server_stops_the_deploy_before_any_change(lab: None) -> None:
+    ssh("lab2", "setsid -f python3 -m http.server 30000 --bind 127.0.0.12 "
+                ">/dev/null 2>&1 </dev/null; sleep 1")
+    result = pyinfra("deploys/sglang.py")
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert re.search(r"host lab2: port 30000: held by pid \d+ \(root, started .*, no systemd "
+                     r"unit \(started by hand\)\): python3 -m http.server 30000", out), out[-3000:]
+    assert "replace_stale_servers=true" in out
+    for host in ("lab1", "lab2"):
+        assert ssh(host, "test -e /opt/sglang -o -e /etc/sglang").returncode != 0
+
+
 def test_converge_and_router_as_the_sudo_user(lab: None) -> None:
     outputs = []
     for deploy in ("deploys/sglang.py", "deploys/router.py"):
-        result = pyinfra(deploy)
+        result = pyinfra(deploy, "--data", "replace_stale_servers=true")
         outputs.append(result.stdout + result.stderr)
         assert result.returncode == 0, outputs[-1][-5000:]
+    assert re.search(r"\[lab2\] stopping pid \d+ .*python3 -m http.server 30000", outputs[0])
+    assert ssh("lab2", "pgrep -f 'http.server 30000'").returncode != 0
     for host in ("lab1", "lab2"):
         assert f"[{host}] health: /health_generate 200" in outputs[0]
         assert f"[{host}] smoke: '4" in outputs[0]
