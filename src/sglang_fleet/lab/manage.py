@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from sglang_fleet.lab import hosts, rootfs, site
+from sglang_fleet.lab import hostpkgs, hosts, rootfs, site
 from sglang_fleet.lab.state import Host, Lab, host_address, load
 
 
@@ -17,12 +17,9 @@ def _require_root() -> None:
     if os.geteuid() != 0:
         raise SystemExit("sglang-fleet lab: needs root (systemd-nspawn, overlay mounts, "
                          "loopback services); run it with sudo")
-    missing = [t for t in ("debootstrap", "systemd-nspawn", "ssh", "dpkg-deb", "apt-ftparchive",
-                           "gpg", "uv") if shutil.which(t) is None]
-    if missing:
-        raise SystemExit(f"sglang-fleet lab: missing {', '.join(missing)}; install with: "
-                         "apt-get install debootstrap systemd-container openssh-client dpkg-dev "
-                         "apt-utils gnupg (and pip install uv)")
+    if shutil.which("uv") is None:
+        raise SystemExit("sglang-fleet lab: missing uv; install it with: pip install uv")
+    hostpkgs.ensure(print)
 
 
 def _ssh_key(lab: Lab) -> None:
