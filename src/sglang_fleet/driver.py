@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from io import StringIO
 from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host, state
 from pyinfra.facts.deb import DebPackages
@@ -121,18 +121,33 @@ class DriverConfig:
         return [f"nvidia-open-{self.branch}", f"nvidia-driver-{self.branch}-open"]
 
 
-def repo_path() -> str:
-    """NVIDIA's directory for this host: ``ubuntu2404/x86_64``, ``debian12/sbsa``, …"""
-    dist = host.get_fact(LinuxDistribution)
-    name = str(dist["release_meta"].get("ID", dist["name"])).lower()
-    version = str(dist["release_meta"].get("VERSION_ID", dist["major"])).replace(".", "")
-    arch = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa",
-            "arm64": "sbsa"}.get(str(host.get_fact(Arch)))
+SUPPORTED = ("ubuntu2204", "ubuntu2404", "debian12")
+ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}
+
+
+def nvidia_repo(distribution: Mapping[str, Any], arch: str) -> str | None:
+    """NVIDIA's directory for a host (``ubuntu2404/x86_64``, ``debian12/sbsa``, …) from
+    pyinfra's LinuxDistribution fact and the machine's architecture; None if NVIDIA has none
+    this stage supports."""
+    meta = distribution.get("release_meta") or {}
+    name = str(meta.get("ID", distribution.get("name") or "")).lower()
+    version = str(meta.get("VERSION_ID", distribution.get("major") or "")).replace(".", "")
     distro = f"{name}{version}"
-    if distro not in ("ubuntu2204", "ubuntu2404", "debian12") or arch is None:
-        raise OperationError(f"no NVIDIA CUDA repository for {distro}/{host.get_fact(Arch)}: "
-                             "supported are ubuntu2204, ubuntu2404, debian12 on x86_64 or sbsa")
-    return f"{distro}/{arch}"
+    return f"{distro}/{ARCHES[arch]}" if distro in SUPPORTED and arch in ARCHES else None
+
+
+def repo_path() -> str:
+    """This host's NVIDIA repository directory; a named error before any change when the
+    distribution or architecture is not supported."""
+    dist, arch = host.get_fact(LinuxDistribution), str(host.get_fact(Arch))
+    path = nvidia_repo(dist, arch)
+    if path is None:
+        meta = dist.get("release_meta") or {}
+        raise InputError.one(f"host {host.name}", "distribution",
+                             f"{meta.get('PRETTY_NAME', dist.get('name'))} on {arch} is not "
+                             "supported by the driver stage",
+                             f"use {', '.join(SUPPORTED)} on x86_64 or aarch64 (sbsa)")
+    return path
 
 
 def _installed(package: str) -> str | None:
