@@ -47,8 +47,8 @@ def _upload(state: Any, host: Any, dest: str, content: str, privilege: dict[str,
     """Write ``content`` to ``dest`` through the command's standard input, as root: never in a
     temporary file another user could read, never on a command line."""
     tmp = shlex.quote(f"{dest}.sglang-fleet-new")
-    command = (f"sh -c 'umask 077 && cat > {tmp} && chown root:root {tmp} && chmod 600 {tmp} "
-               f"&& mv -f {tmp} {shlex.quote(dest)}'")
+    command = (f"umask 077 && cat > {tmp} && chown root:root {tmp} && chmod 600 {tmp} && "
+               f"mv -f {tmp} {shlex.quote(dest)}")
     ok, _ = host.run_shell_command(command, _stdin=content, **privilege)
     if not ok:
         raise OSError(f"could not write {dest}")
