@@ -136,6 +136,7 @@ def env_file(unit: str) -> str:
 
 
 def _removal(unit: str) -> str:
+    logger.info(f"{host.print_prefix}removing {unit} and its secret file {env_file(unit)}")
     return (f"systemctl disable --now {unit}; rm -f {unit_path(unit)} {env_file(unit)} "
             f"&& systemctl daemon-reload && systemctl reset-failed {unit} 2>/dev/null; true")
 

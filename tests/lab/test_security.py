@@ -131,8 +131,12 @@ def test_teardown_leaves_no_key(fleet: None) -> None:
     result = pyinfra("deploys/teardown.py", "--data", "purge=engine,weights,driver")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-5000:]
-    assert "[lab1] removing secret file /etc/sglang/sglang.env" in out
-    assert "[lab1] removing secret file /etc/sglang/sglang-router.env" in out
+    for line in ("removing sglang.service and its secret file /etc/sglang/sglang.env",
+                 "removing sglang-router.service and its secret file "
+                 "/etc/sglang/sglang-router.env",
+                 "removing secret file /etc/sglang/aws-credentials",
+                 "removing secret file /etc/sglang/last-good/sglang.service.env"):
+        assert f"[lab1] {line}" in out, out[-3000:]
     for key in keys().values():
         for host in ("lab1", "lab2"):
             found = ssh(host, f"grep -rlF {shlex.quote(key)} /etc /opt /var/lib /var/cache "
