@@ -1,0 +1,115 @@
+"""The product's own pyinfra operations in pyinfra's style: facts (and what the host answers)
+in, commands out; a host in the wanted state gets no command."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pyinfra.api.command import FunctionCommand
+from pyinfra.connectors.util import CommandOutput, OutputLine
+
+from sglang_fleet import engine, ops, packages, secretfile
+from sglang_fleet.engine import CURRENT, PREVIOUS, RELEASES, Release
+
+RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
+
+
+class Host:
+    """Facts by class name (and their arguments), shell answers by regular expression."""
+
+    name = "h1"
+    print_prefix = "[h1] "
+
+    def __init__(self, facts: dict[str, Any] | None = None,
+                 shell: dict[str, list[str]] | None = None) -> None:
+        self.facts = facts or {}
+        self.shell = shell or {}
+        self.current_op_global_arguments: dict[str, Any] = {}
+        self.noops: list[str] = []
+
+    def get_fact(self, fact: type, **kwargs: Any) -> Any:
+        value = self.facts.get(fact.__name__)
+        return value(**kwargs) if callable(value) else value
+
+    def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
+        for pattern, lines in self.shell.items():
+            if re.search(pattern, command):
+                return True, CommandOutput([OutputLine("stdout", line) for line in lines])
+        return False, CommandOutput([])
+
+    def noop(self, description: str) -> None:
+        self.noops.append(description)
+
+
+@pytest.fixture
+def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
+    def install(fake: Host) -> Host:
+        for module in (engine, ops, packages, secretfile):
+            monkeypatch.setattr(module, "host", fake, raising=False)
+        return fake
+
+    return install
+
+
+def commands(op: Any, *args: Any, **kwargs: Any) -> list[Any]:
+    return list(op._inner(*args, **kwargs))
+
+
+def test_current_link_switches_and_keeps_previous(use: Callable[[Host], Host]) -> None:
+    use(Host({"Link": {"link_target": f"{RELEASES}/old"}}))
+    assert commands(engine.current_link, RELEASE) == [
+        f"ln -sfn {RELEASES}/old {PREVIOUS}.new && mv -T {PREVIOUS}.new {PREVIOUS}",
+        f"ln -sfn {RELEASE.dir} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"]
+    use(Host({"Link": None}))
+    assert commands(engine.current_link, RELEASE) == [
+        f"ln -sfn {RELEASE.dir} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"]
+    use(Host({"Link": {"link_target": RELEASE.dir}}))
+    assert commands(engine.current_link, RELEASE) == []
+
+
+def test_prune_keeps_the_newest_and_what_the_links_name(use: Callable[[Host], Host]) -> None:
+    use(Host(shell={r"ls -1t": ["r5", "r4", "r3", "r2", "r1"],
+                    rf"readlink {CURRENT}\b": [f"{RELEASES}/r4"],
+                    rf"readlink {PREVIOUS}\b": [f"{RELEASES}/r1"]}))
+    assert commands(engine.prune, keep=2) == [f"rm -rf {RELEASES}/r3", f"rm -rf {RELEASES}/r2"]
+    use(Host(shell={r"ls -1t": ["r2", "r1"]}))
+    assert commands(engine.prune, keep=3) == []
+
+
+def test_secret_file_uploads_only_a_change_and_mends_its_mode(
+        use: Callable[[Host], Host]) -> None:
+    content = "SGLANG_API_KEY='k'\n"
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    use(Host({"Sha256File": None}))
+    [upload] = commands(secretfile.secret_file, "/etc/sglang/x.env", content)
+    assert isinstance(upload, FunctionCommand) and upload.args[:2] == ("/etc/sglang/x.env",
+                                                                       content)
+    use(Host({"Sha256File": digest}, shell={r"stat -c": ["root:root 600"]}))
+    assert commands(secretfile.secret_file, "/etc/sglang/x.env", content) == []
+    use(Host({"Sha256File": digest}, shell={r"stat -c": ["root:root 644"]}))
+    assert commands(secretfile.secret_file, "/etc/sglang/x.env", content) == [
+        "chown root:root /etc/sglang/x.env && chmod 600 /etc/sglang/x.env"]
+
+
+def test_a_sudo_operation_uploads_its_secret_with_sudo(use: Callable[[Host], Host]) -> None:
+    fake = use(Host({"Sha256File": None}))
+    fake.current_op_global_arguments = {"_sudo": True, "_sudo_user": None, "_chdir": "/x"}
+    [upload] = commands(secretfile.secret_file, "/etc/sglang/x.env", "k\n")
+    assert upload.args[2] == {"_sudo": True}
+
+
+def test_packages_purged_removes_only_what_the_product_added(
+        use: Callable[[Host], Host]) -> None:
+    use(Host(shell={r"dpkg-query": ["python3-venv ii", "cuda-keyring ii", "curl ii"],
+                    r"cat .*packages-before": ["curl"],
+                    r"apt-get -s purge": ["python3.11-venv", "cuda-keyring", "curl"]}))
+    [command] = commands(packages.packages_purged, owned=["cuda-keyring", "nvlsm"],
+                         shared=["python3-venv", "curl"])
+    assert command.endswith("apt-get purge -y -q --allow-change-held-packages cuda-keyring "
+                            "python3-venv python3.11-venv")
+    use(Host(shell={r"dpkg-query": ["curl ii"], r"cat .*packages-before": ["curl"]}))
+    assert commands(packages.packages_purged, owned=["nvlsm"], shared=["curl"]) == []
