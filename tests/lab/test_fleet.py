@@ -1,10 +1,13 @@
-"""Three lab hosts behind the real sglang-router: the router deploy, rolling redeploys under
-load (a good change and a release that fails to start), and teardown back to a fresh host."""
+"""Three lab hosts behind the real sglang-router, reached as cloud images are (root's SSH login
+refused, a user with passwordless sudo): a hand-started server on a port, the router deploy,
+rolling redeploys under load (a good change and a release that fails to start), and teardown
+back to a fresh host."""
 
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,12 +22,15 @@ from tests.lab.load import Load
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2", "lab3")
 ROUTER = "http://127.0.0.11:30080"
-KEY_FILE = Path("/var/lib/sglang-fleet-lab/ssh/api-key")
+STATE = Path("/var/lib/sglang-fleet-lab/ssh")
+KEY_FILE = STATE / "api-key"
+ADMIN_KEY_FILE = STATE / "admin-key"
 # What teardown must leave as it found it: packages, unit files and the product's paths.
 SNAPSHOT = r"""
 dpkg-query -W -f '${Package} ${Version}\n' | sort
 systemctl list-unit-files --no-legend --no-pager | awk '{print $1, $2}' | sort
-for p in /opt/sglang /etc/sglang /var/lib/sglang /var/cache/sglang /etc/sglang-router \
+for p in /opt/sglang /etc/sglang /var/lib/sglang /var/cache/sglang /var/cache/sglang-fleet \
+         /etc/sglang-router \
          /var/lib/sglang-fleet /var/cache/sglang-router /var/cache/private/sglang-router \
          /etc/apt/sources.list.d /etc/apt/preferences.d /etc/apt/apt.conf.d /etc/systemd/system
 do echo "== $p"; find $p 2>/dev/null | sort; done
@@ -38,17 +44,54 @@ def snapshot(host: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def fresh() -> Iterator[dict[str, list[str]]]:
-    """Three booted hosts; what they look like before any deploy."""
-    for _ in booted_lab("--hosts", "3"):
+    """Three booted hosts reached as a sudo user; what they look like before any deploy."""
+    for _ in booted_lab("--hosts", "3", "--sudo-user", "deployer"):
         yield {host: snapshot(host) for host in HOSTS}
 
 
 @pytest.fixture(scope="module")
 def fleet(fresh: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Deployed as the sudo user, replacing the server test_hand_started_server left on lab2."""
+    outputs = []
     for deploy in ("deploys/sglang.py", "deploys/router.py"):
-        result = pyinfra(deploy)
-        assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+        result = pyinfra(deploy, "--data", "replace_stale_servers=true")
+        outputs.append(result.stdout + result.stderr)
+        assert result.returncode == 0, outputs[-1][-5000:]
+    assert re.search(r"\[lab2\] stopping pid \d+ .*python3 -m http.server 30000", outputs[0])
+    assert ssh("lab2", "pgrep -f 'http.server 30000'").returncode != 0
+    for host in HOSTS:
+        assert ssh(host, "stat -c '%U %a' /etc/sglang/sglang.env").stdout.split() == \
+            ["root", "600"]
+        for secret in (key(), ADMIN_KEY_FILE.read_text().strip()):
+            found = ssh(host, f"grep -rlF {shlex.quote(secret)} /tmp /var/tmp /home")
+            assert not found.stdout.strip(), f"{host}: a key in {found.stdout}"
     return fresh
+
+
+def login(user: str) -> int:
+    return run("ssh", "-i", str(STATE / "id_ed25519"), "-o", "BatchMode=yes",
+               "-o", f"UserKnownHostsFile={STATE / 'known_hosts'}",
+               "-o", "StrictHostKeyChecking=accept-new", f"{user}@127.0.0.11", "true").returncode
+
+
+def test_root_login_is_refused_and_the_user_sudoes(fresh: dict[str, list[str]]) -> None:
+    assert login("root") != 0
+    assert login("deployer") == 0
+    assert ssh("lab1", "id -un").stdout.strip() == "root"  # the lab's own access: sudo
+
+
+def test_a_hand_started_server_stops_the_deploy_before_any_change(
+        fresh: dict[str, list[str]]) -> None:
+    ssh("lab2", "setsid -f python3 -m http.server 30000 --bind 127.0.0.12 "
+                ">/dev/null 2>&1 </dev/null; sleep 1")
+    result = pyinfra("deploys/sglang.py")
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert re.search(r"host lab2: port 30000: held by pid \d+ \(root, started .*, no systemd "
+                     r"unit \(started by hand\)\): python3 -m http.server 30000", out), out[-3000:]
+    assert "replace_stale_servers=true" in out
+    for host in HOSTS:
+        assert snapshot(host) == fresh[host], host
 
 
 def unchanged(result: subprocess.CompletedProcess[str]) -> bool:
@@ -62,6 +105,10 @@ def unchanged(result: subprocess.CompletedProcess[str]) -> bool:
 
 def key() -> str:
     return KEY_FILE.read_text().strip()
+
+
+def admin_key() -> str:
+    return ADMIN_KEY_FILE.read_text().strip()
 
 
 def starts_since(host: str, since: float) -> int:
@@ -82,7 +129,8 @@ def roll(*data: str) -> tuple[int, str, Load]:
 
 def workers() -> list[dict[str, Any]]:
     """The router's worker list, from its API."""
-    out = run("curl", "-s", "-H", f"Authorization: Bearer {key()}", f"{ROUTER}/workers").stdout
+    out = run("curl", "-s", "-H", f"Authorization: Bearer {admin_key()}",
+              f"{ROUTER}/workers").stdout
     listed: list[dict[str, Any]] = json.loads(out)["workers"]
     return listed
 
@@ -97,10 +145,14 @@ def test_router_routes_to_every_host_with_the_key(fleet: dict[str, list[str]]) -
     assert smoke.returncode == 0 and "smoke: '4." in smoke.stdout, smoke.stdout + smoke.stderr
     assert run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
                f"{ROUTER}/v1/chat/completions").stdout == "401"
+    assert run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H",
+               f"Authorization: Bearer {key()}", f"{ROUTER}/workers").stdout == "401"
     unit = ssh("lab1", "systemctl cat sglang-router.service").stdout
     pid = ssh("lab1", "systemctl show -p MainPID --value sglang-router").stdout.strip()
     cmdline = ssh("lab1", f"tr '\\0' ' ' < /proc/{pid}/cmdline").stdout
-    assert key() not in unit and key() not in cmdline and pid != "0"
+    assert pid != "0"
+    for secret in (key(), admin_key()):
+        assert secret not in unit and secret not in cmdline
     assert ssh("lab1", "stat -c '%U %a' /etc/sglang/sglang-router.env").stdout.strip() == \
         "root 600"
     assert unchanged(pyinfra("deploys/router.py"))
@@ -110,7 +162,7 @@ def test_router_deploy_puts_a_missing_worker_back_without_a_restart(
         fleet: dict[str, list[str]]) -> None:
     pid = ssh("lab1", "systemctl show -p MainPID --value sglang-router").stdout.strip()
     lab3 = next(w["id"] for w in workers() if w["url"] == "http://127.0.0.13:30000")
-    run("curl", "-s", "-X", "DELETE", "-H", f"Authorization: Bearer {key()}",
+    run("curl", "-s", "-X", "DELETE", "-H", f"Authorization: Bearer {admin_key()}",
         f"{ROUTER}/workers/{lab3}")
     time.sleep(1)
     assert "http://127.0.0.13:30000" not in router_workers()
