@@ -13,6 +13,10 @@ sglang_profile = "profiles/qwen3.6-27b-mtp.yaml"
 # The API key: made by `lab up` and kept in the lab's root-only state, never in the repository.
 secrets = {"sglang-api-key": _lab.api_key()}
 
+# The lab's site serves plain http (its repository, wheelhouse and S3 endpoint live on
+# 127.0.0.2); a B200 site uses https, which every URL must be unless this is set.
+allow_insecure_urls = True
+
 # NVIDIA's CUDA repository (developer.download.nvidia.com/compute/cuda/repos on a real site).
 nvidia_repo_base_url = _lab.repo_url
 

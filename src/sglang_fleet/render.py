@@ -189,15 +189,19 @@ def _current_option(table: flags.FlagTable, dest: str) -> str | None:
     return table.option_for(dest)
 
 
-def _unknown_hint(table: flags.FlagTable, option: str) -> str:
+def _unknown_hint(table: flags.FlagTable, option: str, owned: dict[str, str]) -> str:
     """The fix for a flag the release does not have: its new name, the releases that have it,
     an abbreviation spelled out, or the closest spelling."""
     holders = [v for v in releases.supported() if flags.load(v).get(option) is not None]
     if holders:
-        renamed = _current_option(table, flags.load(holders[-1]).flags[option].dest)
+        dest = flags.load(holders[-1]).flags[option].dest
+        renamed = _current_option(table, dest)
         if renamed:
-            return f"SGLang {table.version} spells it {renamed} ({option} is from SGLang " \
-                   f"{holders[0]} - {holders[-1]}): write {renamed}"
+            then = f"({option} is from SGLang {holders[0]} - {holders[-1]})"
+            if dest in owned:
+                return f"SGLang {table.version} spells it {renamed} {then}, and the profile " \
+                       f"sets it: remove it from extra_args and set {owned[dest]}"
+            return f"SGLang {table.version} spells it {renamed} {then}: write {renamed}"
         return f"only SGLang {holders[0]} - {holders[-1]} have it: remove it or pin one of those"
     close = sorted(o for o in table.flags if o.startswith(option))
     if close:
@@ -208,7 +212,9 @@ def _unknown_hint(table: flags.FlagTable, option: str) -> str:
     return "check the spelling against `python -m sglang.launch_server -h`"
 
 
-def _semantic_fix(key: str, flag: flags.Flag, value: str | None) -> str:
+def _semantic_fix(key: str, flag: flags.Flag, value: str | None, rendered: bool) -> str:
+    if rendered:
+        return f"remove it from extra_args: the profile's {key} renders it already"
     if not flag.takes_value:
         return f"remove it from extra_args and set {key}: " + \
             ("false" if key in _INVERTED else "true")
@@ -233,6 +239,7 @@ def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[s
     the profile has a key for, never a key."""
     source = profile.source_of("extra_args")
     owned = _semantic_dests(profile)
+    set_by_profile = {table.flags[w].dest for w in rendered if w in table.flags}
     seen: set[str] = set()
 
     def problem(message: str, fix: str) -> None:
@@ -246,13 +253,13 @@ def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[s
                     "comes from a root-only file on the host)")
         elif flag is None:
             problem(f"SGLang {table.version} has no flag {option}",
-                    _unknown_hint(table, option))
+                    _unknown_hint(table, option, owned))
+        elif flag.dest in owned:
+            problem(f"{option} is set by the profile (its key {owned[flag.dest]}), not extra_args",
+                    _semantic_fix(owned[flag.dest], flag, value, flag.dest in set_by_profile))
         elif flag.alias_of or flag.deprecated:
             new = flag.alias_of or table.option_for(flag.dest) or "its replacement"
             problem(f"{option} is deprecated in SGLang {table.version}", f"use {new}")
-        elif flag.dest in owned:
-            problem(f"{option} is set by the profile (its key {owned[flag.dest]}), not extra_args",
-                    _semantic_fix(owned[flag.dest], flag, value))
         elif flag.dest in seen and flag.action not in _REPEATABLE:
             problem(f"{option} is given twice (SGLang would silently keep the last)",
                     "keep one of them")
