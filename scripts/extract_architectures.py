@@ -22,7 +22,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "src" / "sglang_fleet" / "data" / "architectures.json"
+OUT = Path(__file__).resolve().parent.parent / "src/sglang_fleet/data/architectures.json"
 MODELS = re.compile(r"^sglang/srt/models/([A-Za-z0-9_]+)\.py$")
 
 

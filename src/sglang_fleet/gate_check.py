@@ -178,7 +178,8 @@ def smoke(url: str, key: str | None, model: str) -> dict[str, Any]:
     end = time.monotonic()
     answer, thought = "".join(content).strip(), "".join(reasoning).strip()
     if not answer and not thought:
-        raise GateError("smoke generation returned nothing")
+        raise GateError(f"smoke generation returned nothing: {where} streamed no content "
+                        "and no reasoning")
     count = usage.get("completion_tokens") if isinstance(usage, dict) else None
     tokens = count if isinstance(count, int) and not isinstance(count, bool) else 0
     status, raw = request(f"{url}/v1/chat/completions", key, {

@@ -229,7 +229,8 @@ def _validate_leaf(raw: Any, key: str, spec: Field, located: Located,
         problems.append(Problem(located.of(key), key, "is required but missing",
                                 f"add it: {spec.fix or spec.type_name}"))
         return None
-    value = _coerce(raw, spec)
+    # Only data sources (pyinfra --data) give every value as a string; a file means what it says.
+    value = _coerce(raw, spec) if located.of(key) != located.default_source else raw
     if isinstance(value, _Empty):
         problems.append(Problem(located.of(key), key, f"is empty; {spec.type_name} is needed",
                                 f"give a value, or null to leave it to SGLang ({spec.fix})"

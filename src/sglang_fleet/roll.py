@@ -87,19 +87,30 @@ def load(inventory: str, data: dict[str, Any]) -> Inventory:
     ctx_state.set(State(Inventory(([], {})), Config()))  # type: ignore[no-untyped-call]
     try:
         loaded: Inventory = make_inventory(inventory, override_data=data)
-    except InputError:
-        raise
-    except SyntaxError as exc:  # the inventory or its group data is Python that does not parse
-        raise InputError.one(exc.filename or inventory, f"line {exc.lineno}",
-                             f"not valid Python: {exc.msg}",
-                             "fix the syntax there (python3 -m py_compile FILE)") from None
     except Exception as exc:  # the inventory is the operator's code: any error in it is theirs
-        detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        raise InputError.one(inventory, "", f"pyinfra cannot load the inventory: "
-                             f"{type(exc).__name__}: {detail}",
-                             "fix the inventory or its group data (pyinfra INVENTORY "
-                             "debug-inventory shows what pyinfra reads)") from None
+        raise _inventory_error(inventory, exc) from None
     return loaded
+
+
+def _inventory_error(inventory: str, exc: Exception) -> InputError:
+    """What went wrong loading an inventory (pyinfra wraps errors in its files), as input."""
+    source = str(getattr(exc, "filename", None) or inventory)
+    inner = getattr(exc, "exception", None)  # pyinfra_cli's Unexpected*Error wrap the cause
+    exc = inner if isinstance(inner, Exception) else exc
+    if isinstance(exc, InputError):
+        return exc
+    if isinstance(exc, SyntaxError):
+        return InputError.one(exc.filename or source, f"line {exc.lineno}",
+                              f"not valid Python: {exc.msg}",
+                              "fix the syntax there (python3 -m py_compile FILE)")
+    try:
+        detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+    except Exception:  # pyinfra's own errors can fail to print
+        detail = ""
+    return InputError.one(source, "", "pyinfra cannot load the inventory: "
+                          f"{type(exc).__name__}{': ' + detail if detail else ''}",
+                          "fix the inventory or its group data (pyinfra INVENTORY "
+                          "debug-inventory shows what pyinfra reads)")
 
 
 def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:

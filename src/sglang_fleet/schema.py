@@ -31,7 +31,7 @@ class Field:
         types = [t for t in self.types if not (t is int and float in self.types)]
         name = " or ".join(names[t] for t in types if t in names)
         if self.item is not None:
-            name += f" of {names[self.item]}s"
+            name += f" of {names[self.item].removeprefix('a ')}s"
         return name + (" or null" if self.nullable else "")
 
 
@@ -54,9 +54,7 @@ def _one_of(*choices: str) -> Check:
 
 
 def _release(value: Any) -> str | None:
-    if value in releases.supported():
-        return None
-    return f"SGLang {value} has no flag table; supported: {', '.join(releases.supported())}"
+    return releases.version_problem(value)
 
 
 def _model_source(value: Any) -> str | None:
