@@ -13,6 +13,7 @@ host can change one key without repeating the rest of its group's overrides.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -135,11 +136,59 @@ def _value_problems(host: Host) -> list[tuple[str, str, str]]:
     return found
 
 
+# Host data that ends up in package names, paths or commands: the strict form of each.
+FORMS: dict[str, tuple[re.Pattern[str], str]] = {
+    "nvidia_driver_branch": (re.compile(r"[0-9]{3,4}"), "a driver branch, e.g. 580"),
+    "nvidia_driver_version": (re.compile(r"[0-9]{3,4}(\.[0-9]{1,4}){1,3}"),
+                              "an exact driver version, e.g. 580.95.05"),
+    "cuda_toolkit": (re.compile(r"[0-9]{1,2}-[0-9]{1,2}"), "a toolkit package suffix, e.g. 12-9"),
+    "engine_cuda": (re.compile(r"[0-9]{1,2}\.[0-9]{1,2}"), "a CUDA release, e.g. 13.0"),
+    "job_estimate": (re.compile(r"[0-9]{1,12},[0-9]{1,9}"),
+                     "COMPLETIONS,TOKENS, e.g. 900000,1000"),
+    "router_version": (re.compile(r"[0-9]{1,4}(\.[0-9]{1,6}){1,3}((a|b|rc)[0-9]{1,4})?"
+                                  r"(\.post[0-9]{1,4})?"), "a release, e.g. 0.3.2"),
+    "router_api_key_secret": (re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}"),
+                              "the NAME of a secret, e.g. sglang-api-key"),
+}
+
+
+def _form_problems(host: Host) -> list[tuple[str, str, str]]:
+    found = []
+    for key, (form, example) in FORMS.items():
+        value = host.data.get(key)
+        if value is None or isinstance(value, bool):
+            if isinstance(value, bool):
+                found.append((key, f"must be {example.partition(', e.g.')[0]}, got {value!r}",
+                              example))
+            continue
+        text = str(value) if isinstance(value, int | str) else None
+        if text is None or not form.fullmatch(text):
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            found.append((key, f"{shown} is not {example.partition(', e.g.')[0]}", example))
+    for key in ("router_host",):
+        value = host.data.get(key)
+        if value is not None and (not isinstance(value, str) or validators.host_problem(value)):
+            found.append((key, f"{value!r} is neither an IP address nor a host name",
+                          "the address the router listens on, e.g. 0.0.0.0"))
+    url = host.data.get("router_url")
+    if url is not None:
+        wrong = (validators.url_problem(url, allow_http=True) if isinstance(url, str)
+                 else f"must be a URL string, got {type(url).__name__}")
+        if wrong:
+            found.append(("router_url", wrong, "e.g. http://10.0.0.11:30080"))
+    port = host.data.get("router_port")
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool)
+                             or not 1024 <= port <= 65535):
+        found.append(("router_port", f"must be a port from 1024 to 65535, got {port!r}",
+                      "e.g. 30080 (ports below 1024 are privileged)"))
+    return found
+
+
 def check_host(host: Host) -> None:
     """Host data a deploy reads, validated before any host changes (InputError listing all)."""
     source = f"pyinfra data of {host.name}"
     insecure = allow_insecure_urls(host)
-    found = _url_problems(host, insecure) + _value_problems(host)
+    found = _url_problems(host, insecure) + _value_problems(host) + _form_problems(host)
     if found:
         raise InputError([Problem(source, key, wrong, fix) for key, wrong, fix in found])
 
