@@ -132,6 +132,8 @@ PROFILE_CASES = [
     check("section is a string", prof({"memory": "lots"}), "must be a mapping"),
     check("unknown section", prof({"servr": {"port": 1}}), "did you mean 'server'"),
     check("unknown key", prof({"memory.page_sise": 64}), "did you mean 'page_size'"),
+    check("a 100 KiB key", prof({"memory." + "k" * 100_000: 1}), "memory.kkk"),
+    check("a key with a newline", prof({"memory.a\nb": 1}), "'memory.a\\nb'"),
     # Numbers: type, range, finiteness.
     check("mem_fraction_static nan", prof({"memory.mem_fraction_static": NAN}), "finite"),
     check("mem_fraction_static inf", prof({"memory.mem_fraction_static": INF}), "finite"),

@@ -213,9 +213,9 @@ def _value_problem(value: Any, spec: Field) -> str | None:
     return spec.check(value) if spec.check is not None else None
 
 
-def _type_fix(value: Any, spec: Field, key: str, source: str) -> str:
+def _type_fix(value: Any, spec: Field, key: str, from_data: bool) -> str:
     """The fix for a mistyped value; a number or flag where a string belongs must be quoted."""
-    if str in spec.types and isinstance(value, int | float | bool) and "data" in source:
+    if str in spec.types and isinstance(value, int | float | bool) and from_data:
         return (f"quote it so it stays a string: --data 'sglang.{key}=\"{value}\"' "
                 "(or as a string in the data file)")
     if str in spec.types and isinstance(value, int | float | bool):
@@ -230,7 +230,8 @@ def _validate_leaf(raw: Any, key: str, spec: Field, located: Located,
                                 f"add it: {spec.fix or spec.type_name}"))
         return None
     # Only data sources (pyinfra --data) give every value as a string; a file means what it says.
-    value = _coerce(raw, spec) if located.of(key) != located.default_source else raw
+    from_data = located.of(key) != located.default_source
+    value = _coerce(raw, spec) if from_data else raw
     if isinstance(value, _Empty):
         problems.append(Problem(located.of(key), key, f"is empty; {spec.type_name} is needed",
                                 f"give a value, or null to leave it to SGLang ({spec.fix})"
@@ -240,7 +241,7 @@ def _validate_leaf(raw: Any, key: str, spec: Field, located: Located,
         shown = repr(value) if len(repr(value)) < 80 else repr(value)[:77] + "..."
         problems.append(Problem(located.of(key), key,
                                 f"must be {spec.type_name}, got {type(value).__name__} {shown}",
-                                _type_fix(value, spec, key, located.of(key))))
+                                _type_fix(value, spec, key, from_data)))
         return None
     if value is not None:
         wrong = _value_problem(value, spec)
@@ -297,8 +298,9 @@ def validate(data: Mapping[str, Any], located: Located,
                                     f"the section name {section!r} is not a string",
                                     _suggest(str(section), list(SCHEMA))))
         elif section not in SCHEMA:
-            problems.append(Problem(located.of(section), section, "unknown section",
-                                    _suggest(section, list(SCHEMA))))
+            shown = section if len(section) <= 60 else section[:57] + "..."
+            problems.append(Problem(located.of(section), shown, "unknown section",
+                                    _suggest(section[:100], list(SCHEMA))))
     for section, fields in SCHEMA.items():
         raw = data.get(section, {} if SECTION_WIDE not in fields else fields[SECTION_WIDE].default)
         if SECTION_WIDE in fields:
@@ -317,8 +319,9 @@ def validate(data: Mapping[str, Any], located: Located,
                                         f"the key {key!r} is not a string",
                                         _suggest(str(key), list(fields))))
             elif key not in fields:
-                problems.append(Problem(located.of(f"{section}.{key}"), f"{section}.{key}",
-                                        "unknown key", _suggest(str(key), list(fields))))
+                shown = key if len(key) <= 60 else key[:57] + "..."
+                problems.append(Problem(located.of(f"{section}.{key}"), f"{section}.{shown}",
+                                        "unknown key", _suggest(key[:100], list(fields))))
         values[section] = {
             key: _validate_leaf(raw.get(key, spec.default), f"{section}.{key}", spec, located,
                                 problems)
