@@ -80,10 +80,18 @@ def allow_insecure_urls(host: Host) -> bool:
 
 
 def _secret_value_problem(value: object) -> str | None:
+    """Secrets go into root-only files one per line and into HTTP headers: one line of
+    printable ASCII, without surrounding spaces (a trailing newline is a copy-paste slip)."""
     if not isinstance(value, str):
         return f"must be a string, got {type(value).__name__}"
-    wrong = validators.control_char(value.strip())
-    return wrong or (None if value.strip() else "is empty")
+    if not value.strip():
+        return "is empty"
+    wrong = validators.control_char(value)
+    if wrong:
+        return wrong + " (strip the value read from its file)"
+    if not value.isascii() or value != value.strip():
+        return "must be printable ASCII without surrounding spaces"
+    return None
 
 
 def _url_problems(host: Host, insecure: bool) -> list[tuple[str, str, str]]:
