@@ -188,6 +188,8 @@ PROFILE_CASES = [
           "Unknown speculative algorithm"),
     check("algorithm with a command", prof({"speculative.algorithm": "NEXTN; id"}),
           "is not a name"),
+    check("a refused algorithm is not called null", prof({"speculative.algorithm": "a b"}),
+          "is not a name"),
     check("num_draft_tokens 1", prof({"speculative.num_draft_tokens": 1}), "at least 2"),
     check("mamba strategy unknown", prof({"mamba.strategy": "fast"}), "must be one of"),
     # Architectures the release does not know.

@@ -259,8 +259,10 @@ def _consistency(values: dict[str, Any], located: Located, allow_insecure_urls: 
     def problem(key: str, message: str, fix: str) -> None:
         problems.append(Problem(located.of(key), key, message, fix))
 
+    invalid = {p.key for p in problems}  # None there means "refused", not "null"
     spec = values.get("speculative") or {}
-    if "algorithm" in spec and spec["algorithm"] is None:
+    if "algorithm" in spec and spec["algorithm"] is None \
+            and "speculative.algorithm" not in invalid:
         for name in SPECULATIVE_KEYS:
             if spec.get(name) is not None:
                 problem(f"speculative.{name}", "is set but speculative.algorithm is null, so "
