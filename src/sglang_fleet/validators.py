@@ -187,7 +187,8 @@ def url_problem(value: str, allow_http: bool) -> str | None:
     except ValueError as exc:
         return f"{value!r} is not a URL: {exc}"
     if parts.scheme not in ("http", "https"):
-        return f"{value!r} is not an http(s) URL (it must start with https://)"
+        start = "http:// or https://" if allow_http else "https://"
+        return f"{value!r} is not an http(s) URL (it must start with {start})"
     if not parts.hostname or host_problem(parts.hostname):
         return f"{value!r} has no valid host"
     if port == 0:
