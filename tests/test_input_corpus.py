@@ -215,6 +215,8 @@ PROFILE_CASES = [
     check("served_name percent", prof({"model.served_name": "x%n"}), "is not a model name"),
     check("served_name quote", prof({"model.served_name": "x'y"}), "is not a model name"),
     check("served_name 2024", prof({"model.served_name": 2024}), "quote it"),
+    check("served_name a date", prof({"model.served_name": DROP}).replace(
+        "model:\n", "model:\n  served_name: 2024-01-01\n"), 'served_name: "2024-01-01"'),
     check("served_name empty", prof({"model.served_name": ""}), "is empty"),
     check("served_name spaces only", prof({"model.served_name": "   "}), "only whitespace"),
     check("served_name 5000 characters", prof({"model.served_name": "x" * 5000}),

@@ -8,6 +8,7 @@ an override names the data source that set it, an error in the file names the fi
 
 from __future__ import annotations
 
+import datetime
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -215,10 +216,11 @@ def _value_problem(value: Any, spec: Field) -> str | None:
 
 def _type_fix(value: Any, spec: Field, key: str, from_data: bool) -> str:
     """The fix for a mistyped value; a number or flag where a string belongs must be quoted."""
-    if str in spec.types and isinstance(value, int | float | bool) and from_data:
+    scalar = isinstance(value, int | float | bool | datetime.date)  # YAML read a non-string
+    if str in spec.types and scalar and from_data:
         return (f"quote it so it stays a string: --data 'sglang.{key}=\"{value}\"' "
                 "(or as a string in the data file)")
-    if str in spec.types and isinstance(value, int | float | bool):
+    if str in spec.types and scalar:
         return f"quote it so YAML reads a string: {key.rpartition('.')[2]}: \"{value}\""
     return spec.fix or f"write {spec.type_name}"
 
