@@ -604,7 +604,7 @@ HOST_CASES: list[tuple[str, Callable[[], Any], str]] = [
      "is not a release"),
     ("router version true", _host_data(router_version=True), "must be a release"),
     ("router secret holds a key", _host_data(router_api_key_secret="sk-LIVE-ABC"),
-     "NAME of a secret"),
+     "the value is not the NAME of a secret"),
     ("router host words", _host_data(router_host="any interface"), "neither an IP address"),
     ("router url ftp", _host_data(router_url="ftp://r:30080"), "not an http(s) URL"),
     ("router port 443", _host_data(router_port=443), "privileged"),

@@ -172,6 +172,8 @@ def _form_problems(host: Host) -> list[tuple[str, str, str]]:
         text = str(value) if isinstance(value, int | str) else None
         if text is None or not form.fullmatch(text):
             shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            if key.endswith("_secret"):  # it may be the key itself: never print it
+                shown = "the value"
             found.append((key, f"{shown} is not {example.partition(', e.g.')[0]}", example))
     for key in ("router_host",):
         value = host.data.get(key)
