@@ -9,9 +9,10 @@ running router without a restart.
 
 from pyinfra.context import host, inventory
 
-from sglang_fleet import fleet
+from sglang_fleet import fleet, hostdata
 from sglang_fleet.router import install_router, remove_router
 
+hostdata.check_host(host)  # bad host data stops the run before any host changes
 if fleet.ROUTERS_GROUP in host.groups:
     install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory))
 else:

@@ -6,6 +6,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from sglang_fleet import cli as cli_module
 from tests.conftest import FIELD_PROFILE, MINIMAL, ROOT
 
 Write = Callable[..., Path]
@@ -71,3 +74,38 @@ def test_usage_error_exits_2() -> None:
 def test_unknown_release_exits_1() -> None:
     result = cli("render", str(FIELD_PROFILE), "--sglang-version", "0.4.0")
     assert result.returncode == 1 and "0.4.0" in result.stderr
+
+
+def test_internal_error_exits_3_with_the_traceback_in_a_file(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(args: object) -> int:
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(cli_module, "cmd_render", broken)
+    code = cli_module.main(["render", str(FIELD_PROFILE)])
+    err = capsys.readouterr().err
+    assert code == 3 and err.count("\n") == 1, err
+    assert err.startswith("internal error") and "RuntimeError: kaboom" in err
+    saved = Path(err.rsplit("traceback in ", 1)[1].strip())
+    try:
+        text = saved.read_text()
+        assert text.startswith("Traceback") and "kaboom" in text and "broken" in text
+    finally:
+        saved.unlink()
+
+
+def test_each_problem_is_an_error_line_with_its_fix(write_profile: Write) -> None:
+    path = write_profile(MINIMAL + "server: {port: 80, host: 'a b'}\n")
+    result = cli("check", str(path))
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"error: {path}: server.host: 'a b' is neither an IP address nor a host name"
+    assert lines[1].startswith("    fix: ") and lines[2].startswith(f"error: {path}: server.port")
+    assert len(lines) == 4
+
+
+def test_insecure_index_needs_the_flag(write_profile: Write) -> None:
+    path = write_profile(MINIMAL + "engine: {index_url: 'http://10.0.0.2/simple'}\n")
+    refused = cli("render", str(path))
+    assert refused.returncode == 1 and "plain http" in refused.stderr
+    assert cli("render", str(path), "--allow-insecure-urls").returncode == 0

@@ -136,3 +136,10 @@ def test_env_overrides_merge_key_by_key(write_profile: Write) -> None:
     path = write_profile(MINIMAL + "env:\n  A: '1'\n  B: '2'\n")
     p = profile.load(path, overrides={"env.B": "3", "env": {"C": "4"}})
     assert p.env == {"A": "1", "B": "3", "C": "4"}
+
+
+def test_a_refused_algorithm_is_one_problem_not_two(write_profile: Write) -> None:
+    path = write_profile(MINIMAL + "speculative: {algorithm: 'a b', num_steps: 3}\n")
+    with pytest.raises(InputError) as exc:
+        profile.load(path)
+    assert [p.key for p in exc.value.problems] == ["speculative.algorithm"]

@@ -74,7 +74,7 @@ def test_smoke_without_the_key(server: tuple[str, Path]) -> None:
     url, _ = server
     result = smoke(url)
     assert result.returncode == 1
-    assert "answered 401 (an API key is needed)" in result.stderr
+    assert "answered 401 (an API key is needed: --api-key-file" in result.stderr
 
 
 def test_smoke_nothing_listening() -> None:

@@ -17,6 +17,10 @@ secrets = {"sglang-api-key": _lab.api_key(), "sglang-router-admin-key": _lab.api
 # The lab's site serves plain http on the host's loopback (a B200 site uses https).
 allow_insecure_urls = True
 
+# The lab's site serves plain http (its repository, wheelhouse and S3 endpoint live on
+# 127.0.0.2); a B200 site uses https, which every URL must be unless this is set.
+allow_insecure_urls = True
+
 # NVIDIA's CUDA repository (developer.download.nvidia.com/compute/cuda/repos on a real site).
 nvidia_repo_base_url = _lab.repo_url
 # The lab's keyring package is built by `lab up`; NVIDIA's is pinned in the driver stage.

@@ -2,24 +2,30 @@
 its router, and run the lab.
 
 Exit status: 0 fine, 1 a problem in the input (the message names file, key and fix),
-2 a usage error.
+2 a usage error, 3 an internal error (a bug: one line, and the file holding the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+import tempfile
+import traceback
 from collections.abc import Sequence
 
-from sglang_fleet import preflight, profile, releases
-from sglang_fleet.errors import InputError
+from sglang_fleet import preflight, profile, releases, safeyaml, validators
+from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import Launch, render
+
+INTERNAL_ERROR = 3
+MAX_KEY_FILE_BYTES = 4096
 
 
 def _load(args: argparse.Namespace) -> tuple[profile.Profile, Launch]:
-    prof = profile.load(args.profile)
+    prof = profile.load(args.profile, allow_insecure_urls=args.allow_insecure_urls)
     return prof, render(prof, args.sglang_version)
 
 
@@ -35,6 +41,11 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     prof, launch = _load(args)
     arch = preflight.resolve_architecture(prof, args.model_config)
+    source = args.model_config or prof.model.config  # the profile's architecture: by render
+    wrong = releases.architecture_problem(arch, launch.version) if arch and source else None
+    if wrong and not any(w.startswith("--model-impl") for w in prof.extra_args):
+        raise InputError.one(str(source), "architectures", wrong,
+                             "check the model's config.json, or pin a release that serves it")
     preflight.require(prof, launch, arch)
     print(f"{args.profile}: ok for SGLang {launch.version}"
           + (f" ({arch})" if arch else " (no architecture known: hybrid-model rules skipped)"))
@@ -84,28 +95,74 @@ def cmd_lab_ssh(args: argparse.Namespace) -> int:
     return manage.ssh(args.host, args.command)
 
 
-def cmd_smoke(args: argparse.Namespace) -> int:
-    """The gate's smoke generation against a running server (or router); changes nothing."""
-    from pathlib import Path
+def api_key_from(path: str) -> str:
+    """The API key in ``path``: one line of printable ASCII, nothing else (InputError if not)."""
+    source, fix = path, "put the key alone on the file's one line"
+    text = safeyaml.read_text(path, source, "the API key file", MAX_KEY_FILE_BYTES)
+    lines = text.removesuffix("\n").removesuffix("\r").split("\n")
+    if len(lines) > 1:
+        raise InputError.one(source, "", f"holds {len(lines)} lines; the key must be the only "
+                             "line", fix)
+    key = lines[0]
+    if not key.strip():
+        raise InputError.one(source, "", "is empty", fix)
+    if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        wrong = validators.control_char(key) or "holds spaces or characters outside printable " \
+            "ASCII, which an HTTP Authorization header cannot carry"
+        raise InputError.one(source, "", wrong, fix)
+    return key
 
+
+def smoke_url(url: str) -> str:
+    """The base URL of a server or router, without a trailing slash (InputError if unusable)."""
+    wrong = validators.url_problem(url, allow_http=True)
+    if wrong:
+        example = "http://10.0.0.11:30000"
+        if wrong.startswith("is ") or "://" not in url:
+            fix = f"give the server's base URL with its scheme, e.g. {example}"
+        else:
+            fix = f"e.g. {example}"
+        raise InputError.one("smoke", "URL", wrong, fix)
+    return url.rstrip("/")
+
+
+def _served_model(url: str, key: str | None) -> str:
+    """The first model ``url`` serves, from /v1/models; GateError saying what it answered."""
     from sglang_fleet import gate_check
 
-    key = None
-    if args.api_key_file:
-        try:
-            key = Path(args.api_key_file).read_text().strip()
-        except OSError as exc:
-            print(f"error: {args.api_key_file}: {exc.strerror}", file=sys.stderr)
-            return 1
-    url = args.url.rstrip("/")
-    report: dict[str, object] = {"url": url, "ok": False}
     status, raw = gate_check.request(f"{url}/v1/models", key)
+    if status == 401:
+        raise gate_check.GateError(f"{url}/v1/models answered 401 (an API key is needed: "
+                                   "--api-key-file, or the key there is not this server's)")
+    if status != 200:
+        raise gate_check.GateError(f"{url}/v1/models {gate_check.answered(status, raw)}")
     try:
-        if status != 200:
-            raise gate_check.GateError(f"{url}/v1/models answered {status or 'nothing'}"
-                                       + (" (an API key is needed)" if status == 401 else ""))
-        model = json.loads(raw)["data"][0]["id"]
-        report["model"] = model
+        data = json.loads(raw)
+    except ValueError:
+        raise gate_check.GateError(f"{url}/v1/models answered 200 but not JSON: "
+                                   f"{raw[:80]!r} (is it an SGLang server or router?)") from None
+    models = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(models, list):
+        raise gate_check.GateError(f"{url}/v1/models answered JSON without a model list "
+                                   "(is it an SGLang server or router?)")
+    if not models:
+        raise gate_check.GateError(f"{url}/v1/models lists no model (a router without "
+                                   "healthy workers?)")
+    model = models[0].get("id") if isinstance(models[0], dict) else None
+    if not isinstance(model, str) or validators.text_problem(model, 256):
+        raise gate_check.GateError(f"{url}/v1/models lists a model without a usable id")
+    return model
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
+    """The gate's smoke generation against a running server (or router); changes nothing."""
+    from sglang_fleet import gate_check
+
+    url = smoke_url(args.url)
+    key = api_key_from(args.api_key_file) if args.api_key_file is not None else None
+    report: dict[str, object] = {"url": url, "ok": False}
+    try:
+        report["model"] = model = _served_model(url, key)
         report["smoke"] = result = gate_check.smoke(url, key, model)
         if not result["sane"]:
             raise gate_check.GateError(f"smoke answer is not sane: {result['answer']!r}")
@@ -164,6 +221,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang-fleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    insecure_help = ("accept a plain http:// engine.index_url (as host data "
+                     "allow_insecure_urls does for a deploy)")
     version_help = f"SGLang release to render for (default: the profile's pin; known: " \
                    f"{releases.supported()[0]} … {releases.supported()[-1]})"
 
@@ -171,11 +230,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("profile", help="a profile YAML file, e.g. profiles/qwen3.6-27b-mtp.yaml")
     p.add_argument("--sglang-version", help=version_help)
     p.add_argument("--format", choices=["shell", "json"], default="shell")
+    p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("check", help="validate a profile and apply SGLang's startup rules")
     p.add_argument("profile")
     p.add_argument("--sglang-version", help=version_help)
+    p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
     p.add_argument("--model-config", help="the model's config.json (or its directory)")
     p.set_defaults(func=cmd_check)
 
@@ -223,13 +284,42 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def report_problems(problems: list[Problem]) -> None:
+    """``error: SOURCE: KEY: what is wrong`` and its ``fix:`` line, for each problem."""
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+
+
+def report_internal_error(exc: BaseException) -> int:
+    """A bug: one line on stderr, the traceback in a file (never a bare traceback)."""
+    summary = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    try:
+        with tempfile.NamedTemporaryFile("w", prefix="sglang-fleet-crash-", suffix=".txt",
+                                         delete=False) as out:
+            traceback.print_exception(exc, file=out)
+        where = f"traceback in {out.name}"
+    except OSError as err:
+        where = f"and the traceback could not be saved: {err.strerror}"
+    print(f"internal error (a bug in sglang-fleet, please report it): {summary}; {where}",
+          file=sys.stderr)
+    return INTERNAL_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         code: int = args.func(args)
     except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        report_problems(exc.problems)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (| head): not a bug, nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except Exception as exc:  # every other exception is a bug: say so in one line
+        return report_internal_error(exc)
     return code
 
 

@@ -20,8 +20,14 @@ class Problem:
     fix: str
 
     def __str__(self) -> str:
-        where = f"{self.source}: {self.key}" if self.key else self.source
+        source, key = _printable(self.source), _printable(self.key)
+        where = f"{source}: {key}" if key else source
         return f"{where}: {self.message}\n    fix: {self.fix}"
+
+
+def _printable(text: str) -> str:
+    """A file name or key as given, unless it holds characters that would break the line."""
+    return text if text.isprintable() else repr(text)
 
 
 class InputError(PyinfraError):

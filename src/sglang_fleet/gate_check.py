@@ -16,6 +16,7 @@ Prints human lines, then one line ``GATE <json>``; exit 0 when the server passed
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import subprocess
 import sys
@@ -60,20 +61,50 @@ def journal(invocation: str, lines: int = 40) -> list[str]:
     return out.splitlines()[-lines:] if lines else out.splitlines()
 
 
+# What urllib raises when a peer is not an HTTP server (an SSH banner, a closed connection, a
+# malformed status line or headers), when nothing answers, or when the URL is unusable.
+NO_ANSWER = (urllib.error.URLError, OSError, TimeoutError, http.client.HTTPException,
+             ValueError, UnicodeError)
+
+
+def no_answer(exc: BaseException) -> str:
+    """One line saying why a request got no HTTP answer."""
+    if isinstance(exc, urllib.error.URLError) and not isinstance(exc, urllib.error.HTTPError):
+        exc = exc.reason if isinstance(exc.reason, BaseException) else exc
+    if isinstance(exc, http.client.BadStatusLine | http.client.LineTooLong):
+        return "it did not answer HTTP (not an HTTP server on that port?)"
+    if isinstance(exc, TimeoutError):
+        return "no answer in time"
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return text[:200]
+
+
 def request(url: str, key: str | None, body: dict[str, Any] | None = None,
             timeout: float = 30) -> tuple[int, bytes]:
+    """(status, body); status 0 when nothing answered HTTP, with the reason as the body."""
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers=headers)
     try:
+        req = urllib.request.Request(url, data=data, headers=headers)
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
-        return err.code, err.read()
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return 0, b""
+        try:
+            return err.code, err.read()
+        except NO_ANSWER:
+            return err.code, b""
+    except NO_ANSWER as exc:
+        return 0, no_answer(exc).encode()
+
+
+def answered(status: int, raw: bytes) -> str:
+    """How a request went, in words: "answered 500: <body>" or "did not answer: <why>"."""
+    if status == 0:
+        return f"did not answer: {raw.decode(errors='replace')}"
+    body = raw[:160].decode(errors="replace").strip().replace("\n", " ")
+    return f"answered {status}" + (f": {body}" if body else "")
 
 
 def wait_healthy(unit: str, url: str, budget: float) -> str:
@@ -113,43 +144,78 @@ def smoke(url: str, key: str | None, model: str) -> dict[str, Any]:
             "max_tokens": 512, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key or ''}"}
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers=headers)
     tic = time.monotonic()
     first = None
     content: list[str] = []
     reasoning: list[str] = []
     usage: dict[str, Any] = {}
-    with urllib.request.urlopen(req, timeout=300) as resp:
-        for raw in resp:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices") or []:
-                delta = choice.get("delta") or {}
-                text, think = delta.get("content"), delta.get("reasoning_content")
-                if (text or think) and first is None:
-                    first = time.monotonic()
-                content.append(text or "")
-                reasoning.append(think or "")
+    where = f"{url}/v1/chat/completions"
+    try:
+        req = urllib.request.Request(where, data=json.dumps(body).encode(), headers=headers)
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            for raw in resp:
+                chunk = _chunk(raw, where)
+                if chunk is None:
+                    continue
+                usage = chunk.get("usage") or usage
+                for choice in chunk.get("choices") or []:
+                    delta = (choice.get("delta") if isinstance(choice, dict) else None) or {}
+                    text, think = delta.get("content"), delta.get("reasoning_content")
+                    if (text or think) and first is None:
+                        first = time.monotonic()
+                    content.append(text if isinstance(text, str) else "")
+                    reasoning.append(think if isinstance(think, str) else "")
+    except urllib.error.HTTPError as err:
+        try:
+            detail = err.read()
+        except NO_ANSWER:
+            detail = b""
+        raise GateError(f"{where} {answered(err.code, detail)}") from None
+    except NO_ANSWER as exc:
+        raise GateError(f"{where} {answered(0, no_answer(exc).encode())}") from None
+    except (AttributeError, TypeError):  # a chunk, choice or delta of the wrong JSON type
+        raise GateError(f"{where}: the stream is not OpenAI chat completion chunks") from None
     end = time.monotonic()
     answer, thought = "".join(content).strip(), "".join(reasoning).strip()
     if not answer and not thought:
-        raise GateError("smoke generation returned nothing")
-    tokens = int(usage.get("completion_tokens") or 0)
+        raise GateError(f"smoke generation returned nothing: {where} streamed no content "
+                        "and no reasoning")
+    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    tokens = count if isinstance(count, int) and not isinstance(count, bool) else 0
     status, raw = request(f"{url}/v1/chat/completions", key, {
         "model": model, "messages": [{"role": "user", "content": SMOKE_PROMPT}],
         "max_tokens": 64, "temperature": 0, "return_meta_info": True}, timeout=300)
     meta: dict[str, Any] = {}
     if status == 200:
-        meta = json.loads(raw)["choices"][0].get("meta_info") or {}
+        try:
+            meta = json.loads(raw)["choices"][0].get("meta_info") or {}
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+            meta = {}  # the accept length is a report, not a requirement
+    if not isinstance(meta, dict) or not isinstance(meta.get("spec_accept_length"),
+                                                    int | float | None):
+        meta = {}
     return {"answer": answer[:80], "reasoning_chars": len(thought),
             "sane": "4" in answer or (not answer and bool(thought)),
             "ttft_s": round((first or end) - tic, 3), "tokens": tokens,
             "tokens_per_s": round(tokens / max(end - (first or tic), 1e-3), 1),
             "accept_length": meta.get("spec_accept_length")}
+
+
+def _chunk(raw: bytes, where: str) -> dict[str, Any] | None:
+    """One server-sent event line of a chat completion stream (None for other lines)."""
+    try:
+        line = raw.decode().strip()
+    except UnicodeDecodeError:
+        raise GateError(f"{where}: the stream is not UTF-8 text") from None
+    if not line.startswith("data: ") or line == "data: [DONE]":
+        return None
+    try:
+        chunk = json.loads(line[6:])
+    except ValueError:
+        raise GateError(f"{where}: a stream line is not JSON: {line[6:86]!r}") from None
+    if not isinstance(chunk, dict):
+        raise GateError(f"{where}: a stream chunk is {type(chunk).__name__}, not an object")
+    return chunk
 
 
 def describe(s: dict[str, Any]) -> str:
@@ -193,8 +259,13 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
         return
     status, raw = request(f"{args.url}/server_info", key)
     if status != 200:
-        raise GateError(f"/server_info answered {status}")
-    info = json.loads(raw)
+        raise GateError(f"/server_info {answered(status, raw)}")
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        raise GateError(f"/server_info answered 200 but not a JSON object: {raw[:80]!r}")
     wrong = check_arguments(info, json.loads(args.expect))
     if wrong:
         raise GateError("effective arguments differ from the rendered ones (a stale process or "

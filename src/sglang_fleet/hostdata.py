@@ -13,17 +13,25 @@ host can change one key without repeating the rest of its group's overrides.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pyinfra.api.host import Host
 
-from sglang_fleet import profile
-from sglang_fleet.errors import InputError
+from sglang_fleet import profile, validators
+from sglang_fleet.errors import InputError, Problem
 
 PROFILE_KEY = "sglang_profile"
 OVERRIDES_KEY = "sglang_overrides"
 DOTTED_PREFIX = "sglang."
+INSECURE_KEY = "allow_insecure_urls"
+# Host data URLs: repositories, indexes and endpoints the hosts fetch from as root.
+URL_KEYS = ("engine_find_links", "nvidia_repo_base_url", "s3_endpoint_url")
+# Seconds, with the largest value that still makes sense (a day).
+SECONDS_KEYS = ("startup_budget_seconds", "drain_budget_seconds")
+# Secret values: written to root-only files, one line each.
+SECRET_VALUE_KEYS = ("aws_access_key_id", "aws_secret_access_key", "hf_token")
 
 
 def _levels(host: Host) -> Iterable[Mapping[str, Any]]:
@@ -58,11 +66,154 @@ def overrides(host: Host) -> dict[str, Any]:
     return merged
 
 
+def allow_insecure_urls(host: Host) -> bool:
+    """Host data ``allow_insecure_urls``: plain http for repositories, indexes and endpoints
+    (the lab serves http; a B200 site should not)."""
+    value = host.data.get(INSECURE_KEY)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InputError.one(f"pyinfra data of {host.name}", INSECURE_KEY,
+                             f"must be True or False, got {value!r}",
+                             f"{INSECURE_KEY} = True (only where plain http is intended)")
+    return value
+
+
+def _secret_value_problem(value: object) -> str | None:
+    """Secrets go into root-only files one per line and into HTTP headers: one line of
+    printable ASCII, without surrounding spaces (a trailing newline is a copy-paste slip)."""
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not value.strip():
+        return "is empty"
+    wrong = validators.control_char(value)
+    if wrong:
+        return wrong + " (strip the value read from its file)"
+    if not value.isascii() or value != value.strip():
+        return "must be printable ASCII without surrounding spaces"
+    return None
+
+
+def _url_problems(host: Host, insecure: bool) -> list[tuple[str, str, str]]:
+    found = []
+    for key in URL_KEYS:
+        value = host.data.get(key)
+        if value is None:
+            continue
+        wrong = (validators.url_problem(value, insecure) if isinstance(value, str)
+                 else f"must be a URL string, got {type(value).__name__} {value!r}")
+        if wrong:
+            fix = (f"use https://, or set {INSECURE_KEY} = True in host data where plain http "
+                   "is intended (a lab)" if wrong.endswith("tampered with")
+                   else "write https://HOST[:PORT]/PATH")
+            found.append((key, wrong, fix))
+    return found
+
+
+def _value_problems(host: Host) -> list[tuple[str, str, str]]:
+    data, found = host.data, []
+    for key in SECONDS_KEYS:
+        value = data.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 1 <= value <= 86400):
+            found.append((key, f"must be a whole number of seconds from 1 to 86400, got "
+                          f"{value!r}", "e.g. 1800"))
+    count = data.get("gpu_count")
+    if count is not None and (not isinstance(count, int) or isinstance(count, bool)
+                              or not 1 <= count <= 1024):
+        found.append(("gpu_count", f"must be a positive integer, got {count!r}",
+                      "the number of GPUs the host must show, e.g. 8"))
+    for key in SECRET_VALUE_KEYS:
+        value = data.get(key)
+        wrong = _secret_value_problem(value) if value is not None else None
+        if wrong:
+            found.append((key, wrong, "one line: the value itself, read from a file"))
+    secrets = data.get("secrets")
+    if secrets is not None and not isinstance(secrets, Mapping):
+        found.append(("secrets", f"must be a mapping of secret names to values, got "
+                      f"{type(secrets).__name__}", "secrets = {'sglang-api-key': ...}"))
+    for name, value in (secrets or {}).items() if isinstance(secrets, Mapping) else ():
+        wrong = _secret_value_problem(value)
+        if wrong:
+            found.append((f"secrets.{name}", wrong, "one line: the value itself, read from "
+                          "a file, never committed"))
+    address = data.get("sglang_address")
+    if address is not None and (not isinstance(address, str) or validators.host_problem(address)):
+        found.append(("sglang_address", f"{address!r} is neither an IP address nor a host "
+                      "name", "the address other machines reach this host at"))
+    return found
+
+
+# Host data that ends up in package names, paths or commands: the strict form of each.
+FORMS: dict[str, tuple[re.Pattern[str], str]] = {
+    "nvidia_driver_branch": (re.compile(r"[0-9]{3,4}"), "a driver branch, e.g. 580"),
+    "nvidia_driver_version": (re.compile(r"[0-9]{3,4}(\.[0-9]{1,4}){1,3}"),
+                              "an exact driver version, e.g. 580.95.05"),
+    "cuda_toolkit": (re.compile(r"[0-9]{1,2}-[0-9]{1,2}"), "a toolkit package suffix, e.g. 12-9"),
+    "engine_cuda": (re.compile(r"[0-9]{1,2}\.[0-9]{1,2}"), "a CUDA release, e.g. 13.0"),
+    "job_estimate": (re.compile(r"[0-9]{1,12},[0-9]{1,9}"),
+                     "COMPLETIONS,TOKENS, e.g. 900000,1000"),
+    "router_version": (re.compile(r"[0-9]{1,4}(\.[0-9]{1,6}){1,3}((a|b|rc)[0-9]{1,4})?"
+                                  r"(\.post[0-9]{1,4})?"), "a release, e.g. 0.3.2"),
+    "router_api_key_secret": (re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}"),
+                              "the NAME of a secret, e.g. sglang-api-key"),
+}
+
+
+def _form_problems(host: Host) -> list[tuple[str, str, str]]:
+    found = []
+    for key, (form, example) in FORMS.items():
+        value = host.data.get(key)
+        if value is None or isinstance(value, bool):
+            if isinstance(value, bool):
+                found.append((key, f"must be {example.partition(', e.g.')[0]}, got {value!r}",
+                              example))
+            continue
+        text = str(value) if isinstance(value, int | str) else None
+        if text is None or not form.fullmatch(text):
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            if key.endswith("_secret"):  # it may be the key itself: never print it
+                shown = "the value"
+            found.append((key, f"{shown} is not {example.partition(', e.g.')[0]}", example))
+    for key in ("router_host",):
+        value = host.data.get(key)
+        if value is not None and (not isinstance(value, str) or validators.host_problem(value)):
+            found.append((key, f"{value!r} is neither an IP address nor a host name",
+                          "the address the router listens on, e.g. 0.0.0.0"))
+    url = host.data.get("router_url")
+    if url is not None:
+        wrong = (validators.url_problem(url, allow_http=True) if isinstance(url, str)
+                 else f"must be a URL string, got {type(url).__name__}")
+        if wrong:
+            found.append(("router_url", wrong, "e.g. http://10.0.0.11:30080"))
+    port = host.data.get("router_port")
+    if port is not None and (not isinstance(port, int) or isinstance(port, bool)
+                             or not 1024 <= port <= 65535):
+        found.append(("router_port", f"must be a port from 1024 to 65535, got {port!r}",
+                      "e.g. 30080 (ports below 1024 are privileged)"))
+    return found
+
+
+def check_host(host: Host) -> None:
+    """Host data a deploy reads, validated before any host changes (InputError listing all)."""
+    source = f"pyinfra data of {host.name}"
+    insecure = allow_insecure_urls(host)
+    found = _url_problems(host, insecure) + _value_problems(host) + _form_problems(host)
+    if found:
+        raise InputError([Problem(source, key, wrong, fix) for key, wrong, fix in found])
+
+
 def profile_for(host: Host) -> profile.Profile:
-    """Load, override and validate the profile ``host`` serves."""
+    """Check ``host``'s data, then load, override and validate the profile it serves."""
     source = f"pyinfra data of {host.name}"
     path = host.data.get(PROFILE_KEY)
-    if not isinstance(path, str):
-        raise InputError.one(source, PROFILE_KEY, "no serving profile for this host",
+    if not isinstance(path, str) or not path.strip():
+        raise InputError.one(source, PROFILE_KEY, "no serving profile for this host"
+                             + (f" ({path!r} is not a path)" if path else ""),
                              f"set {PROFILE_KEY} = 'profiles/<name>.yaml' in group data")
-    return profile.load(path, overrides(host), source)
+    wrong = validators.text_problem(path)
+    if wrong:
+        raise InputError.one(source, PROFILE_KEY, wrong, "the path of a profile YAML file")
+    check_host(host)
+    return profile.load(path, overrides(host), source,
+                        allow_insecure_urls=allow_insecure_urls(host))

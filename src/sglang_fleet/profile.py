@@ -8,16 +8,19 @@ an override names the data source that set it, an error in the file names the fi
 
 from __future__ import annotations
 
+import datetime
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-import yaml
-
+from sglang_fleet import safeyaml, validators
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.schema import REQUIRED, SCHEMA, SECTION_WIDE, Field, Located
+
+# Keys that only mean something with speculative.algorithm set.
+SPECULATIVE_KEYS = ("num_steps", "eagle_topk", "num_draft_tokens")
 
 
 @dataclass(frozen=True)
@@ -127,20 +130,10 @@ def _suggest(word: str, options: list[str]) -> str:
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    """The profile's top-level mapping, read with the limits and loader of ``safeyaml``."""
     source = str(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError.one(source, "", f"cannot read the profile: {exc.strerror}",
-                             "pass the path of a profile YAML file, e.g. profiles/*.yaml") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError.one(source, "", f"not valid YAML: {where}{problem}",
-                             "fix the YAML syntax at that position") from None
+    text = safeyaml.read_text(path, source, "the profile", safeyaml.MAX_PROFILE_BYTES)
+    data = safeyaml.load(text, source)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -165,12 +158,22 @@ def _merge(base: dict[str, Any], overrides: Mapping[str, Any], source: str,
             located.sources[path] = source
 
 
+class _Empty:
+    """An empty string where a number, a flag or a list belongs (``--data KEY=``)."""
+
+    def __repr__(self) -> str:
+        return "an empty value"
+
+
 def _coerce(value: Any, spec: Field) -> Any:
-    """Values from ``pyinfra --data key=value`` arrive as strings: read them as YAML scalars."""
+    """Values from ``pyinfra --data key=value`` arrive as strings: read them as YAML scalars.
+    An empty string stays an error: it must not quietly become null and unset the key."""
     if isinstance(value, str) and str not in spec.types:
+        if not value.strip():
+            return _Empty()
         try:
-            return yaml.safe_load(value)
-        except yaml.YAMLError:
+            return safeyaml.load(value, "")
+        except InputError:
             return value
     return value
 
@@ -188,35 +191,121 @@ def _type_ok(value: object, spec: Field) -> bool:
     return True
 
 
+def _strings(value: Any) -> list[str]:
+    """Every string inside a value: itself, list items, mapping keys and values."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [str(k) for k in value] + [v for v in value.values() if isinstance(v, str)]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, str)]
+    return []
+
+
+def _value_problem(value: Any, spec: Field) -> str | None:
+    """What is wrong with a well-typed value: its strings, its finiteness, its own check."""
+    for text in _strings(value):
+        wrong = validators.text_problem(text)
+        if wrong:
+            return wrong if isinstance(value, str) else f"{text[:60]!r} {wrong}"
+    if isinstance(value, float):
+        wrong = validators.finite_problem(value)
+        if wrong:
+            return wrong
+    return spec.check(value) if spec.check is not None else None
+
+
+def _type_fix(value: Any, spec: Field, key: str, from_data: bool) -> str:
+    """The fix for a mistyped value; a number or flag where a string belongs must be quoted."""
+    scalar = isinstance(value, int | float | bool | datetime.date)  # YAML read a non-string
+    if str in spec.types and scalar and from_data:
+        return (f"quote it so it stays a string: --data 'sglang.{key}=\"{value}\"' "
+                "(or as a string in the data file)")
+    if str in spec.types and scalar:
+        return f"quote it so YAML reads a string: {key.rpartition('.')[2]}: \"{value}\""
+    return spec.fix or f"write {spec.type_name}"
+
+
 def _validate_leaf(raw: Any, key: str, spec: Field, located: Located,
                    problems: list[Problem]) -> Any:
     if raw is REQUIRED:
         problems.append(Problem(located.of(key), key, "is required but missing",
                                 f"add it: {spec.fix or spec.type_name}"))
         return None
-    value = _coerce(raw, spec)
-    if not _type_ok(value, spec):
-        problems.append(Problem(located.of(key), key,
-                                f"must be {spec.type_name}, got {type(value).__name__} {value!r}",
-                                spec.fix or f"write {spec.type_name}"))
+    # Only data sources (pyinfra --data) give every value as a string; a file means what it says.
+    from_data = located.of(key) != located.default_source
+    value = _coerce(raw, spec) if from_data else raw
+    if isinstance(value, _Empty):
+        problems.append(Problem(located.of(key), key, f"is empty; {spec.type_name} is needed",
+                                f"give a value, or null to leave it to SGLang ({spec.fix})"
+                                if spec.nullable else spec.fix or f"write {spec.type_name}"))
         return None
-    if value is not None and spec.check is not None:
-        wrong = spec.check(value)
+    if not _type_ok(value, spec):
+        shown = repr(value) if len(repr(value)) < 80 else repr(value)[:77] + "..."
+        problems.append(Problem(located.of(key), key,
+                                f"must be {spec.type_name}, got {type(value).__name__} {shown}",
+                                _type_fix(value, spec, key, from_data)))
+        return None
+    if value is not None:
+        wrong = _value_problem(value, spec)
         if wrong:
             problems.append(Problem(located.of(key), key, wrong, spec.fix or "correct the value"))
+            return None
     if float in spec.types and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     return value
 
 
-def validate(data: Mapping[str, Any], located: Located) -> Profile:
+def _consistency(values: dict[str, Any], located: Located, allow_insecure_urls: bool,
+                 problems: list[Problem]) -> None:
+    """Rules between keys: each checked only when the keys it reads are valid themselves."""
+    def problem(key: str, message: str, fix: str) -> None:
+        problems.append(Problem(located.of(key), key, message, fix))
+
+    invalid = {p.key for p in problems}  # None there means "refused", not "null"
+    spec = values.get("speculative") or {}
+    if "algorithm" in spec and spec["algorithm"] is None \
+            and "speculative.algorithm" not in invalid:
+        for name in SPECULATIVE_KEYS:
+            if spec.get(name) is not None:
+                problem(f"speculative.{name}", "is set but speculative.algorithm is null, so "
+                        "speculative decoding is off and the value would mean nothing",
+                        "set speculative.algorithm (NEXTN or EAGLE for MTP) or remove "
+                        f"speculative.{name}")
+    server, parallel = values.get("server") or {}, values.get("parallel") or {}
+    port, instances = server.get("port"), parallel.get("instances")
+    if isinstance(port, int) and isinstance(instances, int) and port + instances - 1 > 65535:
+        problem("server.port", f"instance {instances - 1} would listen on port "
+                f"{port + instances - 1} (port + instance number), above 65535",
+                f"set server.port to at most {65536 - instances}")
+    env = values.get("env") or {}
+    if isinstance(instances, int) and instances > 1 and "CUDA_VISIBLE_DEVICES" in env:
+        problem("env", "CUDA_VISIBLE_DEVICES is set per instance by parallel.instances",
+                "remove CUDA_VISIBLE_DEVICES from env")
+    url = (values.get("engine") or {}).get("index_url")
+    if isinstance(url, str):
+        wrong = validators.url_problem(url, allow_insecure_urls)
+        if wrong:
+            problem("engine.index_url", wrong,
+                    "use an https:// index; an http one only with allow_insecure_urls "
+                    "(host data) or --allow-insecure-urls (check, render)"
+                    if url.startswith("http://") else "write an https:// URL")
+
+
+def validate(data: Mapping[str, Any], located: Located,
+             allow_insecure_urls: bool = False) -> Profile:
     """Check every key against SCHEMA and build the typed profile; raise InputError listing all."""
     problems: list[Problem] = []
     values: dict[str, Any] = {}
     for section in data:
-        if section not in SCHEMA:
-            problems.append(Problem(located.of(section), section, "unknown section",
-                                    _suggest(section, list(SCHEMA))))
+        if not isinstance(section, str):
+            problems.append(Problem(located.default_source, str(section),
+                                    f"the section name {section!r} is not a string",
+                                    _suggest(str(section), list(SCHEMA))))
+        elif section not in SCHEMA:
+            shown = section if len(section) <= 60 else section[:57] + "..."
+            problems.append(Problem(located.of(section), shown, "unknown section",
+                                    _suggest(section[:100], list(SCHEMA))))
     for section, fields in SCHEMA.items():
         raw = data.get(section, {} if SECTION_WIDE not in fields else fields[SECTION_WIDE].default)
         if SECTION_WIDE in fields:
@@ -230,14 +319,20 @@ def validate(data: Mapping[str, Any], located: Located) -> Profile:
                                     f"write keys under it: {', '.join(fields)}"))
             continue
         for key in raw:
-            if key not in fields:
-                problems.append(Problem(located.of(f"{section}.{key}"), f"{section}.{key}",
-                                        "unknown key", _suggest(str(key), list(fields))))
+            if not isinstance(key, str):
+                problems.append(Problem(located.of(section), section,
+                                        f"the key {key!r} is not a string",
+                                        _suggest(str(key), list(fields))))
+            elif key not in fields:
+                shown = key if len(key) <= 60 else key[:57] + "..."
+                problems.append(Problem(located.of(f"{section}.{key}"), f"{section}.{shown}",
+                                        "unknown key", _suggest(key[:100], list(fields))))
         values[section] = {
             key: _validate_leaf(raw.get(key, spec.default), f"{section}.{key}", spec, located,
                                 problems)
             for key, spec in fields.items()
         }
+    _consistency(values, located, allow_insecure_urls, problems)
     if problems:
         raise InputError(problems)
     return Profile(
@@ -258,11 +353,14 @@ def validate(data: Mapping[str, Any], located: Located) -> Profile:
 
 
 def load(path: str | Path, overrides: Mapping[str, Any] | None = None,
-         overrides_source: str = "host data") -> Profile:
-    """Read, merge and validate a profile. Raises InputError naming file, key and fix."""
+         overrides_source: str = "host data", allow_insecure_urls: bool = False) -> Profile:
+    """Read, merge and validate a profile. Raises InputError naming file, key and fix.
+
+    ``allow_insecure_urls`` lets ``engine.index_url`` be plain http (host data
+    ``allow_insecure_urls``, or ``--allow-insecure-urls`` for check and render)."""
     path = Path(path)
     data = _read_yaml(path)
     located = Located(str(path))
     if overrides:
         _merge(data, overrides, overrides_source, located)
-    return validate(data, located)
+    return validate(data, located, allow_insecure_urls)

@@ -9,6 +9,7 @@ table, and the whole argv is parsed by a parser rebuilt from the table before it
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from sglang_fleet import flags
+from sglang_fleet import flags, releases
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.profile import Profile
 from sglang_fleet.releases import at_least
@@ -190,31 +191,118 @@ def _secrets(profile: Profile, table: flags.FlagTable, problems: list[Problem]) 
     return secrets
 
 
-def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[str],
-                      problems: list[Problem]) -> None:
-    """Raw flags are held to the same standard: exact current spelling, not set twice."""
-    source = profile.source_of("extra_args")
-    set_by_profile = {table.flags[w].dest for w in rendered if w in table.flags}
-    for word in profile.extra_args:
+# Keys whose flag is the negation of the profile value (--disable-X for scheduler.X: true).
+_INVERTED = ("scheduler.radix_cache", "scheduler.overlap_schedule")
+# Flags that would write a key into the (world-readable) unit file.
+_SECRET_FLAGS = ("--api-key", "--admin-api-key")
+_REPEATABLE = ("_AppendAction", "_AppendConstAction", "_CountAction")
+
+
+def _semantic_dests(profile: Profile) -> dict[str, str]:
+    """SGLang destination -> the profile key that owns it (every spelling of renamed ones)."""
+    owned = {}
+    for key, dest, _ in _semantic_args(profile, 0):
+        for spelling in RENAMED_DESTS.get(dest, (dest,)):
+            owned[spelling] = key
+    return owned
+
+
+def _current_option(table: flags.FlagTable, dest: str) -> str | None:
+    """How ``table``'s release spells the flag of ``dest`` (or of a renamed destination)."""
+    for group in RENAMED_DESTS.values():
+        if dest in group:
+            return _resolve_dest(table, group[0])
+    return table.option_for(dest)
+
+
+def _unknown_hint(table: flags.FlagTable, option: str, owned: dict[str, str]) -> str:
+    """The fix for a flag the release does not have: its new name, the releases that have it,
+    an abbreviation spelled out, or the closest spelling."""
+    holders = [v for v in releases.supported() if flags.load(v).get(option) is not None]
+    if holders:
+        dest = flags.load(holders[-1]).flags[option].dest
+        renamed = _current_option(table, dest)
+        if renamed:
+            then = f"({option} is from SGLang {holders[0]} - {holders[-1]})"
+            if dest in owned:
+                return f"SGLang {table.version} spells it {renamed} {then}, and the profile " \
+                       f"sets it: remove it from extra_args and set {owned[dest]}"
+            return f"SGLang {table.version} spells it {renamed} {then}: write {renamed}"
+        return f"only SGLang {holders[0]} - {holders[-1]} have it: remove it or pin one of those"
+    close = sorted(o for o in table.flags if o.startswith(option))
+    if close:
+        return f"it abbreviates {', '.join(close[:4])}: write the flag in full"
+    near = difflib.get_close_matches(option, list(table.flags), n=1, cutoff=0.75)
+    if near:
+        return f"did you mean {near[0]}?"
+    return "check the spelling against `python -m sglang.launch_server -h`"
+
+
+def _semantic_fix(key: str, flag: flags.Flag, value: str | None, rendered: bool) -> str:
+    if rendered:
+        return f"remove it from extra_args: the profile's {key} renders it already"
+    if not flag.takes_value:
+        return f"remove it from extra_args and set {key}: " + \
+            ("false" if key in _INVERTED else "true")
+    return f"remove it from extra_args and set {key}" + (f": {value}" if value else "")
+
+
+def _extra_args_flags(words: tuple[str, ...]) -> Iterator[tuple[str, str | None]]:
+    """(option, its value if written inline or as the next word) for each --flag."""
+    for i, word in enumerate(words):
         if not word.startswith("--"):
             continue
-        option = word.split("=", 1)[0]
+        option, eq, inline = word.partition("=")
+        following = words[i + 1] if i + 1 < len(words) else None
+        if following is not None and following.startswith("--"):
+            following = None
+        yield option, inline if eq else following
+
+
+def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[str],
+                      problems: list[Problem]) -> None:
+    """Raw flags are held to the same standard: exact current spelling, set once, never a value
+    the profile has a key for, never a key."""
+    source = profile.source_of("extra_args")
+    owned = _semantic_dests(profile)
+    set_by_profile = {table.flags[w].dest for w in rendered if w in table.flags}
+    seen: set[str] = set()
+
+    def problem(message: str, fix: str) -> None:
+        problems.append(Problem(source, "extra_args", message, fix))
+
+    for option, value in _extra_args_flags(profile.extra_args):
         flag = table.get(option)
-        if flag is None:
-            close = sorted(o for o in table.flags if o.startswith(option))
-            hint = (f"it abbreviates {', '.join(close[:4])}: write the flag in full"
-                    if close else "check the spelling against `python -m sglang.launch_server -h`")
-            problems.append(Problem(source, "extra_args",
-                                    f"SGLang {table.version} has no flag {option}", hint))
+        if option in _SECRET_FLAGS or (flag and flag.dest in ("api_key", "admin_api_key")):
+            problem(f"{option} would write the key into the unit file, which every local user "
+                    "can read", "remove it; name the secret in server.api_key_secret (the key "
+                    "comes from a root-only file on the host; server.admin_api_key_secret for "
+                    "--admin-api-key)")
+        elif flag is None:
+            problem(f"SGLang {table.version} has no flag {option}",
+                    _unknown_hint(table, option, owned))
+        elif flag.dest in owned:
+            problem(f"{option} is set by the profile (its key {owned[flag.dest]}), not extra_args",
+                    _semantic_fix(owned[flag.dest], flag, value, flag.dest in set_by_profile))
         elif flag.alias_of or flag.deprecated:
             new = flag.alias_of or table.option_for(flag.dest) or "its replacement"
-            problems.append(Problem(source, "extra_args",
-                                    f"{option} is deprecated in SGLang {table.version}",
-                                    f"use {new}"))
-        elif flag.dest in set_by_profile:
-            problems.append(Problem(source, "extra_args",
-                                    f"{option} is set by the profile already",
-                                    "set it through its profile key instead of extra_args"))
+            problem(f"{option} is deprecated in SGLang {table.version}", f"use {new}")
+        elif flag.dest in seen and flag.action not in _REPEATABLE:
+            problem(f"{option} is given twice (SGLang would silently keep the last)",
+                    "keep one of them")
+        seen.add(flag.dest if flag else option)
+
+
+def _architecture(profile: Profile, version: str, problems: list[Problem]) -> None:
+    """A model class the release does not serve (a misspelling skips the hybrid rules)."""
+    arch = profile.model.architecture
+    if arch is None or any(w.startswith("--model-impl") for w in profile.extra_args):
+        return  # --model-impl transformers serves classes outside SGLang's registry
+    wrong = releases.architecture_problem(arch, version)
+    if wrong:
+        problems.append(Problem(profile.source_of("model.architecture"), "model.architecture",
+                                wrong, "write config.json's architectures[0] exactly, or pin a "
+                                "release that serves it"))
 
 
 def _env(profile: Profile, version: str, instance: int) -> dict[str, str]:
@@ -233,18 +321,19 @@ def render(profile: Profile, version: str | None = None, instance: int = 0) -> L
 
     ``instance`` picks one of ``parallel.instances`` servers on a host: its port is the
     profile's plus the instance number, and it sees only its own GPUs."""
-    version = version or profile.engine.version
-    try:
-        table = flags.load(version)
-    except KeyError:
-        raise InputError.one(profile.source_of("engine.version"), "engine.version",
-                             f"SGLang {version} has no flag table",
-                             "pick a supported release or run scripts/extract_flags.py "
-                             f"{version}") from None
+    source, key = "--sglang-version", ""
+    if version is None:
+        version = profile.engine.version
+        source, key = profile.source_of("engine.version"), "engine.version"
+    wrong = releases.version_problem(version)
+    if wrong:
+        raise InputError.one(source, key, wrong, releases.VERSION_FIX)
+    table = flags.load(version)
     problems: list[Problem] = []
     args = _render_semantic(profile, table, instance, problems)
     secrets = _secrets(profile, table, problems)
     _check_extra_args(profile, table, args, problems)
+    _architecture(profile, version, problems)
     if problems:
         raise InputError(problems)
     args += profile.extra_args

@@ -9,6 +9,8 @@ its last good release (``deploys/restore.py``), is put back, and the rest is lef
 
 from __future__ import annotations
 
+import math
+import re
 import subprocess
 import sys
 import time
@@ -23,7 +25,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
-from sglang_fleet import fleet, hostdata, preflight
+from sglang_fleet import fleet, hostdata, preflight, validators
 from sglang_fleet.errors import InputError
 from sglang_fleet.render import render_all
 from sglang_fleet.routerctl import Router, RouterError, drained
@@ -51,13 +53,24 @@ class Plan:
     routers: list[Router]
 
 
+_DATA_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
 def parse_data(pairs: Sequence[str]) -> dict[str, Any]:
     """``key=value`` pairs as pyinfra's ``--data`` reads them."""
     split = [pair.partition("=") for pair in pairs]
-    for pair, (key, sep, _) in zip(pairs, split, strict=True):
+    for pair, (key, sep, value) in zip(pairs, split, strict=True):
+        shown = pair if len(pair) <= 80 else pair[:77] + "..."
         if not sep or not key:
-            raise InputError.one("--data", pair, "not key=value",
+            raise InputError.one("--data", shown, "not key=value",
                                  "e.g. --data sglang.memory.max_running_requests=48")
+        if not _DATA_KEY.fullmatch(key):
+            raise InputError.one("--data", shown, f"{key!r} is not a data key (identifiers "
+                                 "joined by dots)", "e.g. sglang.memory.page_size")
+        wrong = validators.control_char(value) or (
+            f"is {len(value)} characters long" if len(value) > validators.MAX_TEXT else None)
+        if wrong:
+            raise InputError.one("--data", key, f"the value {wrong}", "give a one-line value")
     from pyinfra_cli.util import parse_cli_arg  # see load()
 
     return {key: parse_cli_arg(value) for key, _, value in split}
@@ -72,8 +85,32 @@ def load(inventory: str, data: dict[str, Any]) -> Inventory:
 
     # Loading an inventory needs a state (pyinfra's API is untyped here).
     ctx_state.set(State(Inventory(([], {})), Config()))  # type: ignore[no-untyped-call]
-    loaded: Inventory = make_inventory(inventory, override_data=data)
+    try:
+        loaded: Inventory = make_inventory(inventory, override_data=data)
+    except Exception as exc:  # the inventory is the operator's code: any error in it is theirs
+        raise _inventory_error(inventory, exc) from None
     return loaded
+
+
+def _inventory_error(inventory: str, exc: Exception) -> InputError:
+    """What went wrong loading an inventory (pyinfra wraps errors in its files), as input."""
+    source = str(getattr(exc, "filename", None) or inventory)
+    inner = getattr(exc, "exception", None)  # pyinfra_cli's Unexpected*Error wrap the cause
+    exc = inner if isinstance(inner, Exception) else exc
+    if isinstance(exc, InputError):
+        return exc
+    if isinstance(exc, SyntaxError):
+        return InputError.one(exc.filename or source, f"line {exc.lineno}",
+                              f"not valid Python: {exc.msg}",
+                              "fix the syntax there (python3 -m py_compile FILE)")
+    try:
+        detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+    except Exception:  # pyinfra's own errors can fail to print
+        detail = ""
+    return InputError.one(source, "", "pyinfra cannot load the inventory: "
+                          f"{type(exc).__name__}{': ' + detail if detail else ''}",
+                          "fix the inventory or its group data (pyinfra INVENTORY "
+                          "debug-inventory shows what pyinfra reads)")
 
 
 def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
@@ -92,6 +129,11 @@ def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
         preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
         after[host.name] = fleet.urls(host, profile, launches)
     routers = fleet.routers(then)
+    for router in routers:
+        wrong = validators.url_problem(router.url, allow_http=True)
+        if wrong:
+            raise InputError.one(f"pyinfra data of {fleet.ROUTERS_GROUP}", "router_url", wrong,
+                                 "set router_url = 'http://HOST:PORT' (or leave it out)")
     if not routers:
         raise InputError.one(inventory, fleet.ROUTERS_GROUP,
                              "no router: a roll takes hosts out of the router and puts them "
@@ -214,8 +256,16 @@ class Roll:
         return "\n".join(rows)
 
 
+def _seconds(option: str, value: float) -> None:
+    if not math.isfinite(value) or not 0 <= value <= 86400:
+        raise InputError.one(option, "", f"must be seconds from 0 to 86400, got {value}",
+                             f"e.g. {option} 600")
+
+
 def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
          health_timeout: float) -> int:
+    _seconds("--drain-timeout", drain_timeout)
+    _seconds("--health-timeout", health_timeout)
     roll = Roll(plan(inventory, data, batch), drain_timeout, health_timeout)
     try:
         ok = roll()

@@ -34,22 +34,34 @@ class Router:
     def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:
             response = self.http.request(method, path, **kw)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise RouterError(f"router {self.url}: {method} {path}: {exc}") from None
         if response.status_code >= 400:
+            body = response.content[:200].decode(errors="replace").replace("\n", " ")
             raise RouterError(f"router {self.url}: {method} {path} answered "
-                              f"{response.status_code}: {response.text[:200]}")
-        return response.json() if response.content else None
+                              f"{response.status_code}: {body}")
+        try:
+            return response.json() if response.content else None
+        except ValueError:  # not JSON, or not UTF-8: not a router
+            raise RouterError(f"router {self.url}: {method} {path} answered "
+                              f"{response.status_code} but not JSON: {response.content[:80]!r} "
+                              "(is it an sglang-router?)") from None
 
     def alive(self) -> bool:
         try:
             return self.http.get("/liveness").status_code == 200
-        except httpx.HTTPError:
+        except (httpx.HTTPError, httpx.InvalidURL):
             return False
 
     def workers(self) -> dict[str, dict[str, Any]]:
         """Registered workers by URL."""
-        return {w["url"]: w for w in self._call("GET", "/workers").get("workers", [])}
+        answer = self._call("GET", "/workers")
+        workers = answer.get("workers", []) if isinstance(answer, dict) else None
+        if not isinstance(workers, list) or not all(
+                isinstance(w, dict) and isinstance(w.get("url"), str) for w in workers):
+            raise RouterError(f"router {self.url}: GET /workers answered something other than "
+                              "a list of workers with URLs (is it an sglang-router?)")
+        return {w["url"]: w for w in workers}
 
     def add(self, url: str) -> bool:
         """Register ``url`` unless it is registered already; True if it was added."""
@@ -63,6 +75,8 @@ class Router:
         worker = self.workers().get(url)
         if worker is None:
             return False
+        if not isinstance(worker.get("id"), str | int):
+            raise RouterError(f"router {self.url}: worker {url} has no id to remove it by")
         self._call("DELETE", f"/workers/{worker['id']}")
         self._wait(lambda: url not in self.workers(), 30, f"{url} to leave the router")
         return True
@@ -86,13 +100,16 @@ def in_flight(url: str) -> int | None:
     """Requests running or queued on a server, from its /metrics (None if it has none)."""
     try:
         text = httpx.get(f"{url.rstrip('/')}/metrics", timeout=5).text
-    except httpx.HTTPError:
+    except (httpx.HTTPError, httpx.InvalidURL, ValueError):
         return None
     total, seen = 0.0, False
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in RUNNING:
-            total += float(line.rsplit(" ", 1)[1])
+            try:
+                total += float(line.rsplit(" ", 1)[1])
+            except (ValueError, IndexError):
+                continue  # a line that is not a sample: no metric to drain by
             seen = True
     return int(total) if seen else None
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_fleet import releases
+from sglang_fleet import releases, validators
 
 REQUIRED = object()
 Check = Callable[[Any], str | None]
@@ -28,9 +28,10 @@ class Field:
     def type_name(self) -> str:
         names = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
                  list: "a list", dict: "a mapping"}
-        name = " or ".join(names[t] for t in self.types if t in names)
+        types = [t for t in self.types if not (t is int and float in self.types)]
+        name = " or ".join(names[t] for t in types if t in names)
         if self.item is not None:
-            name += f" of {names[self.item]}s"
+            name += f" of {names[self.item].removeprefix('a ')}s"
         return name + (" or null" if self.nullable else "")
 
 
@@ -53,19 +54,35 @@ def _one_of(*choices: str) -> Check:
 
 
 def _release(value: Any) -> str | None:
-    if value in releases.supported():
-        return None
-    return f"SGLang {value} has no flag table; supported: {', '.join(releases.supported())}"
-
-
-_MODEL_SOURCE = re.compile(r"^(hf://[\w.-]+/[\w.-]+(@[\w./-]+)?|s3://[a-z0-9][a-z0-9.-]+(/.*)?|/.+)$")
+    return releases.version_problem(value)
 
 
 def _model_source(value: Any) -> str | None:
-    if not _MODEL_SOURCE.match(value):
-        return f"{value!r} is not hf://org/name@revision, s3://bucket/prefix or an absolute path"
-    if value.startswith("hf://") and "@" not in value:
-        return f"{value!r} has no pinned revision"
+    return validators.model_source_problem(value)
+
+
+def _form(check: Callable[[str], str | None]) -> Check:
+    """A check of a string's form (the value is a str once its type is checked)."""
+    return lambda value: check(value)
+
+
+def _names(check: Callable[[str], str | None]) -> Check:
+    def each(value: Any) -> str | None:
+        for item in value:
+            wrong = check(item)
+            if wrong:
+                return wrong
+        return None
+
+    return each
+
+
+def _port(value: Any) -> str | None:
+    if value < 1024:
+        return (f"port {value} is privileged (below 1024): the server runs as the unprivileged "
+                "user sglang, without capabilities, and could not bind it")
+    if value > 65535:
+        return f"must be at most 65535, got {value}"
     return None
 
 
@@ -81,18 +98,37 @@ def _secret_name(value: Any) -> str | None:
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
+# Set by the product itself: a profile may not override them.
+RESERVED_ENV = ("SGLANG_API_KEY",)
+MAX_ENV = 128
+MAX_EXTRA_ARGS = 256
+
+
 def _env(value: Any) -> str | None:
-    bad = [k for k in value if not _ENV_NAME.match(k)]
-    return f"invalid variable names: {', '.join(bad)}" if bad else None
+    bad = [k for k in value if not _ENV_NAME.fullmatch(k)]
+    if bad:
+        return (f"invalid variable names: {', '.join(map(repr, bad))} (POSIX names: upper-case "
+                "letters, digits and _, not starting with a digit)")
+    reserved = [k for k in value if k in RESERVED_ENV]
+    if reserved:
+        return f"{reserved[0]} is set by the product (from server.api_key_secret)"
+    if len(value) > MAX_ENV:
+        return f"has {len(value)} variables; at most {MAX_ENV}"
+    return None
 
 
 def _flags(value: Any) -> str | None:
     if value and not value[0].startswith("--"):
         return f"must start with a --flag, got {value[0]!r}"
+    if len(value) > MAX_EXTRA_ARGS:
+        return f"has {len(value)} words; at most {MAX_EXTRA_ARGS}"
     return None
 
 
-def _int(default: Any = None, low: int = 1, high: int | None = None, fix: str = "") -> Field:
+MAX_INT = 2**31 - 1  # no count, size or length SGLang takes is larger
+
+
+def _int(default: Any = None, low: int = 1, high: int | None = MAX_INT, fix: str = "") -> Field:
     return Field((int,), default, _range(low, high), fix, nullable=default is None)
 
 
@@ -106,21 +142,27 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "engine": {
         "version": Field((str,), releases.pinned(), _release,
                          "pin a release listed in src/sglang_fleet/data/releases.json"),
-        "package": Field((str,), "sglang"),
-        "extras": Field((list,), [], item=str),
+        "package": Field((str,), "sglang", _form(validators.pep508_problem),
+                         "a PyPI project name, e.g. sglang"),
+        "extras": Field((list,), [], _names(validators.pep508_problem),
+                        "a list of extras names, e.g. [blackwell]", item=str),
         "index_url": _opt_str("an index URL such as https://pypi.org/simple"),
-        "launcher": Field((str,), "sglang.launch_server", fix="a module run as python -m MODULE"),
+        "launcher": Field((str,), "sglang.launch_server", _form(validators.module_problem),
+                          "a module run as python -m MODULE"),
     },
     "model": {
         "source": Field((str,), REQUIRED, _model_source,
                         "write hf://org/name@revision, s3://bucket/prefix or /abs/path"),
-        "served_name": Field((str,), REQUIRED, fix="the model id clients send, e.g. qwen3.6-27b"),
-        "architecture": _opt_str("the architectures[0] value of the model's config.json"),
+        "served_name": Field((str,), REQUIRED, _form(validators.served_name_problem),
+                             "the model id clients send, e.g. qwen3.6-27b"),
+        "architecture": _opt_str("the architectures[0] value of the model's config.json",
+                                 _form(validators.identifier_problem)),
         "config": _opt_str("path to the model's config.json, read by preflight"),
         "trust_remote_code": Field((bool,), False),
     },
     "speculative": {
-        "algorithm": _opt_str("NEXTN or EAGLE for MTP; null turns speculative decoding off"),
+        "algorithm": _opt_str("NEXTN or EAGLE for MTP; null turns speculative decoding off",
+                              _form(validators.word_problem)),
         "num_steps": _int(fix="e.g. 3"),
         "eagle_topk": _int(fix="e.g. 1"),
         "num_draft_tokens": _int(low=2, fix="num_steps + 1 when eagle_topk is 1"),
@@ -130,10 +172,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
                           f"one of {', '.join(MAMBA_STRATEGIES)}"),
         "track_interval": _int(fix="a multiple of page_size, at least num_draft_tokens"),
         "full_memory_ratio": Field((float, int), None, _range(0, 1, open_low=True),
-                                   "a ratio in (0, 1]", nullable=True),
+                                   "a ratio in (0, 1], e.g. 0.9", nullable=True),
     },
     "memory": {
-        "mem_fraction_static": Field((float,), None, _range(0, 1, open_low=True),
+        "mem_fraction_static": Field((float, int), None, _range(0, 1, open_low=True),
                                      "a fraction in (0, 1], e.g. 0.85", nullable=True),
         "max_running_requests": _int(fix="e.g. 48"),
         "max_mamba_cache_size": _int(fix="mamba state slots, e.g. 240"),
@@ -144,8 +186,10 @@ SCHEMA: dict[str, dict[str, Field]] = {
     "scheduler": {
         "radix_cache": Field((bool,), True),
         "overlap_schedule": Field((bool,), True),
-        "attention_backend": _opt_str("a backend the release accepts, e.g. triton"),
-        "linear_attn_backend": _opt_str("a backend the release accepts, e.g. triton"),
+        "attention_backend": _opt_str("a backend the release accepts, e.g. triton",
+                                      _form(validators.word_problem)),
+        "linear_attn_backend": _opt_str("a backend the release accepts, e.g. triton",
+                                        _form(validators.word_problem)),
     },
     "parallel": {
         "tp": _int(1, fix="GPUs per tensor-parallel group"),
@@ -154,12 +198,15 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "instances": _int(1, high=64, fix="servers per host, each on tp x dp GPUs of its own"),
     },
     "parsers": {
-        "reasoning": _opt_str("a reasoning parser the release knows, e.g. qwen3"),
-        "tool": _opt_str("a tool-call parser the release knows, e.g. qwen3_coder"),
+        "reasoning": _opt_str("a reasoning parser the release knows, e.g. qwen3",
+                              _form(validators.word_problem)),
+        "tool": _opt_str("a tool-call parser the release knows, e.g. qwen3_coder",
+                         _form(validators.word_problem)),
     },
     "server": {
-        "host": Field((str,), "0.0.0.0"),
-        "port": _int(30000, high=65535, fix="a TCP port"),
+        "host": Field((str,), "0.0.0.0", _form(validators.host_problem),
+                      "an IP address (0.0.0.0 for every interface) or a host name"),
+        "port": Field((int,), 30000, _port, "a TCP port from 1024 to 65535, e.g. 30000"),
         "api_key_secret": _opt_str("e.g. sglang-api-key", _secret_name),
         "admin_api_key_secret": _opt_str("e.g. sglang-admin-api-key", _secret_name),
         "metrics": Field((bool,), False),
