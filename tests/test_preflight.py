@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import preflight, profile
+from sglang_fleet import flags, preflight, profile, releases
 from sglang_fleet.errors import InputError
 from sglang_fleet.render import render
 from tests.conftest import FIELD_PROFILE, MINIMAL
@@ -153,3 +153,31 @@ def test_model_config_errors(tmp_path: Path, write_profile: Write) -> None:
                        ("empty.json", "architectures")):
         with pytest.raises(InputError, match=text):
             preflight.resolve_architecture(p, str(tmp_path / name))
+
+
+@pytest.mark.parametrize("version", sorted(preflight.LATER_CHECKS))
+def test_later_checks_table(version: str, write_profile: Write) -> None:
+    """The lazy buffer without the overlap schedule passes ServerArgs but dies sizing the pools:
+    check() says so, citing the release's file and line; check_server_args() does not."""
+    path = write_profile(MINIMAL + f"engine: {{version: '{version}'}}\n"
+                         "mamba: {strategy: extra_buffer_lazy}\n"
+                         "scheduler: {overlap_schedule: false}\n")
+    p = profile.load(path)
+    launch = render(p, version)
+    assert preflight.check_server_args(p, launch, QWEN) == []
+    [problem] = preflight.check(p, launch, QWEN)
+    where, text = preflight.LATER_CHECKS[version]
+    assert text in problem.message and where in problem.message
+    assert problem.key == "scheduler.overlap_schedule"
+    ok = write_profile(MINIMAL + f"engine: {{version: '{version}'}}\n"
+                       "mamba: {strategy: extra_buffer_lazy}\n", name="ok.yaml")
+    q = profile.load(ok)
+    assert preflight.check(q, render(q, version), QWEN) == []
+
+
+def test_releases_with_lazy_have_a_later_check() -> None:
+    for version in releases.supported():
+        has_lazy = "extra_buffer_lazy" in str(flags.load(version).flags.get(
+            "--mamba-radix-cache-strategy") or flags.load(version).flags.get(
+            "--mamba-scheduler-strategy"))
+        assert has_lazy == (version in preflight.LATER_CHECKS), version

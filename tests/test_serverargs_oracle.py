@@ -11,6 +11,7 @@ one oracle subprocess.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -159,3 +160,40 @@ def test_preflight_and_simulator_agree_with_real_server_args(version: str, tmp_p
 
 def test_the_matrix_is_large_enough() -> None:
     assert sum(len(matrix(v)) for v in releases.supported()) >= 300
+
+
+def _oracle_module() -> Any:
+    spec = importlib.util.spec_from_file_location("sglang_oracle",
+                                                  ROOT / "scripts" / "sglang_oracle.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def release_source(version: str) -> Path:
+    work = os.environ.get("SGLANG_FLEET_ORACLE_WORK")
+    extra = ["--work", work] if work else []
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "sglang_oracle.py"), *extra,
+                             "source", version], capture_output=True, text=True, timeout=1800)
+    if result.returncode:
+        pytest.fail(f"cannot stage SGLang {version}: {result.stderr[-2000:]}")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def test_mamba_architecture_table_is_each_releases_own() -> None:
+    """data/mamba_archs.json is what scripts/sglang_oracle.py reads from each release."""
+    oracle = _oracle_module()
+    table = json.loads((ROOT / "src" / "sglang_fleet" / "data" / "mamba_archs.json").read_text())
+    assert set(table) == set(releases.supported())
+    for version in releases.supported():
+        assert oracle.mamba_archs(release_source(version)) == table[version], version
+
+
+@pytest.mark.parametrize("version", sorted(preflight.LATER_CHECKS))
+def test_later_checks_are_where_preflight_cites_them(version: str) -> None:
+    """Each check SGLang makes after ServerArgs is at the file and line preflight cites."""
+    where, text = preflight.LATER_CHECKS[version]
+    path, line = where.rsplit(":", 1)
+    lines = (release_source(version) / path).read_text().splitlines()
+    assert text in "\n".join(lines[int(line) - 3:int(line) + 1]), (version, where)

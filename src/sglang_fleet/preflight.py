@@ -277,28 +277,40 @@ def _hybrid(c: _Ctx) -> Iterator[Problem]:
         yield from _old_rules(c, arch)
 
 
-# Checks SGLang makes after ServerArgs, while building the memory pools: the server is accepted,
-# then dies at startup. (release range, source file:line of that release, check)
-LATER_CHECKS = (
-    ("0.5.13 - 0.5.13.post1", "sglang/srt/model_executor/model_runner_kv_cache_mixin.py:249",
-     "extra_buffer_lazy needs the overlap schedule"),
-    ("0.5.14 - 0.5.19", "sglang/srt/mem_cache/kv_cache_configurator.py:2066 (0.5.19)",
-     "extra_buffer_lazy needs the overlap schedule"),
-    ("0.5.20 - 0.5.23", "sglang/srt/mem_cache/kv_cache_configurator.py:3075 (0.5.23)",
-     "extra_buffer_lazy needs the overlap schedule"),
-)
+# Checks SGLang makes after ServerArgs, while sizing the memory pools (_calculate_mamba_ratio): the
+# arguments are accepted, then the server dies at startup. Per release: where the assert is.
+LAZY_NEEDS_OVERLAP = "Lazy extra buffer requires overlap schedule"
+_MIXIN = "sglang/srt/model_executor/model_runner_kv_cache_mixin.py"
+_CONFIGURATOR = "sglang/srt/mem_cache/kv_cache_configurator.py"
+LATER_CHECKS: dict[str, tuple[str, str]] = {  # release: (file:line, what the line asserts)
+    "0.5.13": (f"{_MIXIN}:249", LAZY_NEEDS_OVERLAP),
+    "0.5.13.post1": (f"{_MIXIN}:249", LAZY_NEEDS_OVERLAP),
+    "0.5.14": (f"{_MIXIN}:290", LAZY_NEEDS_OVERLAP),
+    "0.5.15": (f"{_MIXIN}:309", LAZY_NEEDS_OVERLAP),
+    "0.5.15.post1": (f"{_MIXIN}:309", LAZY_NEEDS_OVERLAP),
+    "0.5.16": (f"{_CONFIGURATOR}:1588", LAZY_NEEDS_OVERLAP),
+    "0.5.17": (f"{_CONFIGURATOR}:1680", LAZY_NEEDS_OVERLAP),
+    "0.5.18": (f"{_CONFIGURATOR}:1834", LAZY_NEEDS_OVERLAP),
+    "0.5.19": (f"{_CONFIGURATOR}:2066", LAZY_NEEDS_OVERLAP),
+    "0.5.20": (f"{_CONFIGURATOR}:2223", LAZY_NEEDS_OVERLAP),
+    "0.5.21": (f"{_CONFIGURATOR}:2252", LAZY_NEEDS_OVERLAP),
+    "0.5.22": (f"{_CONFIGURATOR}:2756", LAZY_NEEDS_OVERLAP),
+    "0.5.23": (f"{_CONFIGURATOR}:3075", LAZY_NEEDS_OVERLAP),
+}
 
 
 def later_checks(c: _Ctx) -> Iterator[Problem]:
     """LATER_CHECKS: _calculate_mamba_ratio asserts "Lazy extra buffer requires overlap schedule
     (--disable-overlap-schedule is incompatible)" when the lazy buffer is really in use."""
     arch = c.arch
-    if (arch is None or not is_hybrid(arch, c.version) or c.strategy != "extra_buffer_lazy"
-            or c.a.get("disable_radix_cache") or not c.a.get("disable_overlap_schedule")):
+    if (c.version not in LATER_CHECKS or arch is None or not is_hybrid(arch, c.version)
+            or c.strategy != "extra_buffer_lazy" or c.a.get("disable_radix_cache")
+            or not c.a.get("disable_overlap_schedule")):
         return
+    where = LATER_CHECKS[c.version][0]
     yield c.problem("scheduler.overlap_schedule",
-                    "Lazy extra buffer requires overlap schedule (--disable-overlap-schedule is "
-                    "incompatible)",
+                    f"{LAZY_NEEDS_OVERLAP} (--disable-overlap-schedule is incompatible), "
+                    f"asserted at startup by {where}",
                     f"set scheduler.overlap_schedule: true or use {c.strategy_flag} extra_buffer")
 
 
