@@ -197,3 +197,12 @@ def test_capacity_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     assert "cannot read" in capsys.readouterr().err
     (tmp_path / "empty").write_text("hello\n")
     assert cli.main(["capacity", str(tmp_path / "empty")]) == 1
+
+
+def test_ratio_lever_when_a_ratio_can_reach_it() -> None:
+    """With 6 GB free, one more request fits: 25 slots, a mamba share of 0.9/1.9 * 25/24 of the
+    pool, i.e. --mamba-full-memory-ratio 0.97 (0.9 gives 24)."""
+    lines = [x.replace("30.12 GB", "6.00 GB") for x in field_0_5_12()]
+    [line] = capacity.advice(capacity.parse(lines, "0.5.12"))
+    assert "for up to 5 running requests use --max-mamba-cache-size 25" in line
+    assert "--mamba-full-memory-ratio 0.97 (mamba.full_memory_ratio; now 0.9" in line
