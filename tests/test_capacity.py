@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from sglang_fleet import capacity
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from sglang_fleet import capacity, cli
 
 FIELD = [
     "[2026-11-30 06:29:24 TP0] Load weight end. elapsed=12.34 s, "
@@ -35,9 +41,9 @@ def test_parse_field_lines() -> None:
 def test_advice_names_the_flag_and_a_size() -> None:
     [line] = capacity.advice(capacity.parse(FIELD))
     assert line.startswith("max running requests 4 is capped by the mamba cache (24 slots, 5 per "
-                           "request with extra_buffer) while 30 GB is free: raise "
-                           "--max-mamba-cache-size to 120")
-    assert "for up to 24 running requests" in line
+                           "request; logged) while 30 GB is free: for up to 24 running requests "
+                           "use --max-mamba-cache-size 120 (memory.max_mamba_cache_size)")
+    assert "--mamba-ssm-dtype bfloat16 (about 48 slots" in line
 
 
 def test_other_formats() -> None:
@@ -53,3 +59,150 @@ def test_other_formats() -> None:
 def test_job_time() -> None:
     line = capacity.job_time(900_000, 1000, 150.0, 48)
     assert line.startswith("900,000 completions of 1000 tokens: about 34.7 h")
+
+
+# Log lines built with each release's own format strings (paths are inside the wheel).
+def load_end(arch: str, avail: float, usage: float) -> str:
+    # model_executor/model_runner.py (0.5.10 - 0.5.23)
+    return (f"Load weight end. elapsed={12.34:.2f} s, type={arch}, avail mem={avail:.2f} GB, "
+            f"mem usage={usage:.2f} GB.")
+
+
+def kv_line(version: str, tokens: int, k: float, v: float, label: str | None = None) -> str:
+    # mem_cache/memory_pool.py: no dtype before 0.5.13; a label from 0.5.19
+    name = f"{label} KV Cache" if label else "KV Cache"
+    dtype = "dtype: torch.bfloat16, " if version >= "0.5.13" else ""
+    return f"{name} is allocated. {dtype}#tokens: {tokens}, K size: {k:.2f} GB, V size: {v:.2f} GB"
+
+
+def mamba_line(slots: int) -> str:
+    # mem_cache/memory_pool.py, with speculative decoding
+    return (f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, conv_state size: "
+            f"{0.10:.2f}GB, ssm_state size: {3.52:.2f}GB intermediate_ssm_state_cache size: "
+            f"{2.81:.2f}GB intermediate_conv_window_cache size: {0.05:.2f}GB ")
+
+
+def summary_line(tokens: int, mrr: int, free: float) -> str:
+    # managers/scheduler.py
+    return (f"max_total_num_tokens={tokens}, chunked_prefill_size=16384, "
+            f"max_prefill_tokens=16384, max_running_requests={mrr}, context_len=262144, "
+            f"available_gpu_mem={free:.2f} GB")
+
+
+def journal(lines: list[str]) -> list[str]:
+    """As journalctl prints them: a journal prefix, then SGLang's own '[time TP0] '."""
+    return [f"Nov 30 06:29:24 b200-01 python[4242]: [2026-11-30 06:29:24 TP0] {x}" for x in lines]
+
+
+SERVER_ARGS_0_5_12 = ("server_args=ServerArgs(model_path='/var/lib/sglang/models/q', "
+                      "mamba_scheduler_strategy='extra_buffer', disable_radix_cache=False, "
+                      "disable_overlap_schedule=False, max_running_requests=None, "
+                      "mamba_ssm_dtype=None, mamba_full_memory_ratio=0.9, "
+                      "speculative_algorithm='EAGLE')")
+
+
+def field_0_5_12() -> list[str]:
+    """The field's case: 24 mamba slots -> 4 running requests, 30 GB free, nothing said."""
+    return journal([
+        SERVER_ARGS_0_5_12,
+        load_end("Qwen3_5ForConditionalGeneration", 120.50, 54.10),
+        kv_line("0.5.12", 77000, 4.20, 4.20), mamba_line(24),
+        "Memory pool end. avail mem=31.00 GB",
+        load_end("Qwen3_5ForCausalLMMTP", 30.50, 0.40),
+        kv_line("0.5.12", 77000, 0.05, 0.05), "Memory pool end. avail mem=30.12 GB",
+        summary_line(77000, 4, 30.12)])
+
+
+def test_mamba_cap_inferred_where_the_release_prints_none() -> None:
+    cap = capacity.parse(field_0_5_12(), "0.5.12")
+    assert (cap.kv_tokens, cap.kv_gb, cap.weights_gb) == (77000, 8.4, 54.1)  # the main worker
+    assert cap.architecture == "Qwen3_5ForConditionalGeneration"
+    assert cap.draft is not None and cap.draft.architecture == "Qwen3_5ForCausalLMMTP"
+    assert cap.draft.kv_gb == 0.1 and cap.draft.pool_end_gb == 30.12
+    assert cap.capped_by_mamba and cap.cap_inferred and cap.slots_per_request == 5
+    [line] = capacity.advice(cap)
+    assert "inferred: this release does not log the cap" in line
+    assert "--max-mamba-cache-size 120" in line and "--mamba-ssm-dtype bfloat16" in line
+    assert "lower --mem-fraction-static" not in line
+
+
+def test_no_inference_without_the_strategy_when_ambiguous() -> None:
+    lines = [x for x in field_0_5_12() if "server_args=" not in x]
+    lines = [x.replace("max_running_requests=4", "max_running_requests=6") for x in lines]
+    cap = capacity.parse(lines, "0.5.12")  # 24 // 4 == 6: only lazy/no-overlap fits
+    assert cap.capped_by_mamba and cap.slots_per_request == 4
+    lines = [x.replace("max_running_requests=6", "max_running_requests=7") for x in lines]
+    assert not capacity.parse(lines, "0.5.12").capped_by_mamba  # no ratio gives 7
+
+
+def test_asked_for_limit_is_not_a_cap() -> None:
+    lines = [x.replace("max_running_requests=None", "max_running_requests=4")
+             for x in field_0_5_12()]
+    assert not capacity.parse(lines, "0.5.12").capped_by_mamba
+
+
+def test_kv_line_without_dtype_gives_the_size() -> None:
+    cap = capacity.parse(journal([kv_line("0.5.10", 5000, 0.75, 0.75),
+                                  summary_line(5000, 48, 10.0)]), "0.5.10")
+    assert cap.kv_gb == 1.5 and cap.kv_tokens == 5000
+
+
+def test_0_5_23_labelled_kv_and_logged_cap() -> None:
+    lines = journal([
+        "server_args={'model_path': '/m', 'mamba_radix_cache_strategy': 'extra_buffer', "
+        "'disable_overlap_schedule': False, 'disable_radix_cache': False, "
+        "'max_running_requests': None, 'mamba_full_memory_ratio': 0.9}",
+        load_end("Qwen3_5ForConditionalGeneration", 120.5, 54.1),
+        "max_running_requests is capped to 4 by the mamba state cache (max_mamba_cache_size=24, "
+        "5 state slots per request). To raise it: increase --mamba-full-memory-ratio or "
+        "--max-mamba-cache-size, or halve the state size with --mamba-ssm-dtype bfloat16.",
+        kv_line("0.5.23", 77000, 4.2, 4.2, label="Target"), mamba_line(24),
+        "Memory pool end. avail mem=31.00 GB", summary_line(77000, 4, 30.12)])
+    cap = capacity.parse(lines, "0.5.23")
+    assert cap.kv_gb == 8.4 and cap.capped_by_mamba and not cap.cap_inferred
+    assert cap.server_args["mamba_radix_cache_strategy"] == "extra_buffer"
+
+
+def test_kv_capped_limit_is_named() -> None:
+    lines = journal([
+        load_end("LlamaForCausalLM", 120.5, 14.1), kv_line("0.5.19", 9000, 0.5, 0.5),
+        "max_running_requests was reduced from the requested 256 to 64 (per dp worker) due to "
+        "the available KV cache capacity.",
+        summary_line(9000, 64, 20.0)])
+    cap = capacity.parse(lines, "0.5.19")
+    assert cap.capped_by_kv and cap.requested_running_requests == 256
+    [line] = capacity.advice(cap)
+    assert line.startswith("max running requests 64 is capped by the KV cache (requested 256")
+
+
+def test_a_restart_replaces_the_earlier_startup() -> None:
+    first = field_0_5_12()
+    second = [x.replace("77000", "90000") for x in field_0_5_12()]
+    cap = capacity.parse(first + second, "0.5.12")
+    assert cap.kv_tokens == 90000 and cap.draft is not None and cap.draft.kv_tokens == 90000
+
+
+def test_capacity_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                          monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "journal.txt"
+    log.write_text("\n".join(field_0_5_12()) + "\n")
+    assert cli.main(["capacity", str(log), "--sglang-version", "0.5.12"]) == 0
+    out = capsys.readouterr().out
+    assert "capacity: KV tokens 77000" in out and "advice: max running requests 4" in out
+    monkeypatch.setattr("sys.stdin", io.StringIO(log.read_text()))
+    assert cli.main(["capacity", "-", "--json", "--sglang-version", "0.5.12"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["capped_by_mamba"] and report["draft"]["architecture"].endswith("MTP")
+    assert cli.main(["capacity", str(tmp_path / "missing")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    (tmp_path / "empty").write_text("hello\n")
+    assert cli.main(["capacity", str(tmp_path / "empty")]) == 1
+
+
+def test_ratio_lever_when_a_ratio_can_reach_it() -> None:
+    """With 6 GB free, one more request fits: 25 slots, a mamba share of 0.9/1.9 * 25/24 of the
+    pool, i.e. --mamba-full-memory-ratio 0.97 (0.9 gives 24)."""
+    lines = [x.replace("30.12 GB", "6.00 GB") for x in field_0_5_12()]
+    [line] = capacity.advice(capacity.parse(lines, "0.5.12"))
+    assert "for up to 5 running requests use --max-mamba-cache-size 25" in line
+    assert "--mamba-full-memory-ratio 0.97 (mamba.full_memory_ratio; now 0.9" in line

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import preflight, profile
+from sglang_fleet import flags, preflight, profile, releases
 from sglang_fleet.errors import InputError
 from sglang_fleet.render import render
 from tests.conftest import FIELD_PROFILE, MINIMAL
@@ -37,7 +37,7 @@ def test_the_field_failure_on_0_5_12(write_profile: Write) -> None:
     path = write_profile(MINIMAL + MTP + "mamba:\n  strategy: no_buffer\n")
     [message] = run(path, "0.5.12")
     assert f"Speculative decoding for {QWEN} is not compatible with radix cache" in message
-    assert "use --mamba-scheduler-strategy extra_buffer with SGLANG_ENABLE_SPEC_V2=1" in message
+    assert "use --mamba-scheduler-strategy extra_buffer (mamba.strategy: extra_buffer)" in message
 
 
 def test_auto_meant_no_buffer_before_0_5_14(write_profile: Write) -> None:
@@ -69,10 +69,13 @@ scheduler: {overlap_schedule: false, attention_backend: trtllm_mha}
 def test_extra_buffer_with_radix_cache_disabled(write_profile: Write) -> None:
     path = write_profile(MINIMAL + MTP + "mamba: {strategy: extra_buffer}\n"
                          "scheduler: {radix_cache: false}\n")
-    for version in ("0.5.12", "0.5.23"):
+    for version in ("0.5.10", "0.5.12", "0.5.13.post1"):
         [message] = run(path, version)
         assert "not compatible with --disable-radix-cache" in message
         assert "scheduler.radix_cache" in message
+    # 0.5.14+ return early when the radix cache is off: it starts.
+    for version in ("0.5.14", "0.5.19", "0.5.23"):
+        assert run(path, version) == []
 
 
 def test_extra_buffer_unsupported_architecture(write_profile: Write) -> None:
@@ -115,11 +118,18 @@ def test_unknown_algorithm(write_profile: Write) -> None:
     assert "Unknown speculative algorithm name: MTP" in message and "NEXTN" in message
 
 
-def test_spec_v2_disabled_on_0_5_10(write_profile: Write) -> None:
+def test_spec_v2_is_not_required_on_0_5_10(write_profile: Write) -> None:
     path = write_profile(MINIMAL + MTP + "mamba: {strategy: extra_buffer}\n"
                          "env: {SGLANG_ENABLE_SPEC_V2: '0'}\n")
-    [message] = run(path, "0.5.10")
-    assert "SGLANG_ENABLE_SPEC_V2=1" in message
+    assert run(path, "0.5.10") == []
+
+
+def test_spec_v2_refuses_topk_above_one_on_0_5_10(write_profile: Write) -> None:
+    spec = MTP.replace("eagle_topk: 1", "eagle_topk: 2")
+    path = write_profile(MINIMAL + spec + "mamba: {strategy: extra_buffer}\n")
+    [message] = run(path, "0.5.10")  # the rendered env turns spec v2 on for 0.5.10
+    assert "Spec v2 currently only supports topk = 1" in message
+    assert run(path, "0.5.11") == []
 
 
 def test_non_hybrid_model_skips_mamba_rules(write_profile: Write) -> None:
@@ -143,3 +153,31 @@ def test_model_config_errors(tmp_path: Path, write_profile: Write) -> None:
                        ("empty.json", "architectures")):
         with pytest.raises(InputError, match=text):
             preflight.resolve_architecture(p, str(tmp_path / name))
+
+
+@pytest.mark.parametrize("version", sorted(preflight.LATER_CHECKS))
+def test_later_checks_table(version: str, write_profile: Write) -> None:
+    """The lazy buffer without the overlap schedule passes ServerArgs but dies sizing the pools:
+    check() says so, citing the release's file and line; check_server_args() does not."""
+    path = write_profile(MINIMAL + f"engine: {{version: '{version}'}}\n"
+                         "mamba: {strategy: extra_buffer_lazy}\n"
+                         "scheduler: {overlap_schedule: false}\n")
+    p = profile.load(path)
+    launch = render(p, version)
+    assert preflight.check_server_args(p, launch, QWEN) == []
+    [problem] = preflight.check(p, launch, QWEN)
+    where, text = preflight.LATER_CHECKS[version]
+    assert text in problem.message and where in problem.message
+    assert problem.key == "scheduler.overlap_schedule"
+    ok = write_profile(MINIMAL + f"engine: {{version: '{version}'}}\n"
+                       "mamba: {strategy: extra_buffer_lazy}\n", name="ok.yaml")
+    q = profile.load(ok)
+    assert preflight.check(q, render(q, version), QWEN) == []
+
+
+def test_releases_with_lazy_have_a_later_check() -> None:
+    for version in releases.supported():
+        has_lazy = "extra_buffer_lazy" in str(flags.load(version).flags.get(
+            "--mamba-radix-cache-strategy") or flags.load(version).flags.get(
+            "--mamba-scheduler-strategy"))
+        assert has_lazy == (version in preflight.LATER_CHECKS), version

@@ -52,6 +52,34 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_capacity(args: argparse.Namespace) -> int:
+    """The capacity report and advice from a startup log (journal text or plain log)."""
+    from pathlib import Path
+
+    from sglang_fleet import capacity
+
+    try:
+        text = sys.stdin.read() if args.log == "-" else \
+            Path(args.log).read_text(errors="replace")
+    except OSError as exc:
+        print(f"sglang-fleet capacity: cannot read {args.log}: {exc.strerror}; give a log file "
+              "or - for standard input (e.g. journalctl -u sglang -o cat | sglang-fleet "
+              "capacity -)", file=sys.stderr)
+        return 1
+    cap = capacity.parse(text.splitlines(), args.sglang_version)
+    if args.json:
+        print(json.dumps({**cap.as_json(), "advice": capacity.advice(cap)}, indent=2))
+        return 0
+    if cap.missing:
+        print(f"{args.log}: no {' or '.join(cap.missing)} line found: not an SGLang startup log, "
+              "or cut before the server was up", file=sys.stderr)
+        return 1
+    print("capacity: " + capacity.summary(cap))
+    for line in capacity.advice(cap):
+        print("advice: " + line)
+    return 0
+
+
 def cmd_lab_up(args: argparse.Namespace) -> int:
     from sglang_fleet.lab import manage
 
@@ -239,6 +267,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
     p.add_argument("--model-config", help="the model's config.json (or its directory)")
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("capacity", help="capacity report and advice from an SGLang startup log")
+    p.add_argument("log", help="a log file (journal text or plain log), or - for standard input")
+    p.add_argument("--sglang-version", help="the release that wrote the log (lets the report "
+                   "infer a mamba cap that releases before 0.5.17 do not log)")
+    p.add_argument("--json", action="store_true", help="print a JSON report")
+    p.set_defaults(func=cmd_capacity)
 
     p = sub.add_parser("smoke", help="a smoke generation against a running server or router")
     p.add_argument("url", help="e.g. http://10.0.0.11:30000")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import re
 import subprocess
 import sys
 import time
@@ -137,9 +138,23 @@ def check_arguments(info: dict[str, Any], expect: dict[str, Any]) -> list[str]:
     return wrong
 
 
-def smoke(url: str, key: str | None, model: str) -> dict[str, Any]:
+META_INFO_FROM = (0, 5, 13)  # entrypoints/openai/protocol.py: return_meta_info first in 0.5.13
+
+
+def meta_info_reported(version: str | None) -> bool | None:
+    """Whether the release answers ``return_meta_info`` (None: release unknown).
+
+        meta_info_reported("0.5.12")  # -> False
+    """
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version or "")
+    return None if not m else tuple(int(x) for x in m.groups()) >= META_INFO_FROM
+
+
+def smoke(url: str, key: str | None, model: str, version: str | None = None) -> dict[str, Any]:
     """One streamed chat completion (TTFT, tokens/s) and one with meta_info (accept length).
-    A reasoning model may answer with content null or "" and everything in reasoning_content."""
+    A reasoning model may answer with content null or "" and everything in reasoning_content.
+    Releases before 0.5.13 have no ``return_meta_info``: the accept length is "not reported by
+    this release" there, which is not a failure."""
     body = {"model": model, "messages": [{"role": "user", "content": SMOKE_PROMPT}],
             "max_tokens": 512, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -198,7 +213,21 @@ def smoke(url: str, key: str | None, model: str) -> dict[str, Any]:
             "sane": "4" in answer or (not answer and bool(thought)),
             "ttft_s": round((first or end) - tic, 3), "tokens": tokens,
             "tokens_per_s": round(tokens / max(end - (first or tic), 1e-3), 1),
-            "accept_length": meta.get("spec_accept_length")}
+            "accept_length": meta.get("spec_accept_length"),
+            "meta_info": meta_info_reported(version) if not meta else True,
+            "version": version}
+
+
+def accept_text(s: dict[str, Any]) -> str:
+    """The accept length, or why there is none."""
+    if s.get("accept_length"):
+        return f", accept length {s['accept_length']:.2f}"
+    if s.get("meta_info") is False:
+        return (f", accept length not reported by this release (SGLang {s.get('version')}: "
+                "return_meta_info arrived in 0.5.13)")
+    if s.get("meta_info") is None:
+        return ", accept length not reported by this server (no meta_info)"
+    return ""
 
 
 def _chunk(raw: bytes, where: str) -> dict[str, Any] | None:
@@ -219,7 +248,7 @@ def _chunk(raw: bytes, where: str) -> dict[str, Any] | None:
 
 
 def describe(s: dict[str, Any]) -> str:
-    accept = f", accept length {s['accept_length']:.2f}" if s["accept_length"] else ""
+    accept = accept_text(s)
     return (f"smoke: {s['answer'] or '(reasoning only)'!r}, TTFT {s['ttft_s'] * 1000:.0f} ms, "
             f"{s['tokens_per_s']:.0f} tok/s{accept}")
 
@@ -272,18 +301,18 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
                         "another release is serving): " + "; ".join(wrong))
     print(f"arguments: SGLang {info.get('version')}, {info.get('speculative_algorithm')}, "
           f"model {info.get('model_path')}: as rendered")
-    result["smoke"] = s = smoke(args.url, key, args.model)
+    result["smoke"] = s = smoke(args.url, key, args.model, info.get("version"))
     if not s["sane"]:
         raise GateError(f"smoke answer is not sane: {s['answer']!r}")
     print(describe(s))
-    cap = capacity.parse(journal(invocation, 0))
+    cap = capacity.parse(journal(invocation, 0), info.get("version"))
     print("capacity: " + capacity.summary(cap))
     for line in capacity.advice(cap):
         print("advice: " + line)
     if args.job and cap.max_running_requests:
         n, length = (int(x) for x in args.job.split(","))
         print("job: " + capacity.job_time(n, length, s["tokens_per_s"], cap.max_running_requests))
-    result["capacity"] = cap.__dict__
+    result["capacity"] = cap.as_json()
 
 
 def main() -> int:

@@ -8,7 +8,9 @@
 
 Measured with sglang-router 0.3.2: ``DELETE /workers/{id}`` takes the worker out of routing at
 once and does not cut the requests already sent to it (they finish with 200); ``POST /workers``
-and ``DELETE`` answer 202 and finish in the background.
+and ``DELETE`` answer 202 and finish in the background. A worker added through ``POST /workers``
+does not inherit the router's ``--api-key`` (0.3.2 logs a warning and calls the worker without a
+key, which answers 401): the payload carries the worker's key.
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ class RouterError(Exception):
 
 
 class Router:
-    def __init__(self, url: str, api_key: str | None, timeout: float = 10) -> None:
+    def __init__(self, url: str, api_key: str | None, timeout: float = 10,
+                 worker_api_key: str | None = None) -> None:
+        """``api_key`` opens the router's API; ``worker_api_key`` is what the router must send to
+        the workers it is given (default: the same key, as when router and servers share the
+        ``sglang-api-key`` secret)."""
         self.url = url.rstrip("/")
+        self.worker_api_key = worker_api_key if worker_api_key is not None else api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
 
@@ -67,8 +74,12 @@ class Router:
         """Register ``url`` unless it is registered already; True if it was added."""
         if url in self.workers():
             return False
-        self._call("POST", "/workers", json={"url": url})
+        self._call("POST", "/workers", json=self.worker_payload(url))
         return True
+
+    def worker_payload(self, url: str) -> dict[str, str]:
+        """``POST /workers`` body: ``{"url": ..., "api_key": ...}`` (the key only when set)."""
+        return {"url": url, **({"api_key": self.worker_api_key} if self.worker_api_key else {})}
 
     def remove(self, url: str) -> bool:
         """Take ``url`` out of routing; True if it was registered."""

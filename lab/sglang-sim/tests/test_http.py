@@ -224,3 +224,12 @@ def test_nonzero_node_rank_health_is_always_200(sims: Launcher) -> None:
     assert httpx.get(sim.url + "/health").status_code == 200
     assert httpx.get(sim.url + "/v1/models").status_code == 404
     sim.stop()
+
+
+def test_no_meta_info_before_0_5_13(sims: Launcher) -> None:
+    sim = sims.start(*MTP, "--mamba-scheduler-strategy", "extra_buffer",
+                     env={"SGLANG_SIM_VERSION": "0.5.12"})
+    body = sim.client().post("/v1/chat/completions",
+                             json={**CHAT, "return_meta_info": True}).json()
+    assert body["choices"][0]["meta_info"] is None
+    sim.stop()

@@ -122,3 +122,42 @@ def test_installed_wheel_carries_its_flag_tables(tmp_path: Path, gpu_bin: Path) 
     assert result.returncode == 2
     assert "launch_server.py: error: unrecognized arguments: --mamba-scheduler-strategy" in \
         result.stderr
+
+
+def test_0_5_12_caps_silently_and_logs_kv_without_dtype(sims: Launcher) -> None:
+    """Before 0.5.17 the mamba cap is applied without a word; "dtype:" arrives in 0.5.13."""
+    sim = sims.start(*MTP, "--mamba-scheduler-strategy", "extra_buffer",
+                     "--max-mamba-cache-size", "24", env={"SGLANG_SIM_VERSION": "0.5.12"})
+    log = sim.output()
+    assert "max_running_requests is capped" not in log
+    assert "KV Cache is allocated. #tokens: " in log and "dtype:" not in log
+    assert ", max_running_requests=4, context_len=" in log  # 24 slots // 5 per request
+    assert "server_args=ServerArgs(" in log
+    sim.stop()
+
+
+def test_draft_worker_logs_its_own_lines_after_the_target(sims: Launcher) -> None:
+    sim = sims.start(*MTP, "--mamba-radix-cache-strategy", "extra_buffer")
+    log = sim.output()
+    target = log.index("type=Qwen3_5ForConditionalGeneration")
+    draft = log.index("type=Qwen3_5ForCausalLMMTP")
+    assert target < log.index("Mamba Cache is allocated.") < draft
+    assert log.count("KV Cache is allocated.") == 2 and log.count("Memory pool end.") == 2
+    assert draft < log.index("max_total_num_tokens=")
+    assert "server_args={" in log  # 0.5.19+ log the resolved dict
+    sim.stop()
+
+
+def test_lazy_buffer_without_overlap_dies_in_the_memory_pool(sims: Launcher) -> None:
+    result = sims.run("--mamba-radix-cache-strategy", "extra_buffer_lazy",
+                      "--disable-overlap-schedule")
+    assert result.returncode == 1
+    assert "AssertionError: Lazy extra buffer requires overlap schedule" in result.stderr
+
+
+def test_drained_server_ends_as_the_release_does(sims: Launcher) -> None:
+    """0.5.10 - 0.5.18 SIGKILL their own process tree after draining; 0.5.19+ exit 0."""
+    for release, status in (("0.5.18", -9), ("0.5.23", 0)):
+        sim = sims.start(env={"SGLANG_SIM_VERSION": release})
+        assert sim.stop() == status, release
+        assert "Gracefully exiting... Remaining number of requests 0." in sim.output()

@@ -50,7 +50,7 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
         raise RuntimeError(f"CUDA error: invalid device ordinal (tp_size={args.tp_size}, "
                            f"dp_size={args.dp_size}, visible GPUs={len(gpus)})")
     memory.default_memory_settings(args, gpus[0].memory_mib)
-    logger.info(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in vars(args).items())})")
+    _log_server_args(args, release)
     before = gpus[0].memory_mib / 1024 - memory.CONTEXT_OVERHEAD_GB
     scheduler.info(f"Load weight begin. avail mem={before:.2f} GB")
     tic = time.perf_counter()
@@ -60,46 +60,102 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
     if faults.fail_startup:
         raise RuntimeError(faults.fail_startup)
     plan = memory.plan(args, shape, gpus[0].memory_mib)
+    rel = args_mod.release_tuple(release)
     scheduler.info(
         f"Load weight end. elapsed={time.perf_counter() - tic:.2f} s, type={shape.architecture}, "
         f"avail mem={plan.avail_after_load_gb:.2f} GB, mem usage={plan.weight_gb:.2f} GB.")
-    if plan.capped_by_mamba:
-        scheduler.warning(
-            "max_running_requests is capped to %d by the mamba state cache "
-            "(max_mamba_cache_size=%d, %d state slots per request). To raise it: increase "
-            "--mamba-full-memory-ratio or --max-mamba-cache-size, or halve the state size "
-            "with --mamba-ssm-dtype bfloat16.", plan.max_running_requests, plan.mamba_slots,
-            plan.slots_per_request)
-    scheduler.info(
-        f"KV Cache is allocated. dtype: torch.{shape.dtype}, #tokens: {plan.kv_tokens}, "
-        f"K size: {plan.kv_k_gb:.2f} GB, V size: {plan.kv_v_gb:.2f} GB")
+    _log_limits(scheduler, plan, rel, args.max_running_requests)
+    _log_kv(scheduler, rel, shape.dtype, plan.kv_tokens, plan.kv_k_gb, plan.kv_v_gb)
     if shape.is_hybrid:
-        if faults.state_cache_too_small:
-            raise RuntimeError(
-                "Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
-                f"max_mamba_cache_size={plan.slots_per_request - 1}, "
-                f"mamba_ratio={plan.slots_per_request}, resulting max_num_reqs=0. Try: (1) "
-                "reduce --max-running-requests, (2) increase --mem-fraction-static, or (3) use "
-                "GPUs with more memory.")
-        line = (f"Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_slots}, "
-                f"conv_state size: {plan.mamba_conv_gb:.2f}GB, "
-                f"ssm_state size: {plan.mamba_ssm_gb:.2f}GB ")
-        if args.speculative_algorithm is not None:
-            line += (f"intermediate_ssm_state_cache size: {plan.intermediate_ssm_gb:.2f}GB "
-                     f"intermediate_conv_window_cache size: {plan.intermediate_conv_gb:.2f}GB ")
-        scheduler.info(line)
+        _log_mamba(scheduler, plan, faults, args.speculative_algorithm is not None)
     scheduler.info(f"Memory pool end. avail mem={plan.pool_end_avail_gb:.2f} GB")
+    available = plan.available_gpu_mem_gb
+    if args.speculative_algorithm is not None:
+        available -= _log_draft_worker(scheduler, plan, rel, shape)
     scheduler.info(
         f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={plan.chunked_prefill_size}, "
         f"max_prefill_tokens={plan.max_prefill_tokens}, "
         f"max_running_requests={plan.max_running_requests}, context_len={plan.context_len}, "
-        f"available_gpu_mem={plan.available_gpu_mem_gb:.2f} GB")
+        f"available_gpu_mem={available:.2f} GB")
     engine = Engine(plan.max_running_requests, args.speculative_algorithm is not None,
                     args.speculative_num_draft_tokens or 1, args.reasoning_parser is not None,
                     args.random_seed or 0)
     command = "python -m sglang.launch_server " + shlex.join(sys.argv[1:])
     return State(args=args, release=release, launch_command=command, shape=shape, memory=plan,
                  engine=engine, faults=faults, startup_time=started)
+
+
+def _log_server_args(args: Namespace, release: str) -> None:
+    """entrypoints/engine.py: the dataclass repr up to 0.5.18, the resolved dict from 0.5.19."""
+    if args_mod.release_tuple(release) >= (0, 5, 19, 0):
+        logger.info(f"server_args={vars(args)!r}")
+    else:
+        logger.info(
+            f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in vars(args).items())})")
+
+
+def _log_limits(scheduler: logging.Logger, plan: memory.MemoryPlan, rel: tuple[int, ...],
+                requested: int | None) -> None:
+    """resolve_max_num_reqs: the mamba cap is logged from 0.5.17 (kv_cache_configurator.py;
+    earlier releases cap silently), a KV-capped requested limit from 0.5.14."""
+    if plan.capped_by_mamba and rel >= (0, 5, 17, 0):
+        scheduler.warning(
+            "max_running_requests is capped to %d by the mamba state cache "
+            "(max_mamba_cache_size=%d, %d state slots per request). To raise it: increase "
+            "--mamba-full-memory-ratio or --max-mamba-cache-size, or halve the state size "
+            "with --mamba-ssm-dtype bfloat16.", plan.max_running_requests, plan.mamba_slots,
+            plan.slots_per_request)
+    elif (requested is not None and plan.max_running_requests < requested
+          and not plan.capped_by_mamba and rel >= (0, 5, 14, 0)):
+        scheduler.warning(
+            "max_running_requests was reduced from the requested %d to %d (per dp worker) due "
+            "to the available KV cache capacity.", requested, plan.max_running_requests)
+
+
+def _log_kv(scheduler: logging.Logger, rel: tuple[int, ...], dtype: str, tokens: int,
+            k_gb: float, v_gb: float) -> None:
+    """mem_cache/memory_pool.py: "dtype: " joins the line in 0.5.13."""
+    dtype_part = f"dtype: torch.{dtype}, " if rel >= (0, 5, 13, 0) else ""
+    scheduler.info(f"KV Cache is allocated. {dtype_part}#tokens: {tokens}, "
+                   f"K size: {k_gb:.2f} GB, V size: {v_gb:.2f} GB")
+
+
+def _log_mamba(scheduler: logging.Logger, plan: memory.MemoryPlan, faults: Faults,
+               speculative: bool) -> None:
+    if faults.state_cache_too_small:
+        raise RuntimeError(
+            "Hybrid (mamba/linear-attention) state cache is too small to serve any requests. "
+            f"max_mamba_cache_size={plan.slots_per_request - 1}, "
+            f"mamba_ratio={plan.slots_per_request}, resulting max_num_reqs=0. Try: (1) "
+            "reduce --max-running-requests, (2) increase --mem-fraction-static, or (3) use "
+            "GPUs with more memory.")
+    line = (f"Mamba Cache is allocated. max_mamba_cache_size: {plan.mamba_slots}, "
+            f"conv_state size: {plan.mamba_conv_gb:.2f}GB, "
+            f"ssm_state size: {plan.mamba_ssm_gb:.2f}GB ")
+    if speculative:
+        line += (f"intermediate_ssm_state_cache size: {plan.intermediate_ssm_gb:.2f}GB "
+                 f"intermediate_conv_window_cache size: {plan.intermediate_conv_gb:.2f}GB ")
+    scheduler.info(line)
+
+
+# The MTP draft model each target runs as (configs/model_config.py rewrites the architecture).
+DRAFT_ARCH = {"Qwen3NextForCausalLM": "Qwen3NextForCausalLMMTP"}
+
+
+def _log_draft_worker(scheduler: logging.Logger, plan: memory.MemoryPlan, rel: tuple[int, ...],
+                      shape: model.ModelShape) -> float:
+    """The speculative draft worker's own model runner lines, after the target's: one MTP layer
+    of weights and a one-layer KV pool of the same tokens. Returns the GB it takes."""
+    arch = DRAFT_ARCH.get(shape.architecture, "Qwen3_5ForCausalLMMTP")
+    weight_gb = plan.weight_gb / max(shape.num_layers, 1)
+    k_gb, v_gb = plan.kv_k_gb / max(shape.num_layers, 1), plan.kv_v_gb / max(shape.num_layers, 1)
+    avail = plan.pool_end_avail_gb - weight_gb
+    scheduler.info(f"Load weight begin. avail mem={plan.pool_end_avail_gb:.2f} GB")
+    scheduler.info(f"Load weight end. elapsed={0.5:.2f} s, type={arch}, avail mem={avail:.2f} GB, "
+                   f"mem usage={weight_gb:.2f} GB.")
+    _log_kv(scheduler, rel, shape.dtype, plan.kv_tokens, k_gb, v_gb)
+    scheduler.info(f"Memory pool end. avail mem={avail - k_gb - v_gb:.2f} GB")
+    return weight_gb + k_gb + v_gb
 
 
 class _Server(uvicorn.Server):
@@ -192,6 +248,16 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         child.kill()
         child.wait()
+    end_after_drain(release)
+
+
+def end_after_drain(release: str) -> None:
+    """How the drained server ends (TokenizerManager.sigterm_watchdog): 0.5.10 - 0.5.18 call
+    kill_process_tree(os.getpid(), include_parent=True), which SIGKILLs the process itself;
+    0.5.19+ kill only the children and sys.exit(0)."""
+    if args_mod.release_tuple(release) < (0, 5, 19, 0):
+        os.kill(os.getpid(), signal.SIGKILL)
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -9,38 +9,39 @@ message, so a launch dies the same way.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from argparse import Namespace
+from functools import cache
 from typing import Any
 
-from sglang_sim.args import release_tuple
+from sglang_sim.args import _data_dir, release_tuple
 
 logger = logging.getLogger("sglang.srt.server_args")
 
 NEW_STRATEGY = (0, 5, 14, 0)  # --mamba-radix-cache-strategy; auto resolves per architecture
-# _handle_mamba_radix_cache(support_mamba_cache_extra_buffer=True) callers, by first release.
-EXTRA_BUFFER = {
-    (0, 5, 10, 0): ["Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration",
-                    "Qwen3_5ForConditionalGeneration"],
-    (0, 5, 12, 0): ["InternS2PreviewForConditionalGeneration",
-                    "MiniCPMV4_6ForConditionalGeneration"],
-    (0, 5, 13, 0): ["BailingMoeV2_5ForCausalLM"],
-    (0, 5, 14, 0): ["FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM",
-                    "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM"],
-    (0, 5, 20, 0): ["Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "KimiLinearForCausalLM",
-                    "Qwen4ExpForConditionalGeneration", "MiniCPMV4_7ForConditionalGeneration",
-                    "BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration",
-                    "Glm5NextForConditionalGeneration", "NemotronH_Omni_Reasoning_V3",
-                    "KimiK3ForConditionalGeneration", "InklingForConditionalGeneration",
-                    "InklingForConditionalGenerationMTP"],
-}
-MAMBA_ONLY = ["FalconH1ForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration",
-              "GraniteMoeHybridForCausalLM", "Lfm2ForCausalLM", "NemotronHForCausalLM",
-              "NemotronHPuzzleForCausalLM"]
+FLA_CHUNK_SIZE = 64  # sglang/srt/layers/attention/fla/chunk_delta_h.py CHUNK_SIZE
+EXTRA_BUFFERS = ("extra_buffer", "extra_buffer_lazy")
+SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
 
 
-def extra_buffer_archs(rel: tuple[int, ...]) -> set[str]:
-    return {a for since, archs in EXTRA_BUFFER.items() if rel >= since for a in archs}
+@cache
+def _mamba_table() -> dict[str, dict[str, list[str]]]:
+    """mamba_archs.json: per release, read from its source by the product's oracle script."""
+    table: dict[str, dict[str, list[str]]] = json.loads(
+        (_data_dir() / "mamba_archs.json").read_text())
+    return table
+
+
+def _archs(rel: tuple[int, ...], kind: str) -> frozenset[str]:
+    known = {release_tuple(v): v for v in _mamba_table()}
+    floor = max((t for t in known if t <= rel), default=min(known))
+    return frozenset(_mamba_table()[known[floor]][kind])
+
+
+def extra_buffer_archs(rel: tuple[int, ...]) -> frozenset[str]:
+    return _archs(rel, "extra_buffer")
 
 
 def strategy_dest(args: Namespace) -> str:
@@ -48,8 +49,10 @@ def strategy_dest(args: Namespace) -> str:
         else "mamba_scheduler_strategy"
 
 
-def resolve_speculative(args: Namespace, spec_names: dict[str, list[str]]) -> None:
-    """SpeculativeAlgorithm.from_string, the NEXTN alias, topk-1 draft tokens, default 48."""
+def resolve_speculative(args: Namespace, spec_names: dict[str, list[str]],
+                        rel: tuple[int, ...]) -> None:
+    """SpeculativeAlgorithm.from_string, the NEXTN alias, topk-1 draft tokens, default 48, and
+    0.5.10's spec v2 switch (overlap schedule only with SGLANG_ENABLE_SPEC_V2)."""
     name = args.speculative_algorithm
     if name is None:
         return
@@ -64,6 +67,14 @@ def resolve_speculative(args: Namespace, spec_names: dict[str, list[str]]) -> No
         args.max_running_requests = 48
         logger.warning("Max running requests is reset to 48 for speculative decoding. You can "
                        "override this by explicitly setting --max-running-requests.")
+    if rel < (0, 5, 11, 0):
+        if os.environ.get(SPEC_V2_ENV, "").lower() in ("1", "true", "yes", "on"):
+            args.disable_overlap_schedule = False
+            if args.speculative_eagle_topk is not None and args.speculative_eagle_topk > 1:
+                raise ValueError(
+                    "Spec v2 currently only supports topk = 1 for speculative decoding.")
+        else:
+            args.disable_overlap_schedule = True
     if args.speculative_num_steps is None:  # Qwen auto parameters
         args.speculative_num_steps, args.speculative_eagle_topk = 3, 1
         args.speculative_num_draft_tokens = 4
@@ -74,41 +85,54 @@ def resolve_speculative(args: Namespace, spec_names: dict[str, list[str]]) -> No
         args.speculative_num_draft_tokens = args.speculative_num_steps + 1
 
 
-def _check_extra_buffer(args: Namespace, arch: str, rel: tuple[int, ...]) -> None:
-    draft, page = args.speculative_num_draft_tokens, args.page_size
-    if rel < NEW_STRATEGY:
-        assert arch in extra_buffer_archs(rel), \
-            f"mamba extra_buffer is not supported for {arch} model"
-        if draft is not None:
-            assert args.mamba_track_interval >= draft, (
-                f"mamba_track_interval {args.mamba_track_interval} must be greater than or "
-                f"equal to speculative_num_draft_tokens {draft}")
-        if page is not None:
-            assert args.mamba_track_interval % page == 0, (
-                f"mamba_track_interval {args.mamba_track_interval} must be divisible by "
-                f"page_size {page}")
+def _check_chunk(page: int, rel: tuple[int, ...]) -> None:
+    """FLA chunks and pages must nest: server_args.py (0.5.10 - 0.5.18, the mamba_cache_chunk_size
+    property from 0.5.13), arg_groups/overrides.py mamba_cache_chunk_size (0.5.19+)."""
+    if max(FLA_CHUNK_SIZE, page) % min(FLA_CHUNK_SIZE, page) == 0:
         return
-    supported = arch in extra_buffer_archs(rel) and args.linear_attn_backend == "triton"
-    assert supported, f"extra_buffer is not supported for {arch}; use no_buffer."
-    lazy = args.mamba_radix_cache_strategy == "extra_buffer_lazy"
+    if rel < (0, 5, 13, 0):
+        raise AssertionError(
+            "For SSM models with extra buffer, either FLA_CHUNK_SIZE or page_size must be "
+            f"divisible by the other, got FLA_CHUNK_SIZE={FLA_CHUNK_SIZE}, self.page_size={page}")
+    name = "page_size" if rel >= (0, 5, 15, 0) else "self.page_size"
+    raise AssertionError("For SSM models, either chunk_size or page_size must be divisible by the "
+                         f"other, got chunk_size={FLA_CHUNK_SIZE}, {name}={page}")
+
+
+def _old_extra_buffer(args: Namespace, arch: str, rel: tuple[int, ...]) -> None:
+    """0.5.10 - 0.5.13.post1 ServerArgs._handle_mamba_radix_cache, extra_buffer branch."""
+    if args.disable_radix_cache:
+        raise ValueError(
+            "mamba extra_buffer is not compatible with --disable-radix-cache"
+            + (". " if rel >= (0, 5, 13, 0) else " ") +
+            "Overlap scheduling is already supported with no_buffer + disable_radix_cache. "
+            "Please use --mamba-scheduler-strategy no_buffer instead.")
+    draft, page = args.speculative_num_draft_tokens, args.page_size
+    track = args.mamba_track_interval
     if draft is not None:
-        if rel < (0, 5, 20, 0):
-            assert not lazy, "extra_buffer_lazy unsupported with spec."
-        assert args.mamba_track_interval >= draft
+        assert args.mamba_scheduler_strategy != "extra_buffer_lazy", (
+            "extra_buffer_lazy is not yet supported with speculative decoding. "
+            "Use --mamba-scheduler-strategy extra_buffer instead.")
+        assert track >= draft, (f"mamba_track_interval {track} must be greater than or equal to "
+                                f"speculative_num_draft_tokens {draft}")
     if page is not None:
-        assert args.mamba_track_interval % page == 0
+        assert track % page == 0, \
+            f"mamba_track_interval {track} must be divisible by page_size {page}"
+        _check_chunk(page, rel)
 
 
 def _old_mamba(args: Namespace, arch: str, rel: tuple[int, ...]) -> None:
-    if args.mamba_scheduler_strategy == "auto":
+    if arch in _archs(rel, "radix_cache_disabled"):
+        logger.warning(f"Disabling Radix Cache for {arch} as it is not yet supported.")
+        args.disable_radix_cache = True
+        return
+    if args.mamba_scheduler_strategy == "auto":  # _handle_missing_default_values
         args.mamba_scheduler_strategy = "no_buffer"
-    if args.mamba_scheduler_strategy == "extra_buffer":
-        if args.disable_radix_cache:
-            raise ValueError(
-                "mamba extra_buffer is not compatible with --disable-radix-cache "
-                "Overlap scheduling is already supported with no_buffer + disable_radix_cache. "
-                "Please use --mamba-scheduler-strategy no_buffer instead.")
-        _check_extra_buffer(args, arch, rel)
+    extra = args.mamba_scheduler_strategy in EXTRA_BUFFERS
+    if arch not in extra_buffer_archs(rel):
+        assert not extra, f"mamba extra_buffer is not supported for {arch} model"
+    if extra:
+        _old_extra_buffer(args, arch, rel)
     elif not args.disable_radix_cache:
         if args.page_size is not None and args.page_size != 1:
             logger.warning(f"{arch} with radix cache requires page_size=1 in the current Mamba "
@@ -125,22 +149,38 @@ def _old_mamba(args: Namespace, arch: str, rel: tuple[int, ...]) -> None:
                 "--mamba-scheduler-strategy extra_buffer and set SGLANG_ENABLE_SPEC_V2=1.")
 
 
+def _supports_extra_buffer(args: Namespace, arch: str, rel: tuple[int, ...]) -> bool:
+    return arch in extra_buffer_archs(rel) and args.linear_attn_backend == "triton"
+
+
+def _new_extra_buffer(args: Namespace, arch: str, rel: tuple[int, ...]) -> None:
+    """validate_mamba_extra_buffer (server_args.py 0.5.14, arg_groups/mamba_hook.py 0.5.15+)."""
+    assert _supports_extra_buffer(args, arch, rel), \
+        f"extra_buffer is not supported for {arch}; use no_buffer."
+    draft, page = args.speculative_num_draft_tokens, args.page_size
+    if draft is not None:
+        if rel < (0, 5, 17, 0):
+            assert args.mamba_radix_cache_strategy != "extra_buffer_lazy", \
+                "extra_buffer_lazy unsupported with spec."
+        assert args.mamba_track_interval >= draft
+    if page is not None:
+        assert args.mamba_track_interval % page == 0
+        _check_chunk(page, rel)
+
+
 def _new_mamba(args: Namespace, arch: str, rel: tuple[int, ...]) -> None:
-    strategy = args.mamba_radix_cache_strategy
+    """0.5.14+: with the radix cache off the rules return early, whatever the strategy."""
     if args.disable_radix_cache:
-        if strategy in ("extra_buffer", "extra_buffer_lazy") and rel >= (0, 5, 20, 0):
-            raise ValueError(f"--mamba-radix-cache-strategy {strategy} needs mamba state, "
-                             f"got {arch}.")
         return
-    if strategy == "auto":
+    if args.mamba_radix_cache_strategy == "auto":
         wants = not args.disable_overlap_schedule or (args.page_size or 1) > 1
-        if wants and arch in extra_buffer_archs(rel) and args.linear_attn_backend == "triton":
+        if wants and _supports_extra_buffer(args, arch, rel):
             args.mamba_radix_cache_strategy = "extra_buffer"
         else:
             args.mamba_radix_cache_strategy = "no_buffer"
             args.disable_overlap_schedule = True
-    if args.mamba_radix_cache_strategy in ("extra_buffer", "extra_buffer_lazy"):
-        _check_extra_buffer(args, arch, rel)
+    if args.mamba_radix_cache_strategy in EXTRA_BUFFERS:
+        _new_extra_buffer(args, arch, rel)
         return
     assert args.page_size in (1, None), "no_buffer only supports page_size=1."
     assert args.disable_overlap_schedule, (
@@ -149,22 +189,33 @@ def _new_mamba(args: Namespace, arch: str, rel: tuple[int, ...]) -> None:
         "no_buffer do not support trtllm_mha attention backend."
 
 
+def _not_mamba(args: Namespace, arch: str, rel: tuple[int, ...]) -> None:
+    """0.5.21+ model_hook.handle_mamba_radix_cache: an explicit extra buffer needs mamba state."""
+    strategy = getattr(args, strategy_dest(args))
+    if rel >= (0, 5, 21, 0) and strategy in EXTRA_BUFFERS and not args.disable_radix_cache:
+        raise ValueError(f"--mamba-radix-cache-strategy {strategy} needs mamba state, "
+                         f"got {arch}.")
+
+
 def is_hybrid(arch: str, rel: tuple[int, ...]) -> bool:
-    return arch in extra_buffer_archs(rel) or arch in MAMBA_ONLY
+    return arch in _archs(rel, "radix_cache") or arch in _archs(rel, "radix_cache_disabled")
 
 
 def resolve(args: Namespace, arch: str, release: str, spec_names: dict[str, Any]) -> None:
-    """Apply the release's resolution to ``args`` in place; raise as SGLang raises."""
+    """Apply the release's resolution to ``args`` in place; raise as SGLang raises. The model's
+    rules run before the speculative ones, as in ServerArgs.__post_init__ and the 0.5.15+
+    resolution pipeline."""
     rel = release_tuple(release)
-    resolve_speculative(args, spec_names)
     if not is_hybrid(arch, rel):
-        return
-    if args.attention_backend is None:
-        args.attention_backend = "triton"  # the sm100 default for these architectures
-    if rel >= NEW_STRATEGY:
-        _new_mamba(args, arch, rel)
+        _not_mamba(args, arch, rel)
     else:
-        _old_mamba(args, arch, rel)
+        if args.attention_backend is None:
+            args.attention_backend = "triton"  # the sm100 default for these architectures
+        if rel >= NEW_STRATEGY:
+            _new_mamba(args, arch, rel)
+        else:
+            _old_mamba(args, arch, rel)
+    resolve_speculative(args, spec_names, rel)
 
 
 def extra_buffer_on(args: Namespace) -> bool:
@@ -173,11 +224,17 @@ def extra_buffer_on(args: Namespace) -> bool:
 
 
 def mamba_slots_per_request(args: Namespace) -> int:
-    """kv_cache_configurator._calculate_mamba_ratio: 3 base; extra_buffer +2 with overlap."""
+    """_calculate_mamba_ratio (model_runner_kv_cache_mixin.py 0.5.10 - 0.5.13,
+    kv_cache_configurator.py 0.5.14+): 1 with the radix cache off, else 3, plus for extra_buffer
+    2 with the overlap schedule and 1 without; the lazy buffer (0.5.13+) adds 1 and needs the
+    overlap schedule (asserted here, after ServerArgs accepted the arguments)."""
     if args.disable_radix_cache:
         return 1
     if not extra_buffer_on(args):
         return 3
     if getattr(args, strategy_dest(args)) == "extra_buffer_lazy":
+        assert not args.disable_overlap_schedule, (
+            "Lazy extra buffer requires overlap schedule (--disable-overlap-schedule is "
+            "incompatible)")
         return 3 + 1
     return 3 + (1 if args.disable_overlap_schedule else 2)

@@ -17,6 +17,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from sglang_sim import metrics
+from sglang_sim.args import release_tuple
 from sglang_sim.engine import Engine, Output
 from sglang_sim.state import State
 
@@ -124,7 +125,10 @@ def build_app(state: State) -> Starlette:
             "logprobs": None, "finish_reason": out.finish_reason,
             "matched_stop": state.eos_token_id if out.finish_reason == "stop" else None,
             "hidden_states": None, "prompt_token_ids": None, "response_token_ids": None,
-            "meta_info": meta_info(out) if body.get("return_meta_info") else None,
+            # return_meta_info arrived in 0.5.13 (entrypoints/openai/protocol.py); earlier
+            # releases ignore the unknown field.
+            "meta_info": meta_info(out) if body.get("return_meta_info") and meta_info_exists
+            else None,
         }
         return _json({"id": rid, "object": "chat.completion", "created": int(time.time()),
                       "model": state.served_model_name, "choices": [choice],
@@ -136,6 +140,8 @@ def build_app(state: State) -> Starlette:
         return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + out.tokens,
                 "completion_tokens": out.tokens, "prompt_tokens_details": None,
                 "reasoning_tokens": len(out.reasoning), "completion_tokens_details": None}
+
+    meta_info_exists = release_tuple(state.release) >= (0, 5, 13, 0)
 
     def meta_info(out: Output) -> dict[str, Any]:
         steps = len(out.accept_lengths)
