@@ -20,6 +20,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.operations import files
 
+from sglang_fleet import summary
 from sglang_fleet.engine import CURRENT, RELEASES, TOOLS
 from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops, fail
@@ -181,6 +182,7 @@ def regate(profile: Profile, launch: Launch, budget: int) -> Ops:
 @deploy("Back to the last good release")
 def restore_last_good(profile: Profile, launches: list[Launch]) -> None:
     """What a rolling redeploy does to a host whose new release failed."""
+    summary.failed_hosts_at_exit()
     for launch in launches:
         last_good_back(name=f"Last good {launch.unit}", unit=launch.unit)
         regate(name=f"Gate {launch.unit}: health and smoke generation", profile=profile,
@@ -195,7 +197,9 @@ def smoke_test(profile: Profile, launches: list[Launch]) -> None:
 
 @deploy("Gate")
 def run_gate(profile: Profile, launches: list[Launch]) -> None:
-    """Health, effective arguments, smoke generation and capacity report; rollback on failure."""
+    """Health, effective arguments, smoke generation, soak and capacity report; rollback on
+    failure."""
+    summary.failed_hosts_at_exit()
     files.directory(name="Gate tools", path=f"{TOOLS}/sglang_fleet", mode="755")
     for name in ("__init__.py", "capacity.py", "gate_check.py"):
         files.put(name=f"Gate tool {name}", src=str(HERE / name),

@@ -24,7 +24,7 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
 from sglang_fleet import fleet, hostdata, preflight
-from sglang_fleet.errors import InputError
+from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import render_all
 from sglang_fleet.routerctl import Router, RouterError, drained
 
@@ -76,6 +76,40 @@ def load(inventory: str, data: dict[str, Any]) -> Inventory:
     return loaded
 
 
+def grouped(errors: dict[str, InputError]) -> InputError:
+    """One error per distinct problem, naming every host that has it (a bad ``--data`` value
+    is everyone's problem, not the first host's).
+
+        grouped({"a": err_a, "b": err_b})   # "pyinfra data of a, b: sglang.x: ..."
+    """
+    hosts_of: dict[tuple[str, str, str, str], list[str]] = {}
+    for name, err in errors.items():
+        for p in err.problems:
+            shared = (p.source.replace(name, "\0"), p.key.replace(name, "\0"),
+                      p.message.replace(name, "\0"), p.fix.replace(name, "\0"))
+            hosts_of.setdefault(shared, []).append(name)
+    problems = []
+    for (source, key, message, fix), names in hosts_of.items():
+        listed = ", ".join(names)
+        where = source.replace("\0", listed) if "\0" in source else \
+            f"{source} ({'host' if len(names) == 1 else 'hosts'} {listed})"
+        problems.append(Problem(where, key.replace("\0", listed),
+                                message.replace("\0", listed), fix.replace("\0", listed)))
+    return InputError(problems)
+
+
+def data_warning(data: Sequence[str]) -> str | None:
+    """What to say about ``--data``: it changes these hosts, not the inventory.
+
+        data_warning(["sglang.memory.max_running_requests=48"])   # "warning: --data ..."
+    """
+    if not data:
+        return None
+    return (f"warning: --data {' '.join(data)} is applied to the hosts but is not in the "
+            "inventory: the next plain deploy (deploys/sglang.py) reverts it; to keep it, put "
+            "it in the inventory's host or group data")
+
+
 def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
     if batch < 1:
         raise InputError.one("--batch", "", f"must be at least 1, got {batch}",
@@ -85,12 +119,17 @@ def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
     if not hosts:
         raise InputError.one(inventory, "sglang_profile", "no serving hosts",
                              "give hosts a serving profile in their group data")
-    after = {}
+    after, errors = {}, {}
     for host in hosts:  # every host's change is checked before the first one is touched
-        profile = hostdata.profile_for(host)
-        launches = render_all(profile)
-        preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
-        after[host.name] = fleet.urls(host, profile, launches)
+        try:
+            profile = hostdata.profile_for(host)
+            launches = render_all(profile)
+            preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+            after[host.name] = fleet.urls(host, profile, launches)
+        except InputError as err:
+            errors[host.name] = err
+    if errors:
+        raise grouped(errors)
     routers = fleet.routers(then)
     if not routers:
         raise InputError.one(inventory, fleet.ROUTERS_GROUP,
@@ -217,12 +256,17 @@ class Roll:
 def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
          health_timeout: float) -> int:
     roll = Roll(plan(inventory, data, batch), drain_timeout, health_timeout)
+    warning = data_warning(data)
+    if warning:
+        say(warning)
     try:
         ok = roll()
     except RouterError as err:
         say(f"stopped: {err}")
         ok = False
     print(roll.report())
+    if warning:
+        print(f"roll: {warning}", file=sys.stderr)
     if not ok:
         print("roll: stopped at the first failure; hosts after it were not touched",
               file=sys.stderr)
