@@ -52,6 +52,19 @@ def prepare(host: Host, lower: Path, lab: Lab) -> None:
         {"gpus": host.gpus, "name": "NVIDIA B200", "memory_mib": 183359, "hgx": host.hgx}))
 
 
+def power_on(host: Host, lower: Path, lab: Lab) -> None:
+    """Boot a host that was stopped or died, with the disk it had (its overlay's upper layer).
+
+        power_on(host, Path(lab.rootfs), lab)
+    """
+    if not _mounted(host.root):
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={lower},upperdir={host.dir / 'upper'},"
+                        f"workdir={host.dir / 'work'}", str(host.root)], check=True)
+    boot(host)
+    wait_ssh(host, lab)
+
+
 def boot(host: Host) -> None:
     log = (host.dir / "console.log").open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "sglang_fleet.lab.supervise", host.name,
