@@ -174,17 +174,17 @@ def startup_crash() -> Row:
 
 def crash_after_n() -> Row:
     return gate_fault("crash after 3 requests", r"died under the soak",
-                      "sglang.env.SGLANG_SIM_CRASH_AFTER=3")
+                      "sglang.env.SGLANG_SIM_CRASH_AFTER=\"3\"")
 
 
 def hang_loading() -> Row:
     return gate_fault("hang while loading", r"not healthy within 20 s",
-                      "sglang.env.SGLANG_SIM_HANG_LOADING=1", "startup_budget_seconds=20")
+                      "sglang.env.SGLANG_SIM_HANG_LOADING=\"1\"", "startup_budget_seconds=20")
 
 
 def state_cache() -> Row:
     return gate_fault("state cache too small", r"state cache is too small",
-                      "sglang.env.SGLANG_SIM_STATE_CACHE_TOO_SMALL=1")
+                      "sglang.env.SGLANG_SIM_STATE_CACHE_TOO_SMALL=\"1\"")
 
 
 def bad_release() -> Row:

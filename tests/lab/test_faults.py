@@ -69,7 +69,7 @@ def test_a_server_that_dies_under_its_first_batch_fails_the_gate(lab: None) -> N
     before = unit("MainPID")
     tic = time.monotonic()
     code, out = deploy("sglang.memory.max_running_requests=16",
-                       "sglang.env.SGLANG_SIM_CRASH_AFTER=3")
+                       "sglang.env.SGLANG_SIM_CRASH_AFTER=\"3\"")
     assert code != 0
     assert re.search(r"\[lab1\] error: soak: \d+ of 32 concurrent requests failed .*"
                      r"sglang\.service died under the soak: .*simulated crash after", out), \
