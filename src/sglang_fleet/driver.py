@@ -250,10 +250,12 @@ def _wait_back(host_: Any, uptime_before: float, timeout: int, delay: int, inter
                report_every: int) -> bool:
     """Reconnect until the host's uptime shows it rebooted, printing the time left."""
     tic = time.monotonic()
+    logger.info(f"{host_.print_prefix}waiting for {host_.name} to come back from its reboot: "
+                f"{timeout} s left")
     time.sleep(delay)
     clear_askpass_cache(host_)
     host_.disconnect()
-    next_report = 0.0
+    next_report = float(report_every)
     while True:
         waited = time.monotonic() - tic
         if waited >= next_report:
