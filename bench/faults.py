@@ -37,11 +37,14 @@ class Run:
     """One pyinfra run: exit status and every output line with the second it appeared."""
 
     code: int
+    started: float = field(default_factory=time.monotonic)
     lines: list[tuple[float, str]] = field(default_factory=list)
 
-    def first(self, pattern: str) -> tuple[float, str] | None:
-        """The first line matching ``pattern`` and when it came (seconds after the start)."""
-        return next(((t, line) for t, line in self.lines if re.search(pattern, line)), None)
+    def first(self, pattern: str, after: float = 0.0) -> tuple[float, str] | None:
+        """The first line matching ``pattern`` (seconds after the start, and the line), among
+        those that came ``after`` seconds or later."""
+        return next(((t, line) for t, line in self.lines
+                     if t >= after and re.search(pattern, line)), None)
 
     def tail(self, n: int = 30) -> str:
         return "\n".join(line for _, line in self.lines[-n:])
@@ -63,7 +66,8 @@ def pyinfra(deploy: str, *data: str, limit: str | None = "lab1",
             *(["--limit", limit] if limit else []), *(f"--data={d}" for d in data)]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    run, tic = Run(0), time.monotonic()
+    run = Run(0)
+    tic = run.started
     assert proc.stdout is not None
     for raw in proc.stdout:
         line = ANSI.sub("", raw.rstrip())
@@ -106,8 +110,9 @@ def rerun(limit: str | None = "lab1") -> bool:
     return run.code == 0 and all(serving(h) for h in names)
 
 
-def caused(name: str, run: Run, pattern: str, last_good: bool, clean: bool | None) -> Row:
-    found = run.first(pattern)
+def caused(name: str, run: Run, pattern: str, last_good: bool, clean: bool | None,
+           after: float = 0.0) -> Row:
+    found = run.first(pattern, after)
     if found is None:
         print(f"{name}: no line matches {pattern!r}; the run ended:\n{run.tail()}",
               file=sys.stderr)
@@ -150,7 +155,9 @@ def when(marker: str, action: Callable[[], None], delay: float = 0.0) -> Callabl
 
 
 def max_running() -> int | None:
-    out = ssh("lab1", "curl -s http://127.0.0.11:30000/server_info").stdout
+    key = state.load().api_key()
+    out = ssh("lab1", f"curl -s -H 'Authorization: Bearer {key}' "
+                      "http://127.0.0.11:30000/server_info").stdout
     try:
         value = json.loads(out).get("max_running_requests")
     except ValueError:
@@ -201,8 +208,9 @@ def bad_release() -> Row:
 
 def uninstallable() -> Row:
     run = deploy("sglang.engine.version=0.5.21")  # not in the wheelhouse
-    return caused("uninstallable release", run, r"0\.5\.21", run.code != 0 and serving(),
-                  rerun())
+    return caused("uninstallable release", run,
+                  r"No solution found|no version of sglang-sim==0\.5\.21",
+                  run.code != 0 and serving(), rerun())
 
 
 def cut_download() -> Row:
@@ -216,8 +224,8 @@ def cut_download() -> Row:
                   last_good, rerun())
 
 
-def installed_driver() -> str:
-    return ssh("lab1", "dpkg-query -W -f '${Version}' nvidia-driver-580-open").stdout \
+def installed_driver(host: str = "lab1") -> str:
+    return ssh(host, "dpkg-query -W -f '${Version}' nvidia-driver-580-open").stdout \
         .split("-")[0]
 
 
@@ -242,13 +250,21 @@ def driver_with_reboot() -> Row:
 def dead_in_reboot_wait() -> Row:
     """lab2 dies while rebooting for a driver change: it fails alone after its bounded wait;
     lab1 finishes."""
-    other = NEW_DRIVER if installed_driver() == OLD_DRIVER else OLD_DRIVER
+    other = NEW_DRIVER if installed_driver("lab2") == OLD_DRIVER else OLD_DRIVER
+    killed: list[float] = []
+
+    def die() -> None:
+        killed.append(time.monotonic())
+        kill_host("lab2")
+
     run = deploy(f"nvidia_driver_version={other}", "reboot_timeout_seconds=60", limit=None,
-                 watch=when("[lab2] rebooting", lambda: kill_host("lab2"), delay=2.0))
+                 watch=when("[lab2] rebooting", die, delay=2.0))
     alone = run.code != 0 and run.first(r"\[lab1\] health: /health_generate 200") is not None \
         and run.first(r"1 host failed: lab2") is not None and serving("lab1")
-    row = caused("host dead in the reboot wait", run, r"\[lab2\] error: lab2 did not come back",
-                 alone, None)
+    row = caused("host dead in the reboot wait (60 s bound)", run,
+                 r"\[lab2\] error: lab2 did not come back", alone, None)
+    if killed and row.cause_s is not None:
+        row.cause_s -= killed[0] - run.started  # from the moment it died
     revive("lab2")
     row.rerun = rerun(limit=None)
     return row
@@ -256,18 +272,20 @@ def dead_in_reboot_wait() -> Row:
 
 def killed_mid_deploy() -> Row:
     """lab2 dies while the service stage runs: lab2 fails, lab1 finishes."""
-    killed = threading.Event()
+    killed: list[float] = []
 
     def die() -> None:
+        killed.append(time.monotonic())
         kill_host("lab2")
-        killed.set()
 
     run = deploy("sglang.memory.max_running_requests=24", limit=None,
                  watch=when("Starting operation: SGLang service", die, delay=1.0))
     alone = run.code != 0 and run.first(r"\[lab1\] health: /health_generate 200") is not None \
         and run.first(r"1 host failed: lab2") is not None and serving("lab1")
-    row = caused("host killed mid-deploy", run, r"\[lab2\].*(rror|onnect|closed|reset)",
-                 alone, None)
+    after = killed[0] - run.started if killed else 0.0
+    row = caused("host killed mid-deploy", run, r"\[lab2\].*(rror|onnect|closed|reset|No route)",
+                 alone, None, after)
+    row.cause_s = None if row.cause_s is None else row.cause_s - after  # from the kill
     revive("lab2")
     row.rerun = rerun(limit=None)
     return row
