@@ -17,6 +17,7 @@ import pytest
 
 from sglang_fleet import engine, router, unitfile, weights
 from sglang_fleet.engine import Release
+from sglang_fleet.service import restart_policy
 from sglang_fleet.unitfile import UnsafeValue, env_line, systemd_word, unit_text
 from tests.conftest import ROOT
 
@@ -48,7 +49,8 @@ def server_unit(word: str, text: str) -> str:
         env_file="/etc/sglang/sglang.env", served_name=unit_text(text),
         paths={"user": "sglang", "home": "/var/lib/sglang/state", "cache": "/var/cache/sglang"},
         allowed_clients=[], exec_start=f"/usr/bin/python3 -c pass {systemd_word(word)}",
-        timeout_start=1800, timeout_stop=600, start_limit_interval=7200)
+        timeout_start=1800, timeout_stop=600, start_limit_interval=7200,
+        **restart_policy(252))
 
 
 @pytest.mark.parametrize("text", HOSTILE)

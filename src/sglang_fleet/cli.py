@@ -111,7 +111,7 @@ def cmd_lab_status(args: argparse.Namespace) -> int:
     elif not hosts:
         print("no lab (sglang-fleet lab up)")
     for h in [] if args.json else hosts:
-        state = "running" if h["running"] else "stopped"
+        state = h["state"]  # running, stopped, or running without nspawn
         print(f"{h['name']:<8}{h['address']:<14}{h['gpus']} GPU{'s' if h['gpus'] > 1 else ''}"
               f"{' HGX' if h['hgx'] else ''}  {state}")
     return 0

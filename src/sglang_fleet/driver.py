@@ -16,17 +16,21 @@ from io import StringIO
 from typing import Any
 
 from pyinfra import logger
+from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
+from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
 from pyinfra.context import host, state
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution
-from pyinfra.operations import apt, files, server, systemd
+from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, Uptime
+from pyinfra.operations import apt, files, systemd
 
+from sglang_fleet import summary
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import (
     AptVersions,
     HeldPackages,
+    LoadedModule,
     NvidiaFabric,
     NvidiaModule,
     NvidiaSmi,
@@ -52,6 +56,7 @@ KEYRING_DIR = "/var/cache/sglang-fleet/keyring"
 # Minimum driver for each CUDA release (NVIDIA's CUDA toolkit release notes).
 DRIVER_FLOOR = {"12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
 APT_NO_UPGRADE = "/etc/apt/apt.conf.d/51sglang-fleet-nvidia"
+REBOOT_TIMEOUT = 900  # an HGX board's firmware takes minutes; host data may say otherwise
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -71,6 +76,7 @@ class DriverConfig:
     engine_cuda: str
     cuda_toolkit: str | None
     dcgm: bool
+    reboot_timeout: int = REBOOT_TIMEOUT
 
     @classmethod
     def from_data(cls, data: Any, host_name: str) -> DriverConfig:
@@ -92,6 +98,12 @@ class DriverConfig:
         if cuda not in DRIVER_FLOOR:
             raise InputError.one(source, "engine_cuda", f"unknown CUDA release {cuda}",
                                  f"one of {', '.join(DRIVER_FLOOR)}")
+        timeout = data.get("reboot_timeout_seconds", REBOOT_TIMEOUT)
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 10:
+            raise InputError.one(source, "reboot_timeout_seconds",
+                                 f"must be a whole number of seconds, at least 10, got "
+                                 f"{timeout!r}", "how long to wait for a host to come back "
+                                 f"from a reboot, e.g. {REBOOT_TIMEOUT}")
         count = data.get("gpu_count")
         if count is not None and (not isinstance(count, int) or count < 1):
             raise InputError.one(source, "gpu_count", f"must be a positive integer, got {count!r}",
@@ -105,7 +117,8 @@ class DriverConfig:
         return cls(repo_base_url=base.rstrip("/"), keyring_sha256=digest, branch=branch,
                    version=str(version) if version else None, gpu_count=count,
                    allow_reboot=bool(data.get("allow_reboot", False)), engine_cuda=cuda,
-                   cuda_toolkit=data.get("cuda_toolkit"), dcgm=bool(data.get("install_dcgm")))
+                   cuda_toolkit=data.get("cuda_toolkit"), dcgm=bool(data.get("install_dcgm")),
+                   reboot_timeout=timeout)
 
     @property
     def extras(self) -> list[str]:
@@ -151,6 +164,36 @@ def repo_path() -> str:
 def _installed(package: str) -> str | None:
     versions = host.get_fact(DebPackages).get(package)
     return sorted(versions)[-1] if versions else None
+
+
+def change_refused(cfg: DriverConfig, loaded: LoadedModule | None) -> str | None:
+    """Why a driver change must not start: it would need a reboot that host data does not
+    allow, and installing it would break NVML (``Driver/library version mismatch``) until then.
+
+        change_refused(cfg(version="580.105.08", allow_reboot=False),
+                       LoadedModule("580.95.05", True))   # "nvidia_driver_version 580.105.08: …"
+    """
+    if cfg.allow_reboot or cfg.version is None or loaded is None:
+        return None
+    if loaded.version == cfg.version and loaded.open:
+        return None
+    found = f"{loaded.version}{'' if loaded.open else ' (proprietary)'}"
+    return (f"nvidia_driver_version {cfg.version}: refused, nothing installed: the loaded "
+            f"driver is {found} and changing it needs a reboot, which host data does not allow "
+            f"(set allow_reboot = True, or nvidia_driver_version = {loaded.version})")
+
+
+@operation(is_idempotent=True)
+def driver_change_allowed(cfg: DriverConfig) -> Ops:
+    """Before anything is installed: a version change that needs a forbidden reboot stops here.
+
+        driver_change_allowed(name="Driver change allowed", cfg=cfg)
+    """
+    if not state.is_executing:
+        return
+    refused = change_refused(cfg, host.get_fact(NvidiaModule))
+    if refused:
+        yield fail(refused)
 
 
 @operation(is_idempotent=True)
@@ -205,7 +248,68 @@ def load_driver(cfg: DriverConfig) -> Ops:
                    "(set allow_reboot = True in host data to let the deploy reboot)")
         return
     logger.info(f"{host.print_prefix}rebooting: loaded driver {found}, installed {want}")
-    yield from server.reboot._inner(delay=5, interval=2, reboot_timeout=900)
+    yield from reboot_and_wait(cfg.reboot_timeout)
+
+
+def reboot_and_wait(timeout: int, delay: int = 5, interval: int = 2,
+                    report_every: int = 30) -> Ops:
+    """pyinfra's reboot, with a wait that says which host it waits for and how long is left,
+    and that fails this host alone (no traceback) when it does not come back in time.
+
+        yield from reboot_and_wait(900)     # in an operation
+    """
+    before: list[float] = []
+
+    def prepare(state: Any, host: Any) -> bool:
+        remove_any_sudo_askpass_file(host)
+        before.append(float(host.get_fact(Uptime)))
+        return True
+
+    def back(state: Any, host: Any) -> bool:
+        return _wait_back(host, before[0], timeout, delay, interval, report_every)
+
+    yield FunctionCommand(prepare, (), {})
+    # Detached, so the SSH channel closes at once (as pyinfra's own reboot does it).
+    yield StringCommand("( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &")
+    yield FunctionCommand(back, (), {})
+
+
+def _uptime(host_: Any) -> float | None:
+    try:
+        return float(host_.get_fact(Uptime))
+    except Exception:  # the connection dropped again while the host settles
+        host_.disconnect()
+        return None
+
+
+def _wait_back(host_: Any, uptime_before: float, timeout: int, delay: int, interval: int,
+               report_every: int) -> bool:
+    """Reconnect until the host's uptime shows it rebooted, printing the time left."""
+    tic = time.monotonic()
+    logger.info(f"{host_.print_prefix}waiting for {host_.name} to come back from its reboot: "
+                f"{timeout} s left")
+    time.sleep(delay)
+    clear_askpass_cache(host_)
+    host_.disconnect()
+    next_report = float(report_every)
+    while True:
+        waited = time.monotonic() - tic
+        if waited >= next_report:
+            logger.info(f"{host_.print_prefix}waiting for {host_.name} to come back from its "
+                        f"reboot: {max(timeout - waited, 0):.0f} s left")
+            next_report = waited + report_every
+        host_.connect(show_errors=False)
+        uptime = _uptime(host_) if host_.connected else None
+        if uptime is not None and uptime < uptime_before + delay:
+            logger.info(f"{host_.print_prefix}back from its reboot after {waited:.0f} s")
+            clear_askpass_cache(host_)
+            return True
+        if waited >= timeout:
+            logger.error(f"{host_.print_prefix}error: {host_.name} did not come back within "
+                         f"{timeout} s of its reboot (reboot_timeout_seconds): this host "
+                         "fails, the others carry on")
+            return False
+        time.sleep(interval)
 
 
 @operation(is_idempotent=True)
@@ -313,7 +417,9 @@ Unattended-Upgrade::Package-Blacklist {
 def install_driver() -> None:
     """Converge the host's NVIDIA stack; read the configuration from the host's data."""
     cfg = DriverConfig.from_data(host.data, host.name)
+    summary.failed_hosts_at_exit()
     base = f"{cfg.repo_base_url}/{repo_path()}"
+    driver_change_allowed(name="A driver change needs no reboot, or may reboot", cfg=cfg)
     packages_baseline(name="Packages before sglang-fleet (for teardown)")
     keyring = None
     if _installed("cuda-keyring") is None:

@@ -21,6 +21,7 @@ from sglang_fleet import hostdata
 from sglang_fleet.errors import InputError
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch, render_all
+from sglang_fleet.routerctl import Router
 from sglang_fleet.secretfile import api_key
 
 ROUTERS_GROUP = "routers"
@@ -105,6 +106,10 @@ class RouterConfig:
     health_successes: int
     api_key: str | None  # what clients send (``--api-key``)
     admin_key: str | None  # what /workers needs (``--control-plane-api-keys``, role admin)
+
+    def api(self) -> Router:
+        """The router's API, opened with the admin key; workers are given the client key."""
+        return Router(self.url, self.admin_key, worker_api_key=self.api_key or "")
 
     @classmethod
     def from_host(cls, host: Host) -> RouterConfig:

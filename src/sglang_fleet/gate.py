@@ -20,11 +20,21 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.operations import files
 
+from sglang_fleet import summary
 from sglang_fleet.engine import CURRENT, RELEASES, TOOLS
+from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops, fail, run
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
-from sglang_fleet.service import env_file, foreign_listeners, startup_budget, unit_path
+from sglang_fleet.service import (
+    env_file,
+    foreign_listeners,
+    found_down,
+    start_command,
+    startup_budget,
+    unit_condition,
+    unit_path,
+)
 
 LAST_GOOD = "/etc/sglang/last-good"
 HERE = Path(__file__).resolve().parent
@@ -65,18 +75,38 @@ def _check(profile: Profile, launch: Launch, *flags: str, budget: int | None = N
     return ok, lines
 
 
+def soak_requests(data: Any, host_name: str) -> int | None:
+    """``gate_soak_requests`` from host data: None (twice max running requests), 0 (no soak)
+    or a number of concurrent requests.
+
+        soak_requests({"gate_soak_requests": 64}, "b200-01")    # 64
+    """
+    value = data.get("gate_soak_requests")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError.one(f"pyinfra data of {host_name}", "gate_soak_requests",
+                             f"must be a whole number of requests, 0 or more, got {value!r}",
+                             "e.g. gate_soak_requests = 64, or 0 to skip the soak; leave it "
+                             "out for twice max running requests")
+    return value
+
+
 def _same(a: str, b: str) -> bool:
     ok, _ = run(f"cmp -s {a} {b}")
     return bool(ok)
 
 
 @operation(is_idempotent=True)
-def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
+def gate(profile: Profile, launch: Launch, budget: int, job: str,
+         soak: int | None = None) -> Ops:
     if not state.is_executing:
         return
     unit, env, saved = launch.unit, env_file(launch.unit), f"{LAST_GOOD}/{launch.unit}"
     ok, lines = _check(profile, launch, "--expect", json.dumps(expectations(launch)),
-                       *(["--job", job] if job else []), budget=budget)
+                       *(["--job", job] if job else []),
+                       *(["--soak-requests", str(soak)] if soak is not None else []),
+                       budget=budget)
     if ok:
         if not (_same(unit_path(unit), saved) and _same(env, f"{saved}.env")):
             yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
@@ -90,7 +120,7 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str) -> Ops:
         return
     logger.warning(f"{host.print_prefix}{unit}: gate failed, putting the last good release back")
     run(f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env} && "
-                           f"systemctl daemon-reload && systemctl restart {unit}")
+        f"systemctl daemon-reload && {start_command(unit)}")
     back, lines = _check(profile, launch, "--health-only", budget=budget, show=False)
     yield fail(f"{error}; {what_serves(launch, back, lines)}")
 
@@ -137,7 +167,14 @@ def last_good_back(unit: str) -> Ops:
         return
     if not (_same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit))):
         yield (f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env_file(unit)} && "
-               f"systemctl daemon-reload && systemctl restart {unit}")
+               f"systemctl daemon-reload && {start_command(unit)}")
+    else:
+        condition = unit_condition(unit)
+        down = found_down(unit, condition)
+        if down:
+            logger.warning(f"{host.print_prefix}{down}")
+        if condition.get("ActiveState") != "active":
+            yield start_command(unit)
     ok, out = run(
         f"grep -o '{RELEASES}/[^/ ]*' {saved} | head -1; readlink {CURRENT} || true")
     lines = [line.strip() for line in out.stdout_lines] if ok else []
@@ -161,6 +198,7 @@ def regate(profile: Profile, launch: Launch, budget: int) -> Ops:
 @deploy("Back to the last good release")
 def restore_last_good(profile: Profile, launches: list[Launch]) -> None:
     """What a rolling redeploy does to a host whose new release failed."""
+    summary.failed_hosts_at_exit()
     for launch in launches:
         last_good_back(name=f"Last good {launch.unit}", unit=launch.unit)
         regate(name=f"Gate {launch.unit}: health and smoke generation", profile=profile,
@@ -175,13 +213,16 @@ def smoke_test(profile: Profile, launches: list[Launch]) -> None:
 
 @deploy("Gate")
 def run_gate(profile: Profile, launches: list[Launch]) -> None:
-    """Health, effective arguments, smoke generation and capacity report; rollback on failure."""
+    """Health, effective arguments, smoke generation, soak and capacity report; rollback on
+    failure."""
+    summary.failed_hosts_at_exit()
     files.directory(name="Gate tools", path=f"{TOOLS}/sglang_fleet", mode="755")
     for name in ("__init__.py", "capacity.py", "gate_check.py"):
         files.put(name=f"Gate tool {name}", src=str(HERE / name),
                   dest=f"{TOOLS}/sglang_fleet/{name}", mode="644")
     job = host.data.get("job_estimate", "")  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
+    soak = soak_requests(host.data, host.name)
     for launch in launches:
-        gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, capacity",
+        gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, soak, capacity",
              profile=profile, launch=launch,
-             budget=startup_budget(), job=str(job))
+             budget=startup_budget(), job=str(job), soak=soak)

@@ -5,7 +5,9 @@
    fails, showing the journal lines of THIS invocation only;
 2. check the effective arguments from /server_info against what was rendered;
 3. a smoke generation through /v1/chat/completions that copes with reasoning models;
-4. the capacity report from this invocation's startup lines.
+4. a soak: twice max running requests (or ``--soak-requests``) at once, every one answered,
+   the server still the same invocation and healthy after them;
+5. the capacity report from this invocation's startup lines.
 
     PYTHONPATH=/opt/sglang/tools python3 -m sglang_fleet.gate_check --unit sglang.service \\
         --url http://127.0.0.1:30000 --env-file F --model NAME --expect '{"...": ...}'
@@ -16,6 +18,8 @@ Prints human lines, then one line ``GATE <json>``; exit 0 when the server passed
 from __future__ import annotations
 
 import argparse
+import collections
+import concurrent.futures
 import http.client
 import json
 import re
@@ -30,6 +34,8 @@ from typing import Any
 from sglang_fleet import capacity  # uploaded to the host with this module
 
 SMOKE_PROMPT = "What is 2+2? Answer with the number only."
+SOAK_PROMPT = "Name a colour."
+SOAK_DEFAULT_BATCH = 8  # when the server's max running requests is unknown
 EAGLE_ALIASES = {"NEXTN": "EAGLE"}
 
 
@@ -247,6 +253,73 @@ def _chunk(raw: bytes, where: str) -> dict[str, Any] | None:
     return chunk
 
 
+def soak(url: str, key: str | None, model: str, count: int,
+         timeout: float = 300) -> dict[str, Any]:
+    """``count`` short chat completions at once: the server's first real batch (and a queue
+    behind it), so a server that dies under load fails the gate instead of the first users.
+
+        soak("http://127.0.0.1:30000", key, "qwen", 32)
+        # {'requests': 32, 'failed': 0, 'statuses': {'200': 32}, 'seconds': 1.4}
+    """
+    def one(i: int) -> int:
+        body = {"model": model, "max_tokens": 16, "temperature": 0,
+                "messages": [{"role": "user", "content": f"{SOAK_PROMPT} ({i})"}]}
+        return request(f"{url}/v1/chat/completions", key, body, timeout=timeout)[0]
+
+    tic = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(count, 512))) as pool:
+        statuses = collections.Counter(str(code) for code in pool.map(one, range(count)))
+    return {"requests": count, "failed": count - statuses.get("200", 0),
+            "statuses": dict(statuses), "seconds": round(time.monotonic() - tic, 2)}
+
+
+def soak_count(requested: int | None, max_running: int | None) -> int:
+    """Requests the soak sends: as asked (0 disables it), else twice max running requests.
+
+        >>> soak_count(None, 48), soak_count(0, 48), soak_count(None, None)
+        (96, 0, 16)
+    """
+    if requested is not None:
+        return requested
+    return 2 * (max_running or SOAK_DEFAULT_BATCH)
+
+
+def survived(unit: str, invocation: str, url: str) -> None:
+    """After the soak: the same invocation of the unit, active, healthy; else why not."""
+    state = unit_state(unit)
+    if state.get("InvocationID") != invocation or state.get("ActiveState") != "active" or \
+            state.get("SubState") == "auto-restart":
+        tail = [line for line in journal(invocation) if line.strip()]
+        last = tail[-1].strip() if tail else f"{state.get('Result')}, no output"
+        raise GateError(f"{unit} died under the soak: {shown(last, 160)}",
+                        [f"invocation {invocation}:", *tail[-15:]])
+    status, _ = request(f"{url}/health_generate", None, timeout=25)
+    if status != 200:
+        raise GateError(f"{url}/health_generate answered {status or 'nothing'} after the soak")
+
+
+def run_soak(args: argparse.Namespace, key: str | None, invocation: str,
+             max_running: int | None, result: dict[str, Any]) -> None:
+    """The gate's soak step: print one line, fail the gate when a request or the server did."""
+    count = soak_count(args.soak_requests, max_running)
+    if count <= 0:
+        print("soak: disabled (gate_soak_requests = 0)")
+        return
+    result["soak"] = s = soak(args.url, key, args.model, count)
+    time.sleep(1)  # a server that dies at the end of the batch does so within a second
+    if s["failed"]:
+        try:
+            survived(args.unit, invocation, args.url)
+        except GateError as err:
+            raise GateError(f"soak: {s['failed']} of {count} concurrent requests failed "
+                            f"(statuses {s['statuses']}); {err}", err.details) from None
+        raise GateError(f"soak: {s['failed']} of {count} concurrent requests failed "
+                        f"(statuses {s['statuses']})")
+    survived(args.unit, invocation, args.url)
+    print(f"soak: {count} concurrent requests, all answered in {s['seconds']:.1f} s; "
+          f"{args.unit} still serving")
+
+
 def describe(s: dict[str, Any]) -> str:
     accept = accept_text(s)
     return (f"smoke: {s['answer'] or '(reasoning only)'!r}, TTFT {s['ttft_s'] * 1000:.0f} ms, "
@@ -306,6 +379,9 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
         raise GateError(f"smoke answer is not sane: {s['answer']!r}")
     print(describe(s))
     cap = capacity.parse(journal(invocation, 0), info.get("version"))
+    mrr = info.get("max_running_requests")
+    run_soak(args, key, invocation, cap.max_running_requests
+             or (mrr if isinstance(mrr, int) else None), result)
     print("capacity: " + capacity.summary(cap))
     for line in capacity.advice(cap):
         print("advice: " + line)
@@ -324,6 +400,9 @@ def main() -> int:
     ap.add_argument("--expect", default="{}", help="JSON: server_info key -> rendered value")
     ap.add_argument("--budget", type=float, default=1800)
     ap.add_argument("--job", default="", help="COMPLETIONS,TOKENS for the job estimate")
+    ap.add_argument("--soak-requests", type=int, default=None,
+                    help="concurrent requests after the smoke (default: 2 x max running "
+                    "requests; 0: no soak)")
     ap.add_argument("--health-only", action="store_true", help="only wait until healthy")
     ap.add_argument("--smoke-only", action="store_true",
                     help="only a smoke generation against the running server")

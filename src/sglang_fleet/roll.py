@@ -26,7 +26,7 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
 from sglang_fleet import fleet, hostdata, preflight, validators
-from sglang_fleet.errors import InputError
+from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import render_all
 from sglang_fleet.routerctl import Router, RouterError, drained
 
@@ -113,6 +113,40 @@ def _inventory_error(inventory: str, exc: Exception) -> InputError:
                           "debug-inventory shows what pyinfra reads)")
 
 
+def grouped(errors: dict[str, InputError]) -> InputError:
+    """One error per distinct problem, naming every host that has it (a bad ``--data`` value
+    is everyone's problem, not the first host's).
+
+        grouped({"a": err_a, "b": err_b})   # "pyinfra data of a, b: sglang.x: ..."
+    """
+    hosts_of: dict[tuple[str, str, str, str], list[str]] = {}
+    for name, err in errors.items():
+        for p in err.problems:
+            shared = (p.source.replace(name, "\0"), p.key.replace(name, "\0"),
+                      p.message.replace(name, "\0"), p.fix.replace(name, "\0"))
+            hosts_of.setdefault(shared, []).append(name)
+    problems = []
+    for (source, key, message, fix), names in hosts_of.items():
+        listed = ", ".join(names)
+        where = source.replace("\0", listed) if "\0" in source else \
+            f"{source} ({'host' if len(names) == 1 else 'hosts'} {listed})"
+        problems.append(Problem(where, key.replace("\0", listed),
+                                message.replace("\0", listed), fix.replace("\0", listed)))
+    return InputError(problems)
+
+
+def data_warning(data: Sequence[str]) -> str | None:
+    """What to say about ``--data``: it changes these hosts, not the inventory.
+
+        data_warning(["sglang.memory.max_running_requests=48"])   # "warning: --data ..."
+    """
+    if not data:
+        return None
+    return (f"warning: --data {' '.join(data)} is applied to the hosts but is not in the "
+            "inventory: the next plain deploy (deploys/sglang.py) reverts it; to keep it, put "
+            "it in the inventory's host or group data")
+
+
 def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
     if batch < 1:
         raise InputError.one("--batch", "", f"must be at least 1, got {batch}",
@@ -122,12 +156,17 @@ def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
     if not hosts:
         raise InputError.one(inventory, "sglang_profile", "no serving hosts",
                              "give hosts a serving profile in their group data")
-    after = {}
+    after, errors = {}, {}
     for host in hosts:  # every host's change is checked before the first one is touched
-        profile = hostdata.profile_for(host)
-        launches = render_all(profile)
-        preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
-        after[host.name] = fleet.urls(host, profile, launches)
+        try:
+            profile = hostdata.profile_for(host)
+            launches = render_all(profile)
+            preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+            after[host.name] = fleet.urls(host, profile, launches)
+        except InputError as err:
+            errors[host.name] = err
+    if errors:
+        raise grouped(errors)
     routers = fleet.routers(then)
     for router in routers:
         wrong = validators.url_problem(router.url, allow_http=True)
@@ -143,7 +182,7 @@ def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
                 batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
                 before={h.name: fleet.worker_urls(h) for h in fleet.serving_hosts(now)},
                 after=after,
-                routers=[Router(r.url, r.admin_key) for r in routers])
+                routers=[r.api() for r in routers])
 
 
 def say(message: str) -> None:
@@ -267,12 +306,17 @@ def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
     _seconds("--drain-timeout", drain_timeout)
     _seconds("--health-timeout", health_timeout)
     roll = Roll(plan(inventory, data, batch), drain_timeout, health_timeout)
+    warning = data_warning(data)
+    if warning:
+        say(warning)
     try:
         ok = roll()
     except RouterError as err:
         say(f"stopped: {err}")
         ok = False
     print(roll.report())
+    if warning:
+        print(f"roll: {warning}", file=sys.stderr)
     if not ok:
         print("roll: stopped at the first failure; hosts after it were not touched",
               file=sys.stderr)

@@ -23,7 +23,7 @@ from sglang_fleet.engine import ROOT, uv_ready, venv_install
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import RouterConfig
 from sglang_fleet.ops import Ops, fail
-from sglang_fleet.routerctl import Router, RouterError
+from sglang_fleet.routerctl import RouterError
 from sglang_fleet.secretfile import secret_file, secrets_directory
 from sglang_fleet.service import allowed_clients, env_file, unit_absent, unit_path
 from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word
@@ -86,7 +86,7 @@ def router_release(config: RouterConfig) -> Ops:
 
 
 def _sync(state: object, host: object, config: RouterConfig, urls: list[str]) -> None:
-    router = Router(config.url, config.admin_key)
+    router = config.api()
     have = router.workers()
     for url in urls:
         if url not in have:
@@ -101,7 +101,7 @@ def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Op
     """The running router routes to exactly ``urls`` (added or removed through its API)."""
     if not state.is_executing:
         return
-    router = Router(config.url, config.admin_key)
+    router = config.api()
     try:
         router.wait_alive(wait)
         have = router.workers()

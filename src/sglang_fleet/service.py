@@ -14,12 +14,13 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
-from pyinfra.context import host
+from pyinfra.context import host, state
 from pyinfra.operations import files, systemd
 
 from sglang_fleet.engine import CACHE, CACHE_ENV, STATE, TOOLS, USER, Release
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
+from sglang_fleet.facts.systemd import SystemdVersion, parse_show
 from sglang_fleet.ops import Ops, run
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
@@ -30,6 +31,10 @@ TEMPLATE = "templates/sglang.service.j2"
 # Starts SGLang with the keys from the environment file, in-process (server_launch.py).
 LAUNCHER = f"{TOOLS}/server_launch.py"
 HERE = Path(__file__).resolve().parent
+# Crash loops: the automatic restarts systemd makes before it gives up (the start limit).
+# Deliberate starts clear the count first (``start_command``), so it counts crashes only.
+CRASH_RESTARTS = 5
+RESTART_STEPS_SINCE = 254  # the systemd release with RestartSteps and RestartMaxDelaySec
 
 
 
@@ -171,6 +176,75 @@ def unit_absent(unit: str) -> Ops:
         yield _removal(unit)
 
 
+def restart_policy(systemd_version: int | None) -> dict[str, Any]:
+    """The unit's crash-loop values for a host's systemd: growing delays where it has
+    ``RestartSteps`` (10, 20, 40, 80, 160 s), a fixed 30 s elsewhere; then the start limit.
+
+        >>> restart_policy(255)["restart_steps"], restart_policy(252)["restart_sec"]
+        (4, 30)
+    """
+    burst = CRASH_RESTARTS + 1  # the start that began the loop, then its restarts
+    if systemd_version is not None and systemd_version >= RESTART_STEPS_SINCE:
+        return {"restart_sec": 10, "restart_steps": CRASH_RESTARTS - 1,
+                "restart_max_delay": 160, "start_limit_burst": burst}
+    return {"restart_sec": 30, "restart_steps": 0, "restart_max_delay": 30,
+            "start_limit_burst": burst}
+
+
+def start_command(unit: str) -> str:
+    """A deliberate (re)start: the failed state and the start limit are cleared first, so
+    deploys, rolls and restores never spend the crash budget (nor find it spent).
+
+        start_command("sglang.service")
+        # '(systemctl reset-failed sglang.service 2>/dev/null || true) && systemctl restart ...'
+    """
+    return f"(systemctl reset-failed {unit} 2>/dev/null || true) && systemctl restart {unit}"
+
+
+def unit_condition(unit: str) -> dict[str, str]:
+    """What systemd says about the unit now (ActiveState, SubState, Result, NRestarts, ...)."""
+    ok, out = run(f"systemctl show {unit} -p ActiveState,SubState,Result,NRestarts,"
+                  "UnitFileState")
+    return parse_show(list(out.stdout_lines)) if ok else {}
+
+
+def found_down(unit: str, condition: dict[str, str]) -> str | None:
+    """What to say when a deploy finds the unit down by itself (None when it is not).
+
+        >>> found_down("sglang.service", {"ActiveState": "failed", "Result":
+        ...            "start-limit-hit", "NRestarts": "5"})
+        'sglang.service was found failed (start-limit-hit, 5 automatic restarts): ...'
+    """
+    restarts = condition.get("NRestarts", "0")
+    if condition.get("ActiveState") == "failed":
+        return (f"{unit} was found failed ({condition.get('Result')}, {restarts} automatic "
+                "restarts): clearing its failed state and start limit, starting it")
+    if condition.get("SubState") == "auto-restart":
+        return (f"{unit} was found crash-looping ({restarts} automatic restarts so far): "
+                "clearing its start limit, starting it")
+    return None
+
+
+@operation(is_idempotent=True)
+def unit_running(unit: str, changes: list[OperationMeta]) -> Ops:
+    """Enabled and running; restarted when one of ``changes`` changed. Every start clears the
+    failed state and start limit first; a unit found failed or crash-looping is said so.
+
+        unit_running(name="Start sglang.service", unit="sglang.service", changes=[unit_op])
+    """
+    if not state.is_executing:
+        return
+    condition = unit_condition(unit)
+    down = found_down(unit, condition)
+    if down:
+        logger.warning(f"{host.print_prefix}{down}")
+    # One start for a fresh host, one restart for a change, none when nothing changed.
+    if condition.get("ActiveState") != "active" or any(op.did_change() for op in changes):
+        yield start_command(unit)
+    if condition.get("UnitFileState") != "enabled":
+        yield f"systemctl enable {unit}"
+
+
 def _unit(profile: Profile, launch: Launch, release: Release, launcher: OperationMeta,
           restart_if: list[OperationMeta]) -> None:
     unit_name = launch.unit
@@ -184,25 +258,21 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
     env = secret_file(name=f"Environment and secrets of {unit_name} (root, 0600)",
                       dest=env_file(unit_name), content=env_text)
     budget = startup_budget()
+    policy = restart_policy(host.get_fact(SystemdVersion))
     unit = files.template(
         name=f"Unit {unit_name}", src=TEMPLATE, dest=unit_path(unit_name), mode="644",
         profile_path=unit_text(profile.path), version=launch.version,
         release_id=release.id, env_file=env_file(unit_name),
         served_name=unit_text(profile.model.served_name or profile.model.source),
         paths=paths, allowed_clients=allowed_clients(),
-        exec_start=command, timeout_start=budget,
-        timeout_stop=drain_budget(),
-        start_limit_interval=budget * 4)
+        exec_start=command, timeout_start=budget, timeout_stop=drain_budget(),
+        start_limit_interval=budget * 4, **policy)
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
     if host.data.get("replace_stale_servers"):
         stale_servers_stopped(name=f"Nothing else on port {launch.port}", launch=launch,
                               budget=drain_budget())
-    changes = [unit, env, launcher, *restart_if]
-    # Restart first: it touches only a running unit, so a fresh host starts exactly once.
-    systemd.service(name=f"Restart {unit_name} (its definition changed)", service=unit_name,
-                    restarted=True, _if=lambda: any(op.did_change() for op in changes))
-    systemd.service(name=f"Enable and start {unit_name}", service=unit_name, running=True,
-                    enabled=True)
+    unit_running(name=f"Enable and start {unit_name} (restarted when its definition changed)",
+                 unit=unit_name, changes=[unit, env, launcher, *restart_if])
 
 
 @deploy("SGLang service")

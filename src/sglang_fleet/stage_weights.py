@@ -8,7 +8,8 @@ uploads it), with boto3 for S3 and huggingface_hub for the hub.
 Files land in ``DEST.partial`` and are verified (size, and the ETag's MD5 for single-part
 objects) before ``DEST.partial`` is renamed to ``DEST``: a partial model is never at DEST, and an
 interrupted run resumes with the files it had finished. A manifest in DEST makes re-runs free.
-Exit 0 when DEST is complete; anything else prints one line and exits 1.
+Exit 0 when DEST is complete; anything else prints one line per failure (what failed, which
+object, the endpoint, why) on stderr and exits 1, never a traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +26,24 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST = ".sglang-fleet-manifest.json"
+
+
+class StageError(Exception):
+    """One failure, as the one line the deploy shows.
+
+        str(StageError("download", "s3://b/p/a.bin", "http://s3:9000", "connection refused"))
+        # 'error: download of s3://b/p/a.bin from http://s3:9000 failed: connection refused'
+    """
+
+    def __init__(self, what: str, item: str, endpoint: str, reason: str) -> None:
+        super().__init__(f"error: {what} of {item} from {endpoint} failed: {reason}")
+
+
+def reason(exc: BaseException) -> str:
+    """An exception in a few words: its type and the first line of its message."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    text = text if len(text) <= 200 else text[:200] + " …"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -46,18 +65,26 @@ def _md5(path: Path) -> str:
 def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> dict[str, Any]:
     import boto3
     from boto3.s3.transfer import TransferConfig
+    from botocore.config import Config
 
     bucket, _, prefix = source[len("s3://"):].partition("/")
     prefix = prefix.rstrip("/") + "/" if prefix else ""
-    s3 = boto3.client("s3", endpoint_url=endpoint)
+    # Bounded: an endpoint that went away fails the run in about a minute, not an hour.
+    s3 = boto3.client("s3", endpoint_url=endpoint, config=Config(
+        connect_timeout=10, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"}))
+    where = str(s3.meta.endpoint_url)
     objects = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-        for obj in page.get("Contents", []):
-            if not obj["Key"].endswith("/"):
-                objects.append((obj["Key"][len(prefix):], obj["Size"], obj["ETag"].strip('"')))
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                if not obj["Key"].endswith("/"):
+                    objects.append((obj["Key"][len(prefix):], obj["Size"],
+                                    obj["ETag"].strip('"')))
+    except Exception as exc:  # botocore's errors, whatever the transport says
+        raise StageError("listing", source, where, reason(exc)) from None
     if not objects:
-        raise SystemExit(f"error: {source} holds no objects (check the bucket, prefix and "
-                         "credentials)")
+        raise StageError("listing", source, where, "no objects there (check the bucket, "
+                         "prefix and credentials)")
     progress_path = partial / MANIFEST
     done: dict[str, Any] = _load(progress_path).get("files", {})
     config = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20,
@@ -70,38 +97,78 @@ def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> 
             return name, done[name]
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".download")
-        s3.download_file(bucket, prefix + name, str(tmp), Config=config)
+        url = f"s3://{bucket}/{prefix}{name}"
+        try:
+            s3.download_file(bucket, prefix + name, str(tmp), Config=config)
+        except Exception as exc:
+            raise StageError("download", url, where, reason(exc)) from None
         if tmp.stat().st_size != size:
-            raise SystemExit(f"error: {name}: {tmp.stat().st_size} bytes, S3 says {size}")
+            raise StageError("check", url, where, f"{tmp.stat().st_size} bytes, S3 says {size}")
         if "-" not in etag and _md5(tmp) != etag:
-            raise SystemExit(f"error: {name}: MD5 differs from the ETag {etag}")
+            raise StageError("check", url, where, f"MD5 differs from the ETag {etag}")
         tmp.replace(target)
         return name, {"size": size, "etag": etag}
 
+    failures = []
     with concurrent.futures.ThreadPoolExecutor(max(1, workers // 4)) as pool:
-        for name, entry in pool.map(fetch, objects):
+        futures = [pool.submit(fetch, item) for item in objects]
+        for future in futures:  # in order, as pool.map; a failure cancels what has not begun
+            try:
+                name, entry = future.result()
+            except StageError as err:
+                failures.append(err)
+                for later in futures:
+                    later.cancel()  # those running now finish and report their own failure
+                continue
+            except concurrent.futures.CancelledError:
+                continue
             done[name] = entry
             progress_path.write_text(json.dumps({"source": source, "files": done}))
+    if failures:
+        raise StageFailed(failures)
     return {"source": source, "files": done}
 
 
+class StageFailed(Exception):
+    """Several failures of one run (one line each)."""
+
+    def __init__(self, failures: list[StageError]) -> None:
+        super().__init__("\n".join(dict.fromkeys(str(f) for f in failures)))
+
+
 def stage_hf(source: str, partial: Path, token_file: str | None) -> dict[str, Any]:
-    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub import HfApi, constants, snapshot_download
 
     repo, _, revision = source[len("hf://"):].partition("@")
     token = Path(token_file).read_text().strip() if token_file else None
-    snapshot_download(repo_id=repo, revision=revision, local_dir=str(partial), token=token)
-    info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
+    try:
+        snapshot_download(repo_id=repo, revision=revision, local_dir=str(partial), token=token)
+        info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
+    except Exception as exc:
+        raise StageError("download", source, constants.ENDPOINT, reason(exc)) from None
     files = {}
     for sibling in info.siblings or []:
         path = partial / sibling.rfilename
         if sibling.size is not None and path.stat().st_size != sibling.size:
-            raise SystemExit(f"error: {sibling.rfilename}: size differs from the hub's")
+            raise StageError("check", f"{source}/{sibling.rfilename}", constants.ENDPOINT,
+                             "size differs from the hub's")
         files[sibling.rfilename] = {"size": sibling.size, "sha": info.sha}
     return {"source": source, "files": files}
 
 
 def main() -> int:
+    """Stage, printing one line per failure instead of a traceback."""
+    try:
+        return stage()
+    except (StageError, StageFailed) as err:
+        print(err, file=sys.stderr)
+    except OSError as err:  # the local disk: full, read-only, permissions
+        print(f"error: writing {err.filename or 'the model'} failed: {reason(err)}",
+              file=sys.stderr)
+    return 1
+
+
+def stage() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source")
@@ -122,9 +189,10 @@ def main() -> int:
     elif args.source.startswith("hf://"):
         manifest = stage_hf(args.source, partial, args.token_file)
     else:
-        raise SystemExit(f"error: {args.source}: not an s3:// or hf:// source")
+        raise StageError("staging", args.source, "-", "not an s3:// or hf:// source")
     if not (partial / "config.json").is_file():
-        raise SystemExit(f"error: {args.source} has no config.json: not a model directory")
+        raise StageError("check", args.source, args.endpoint_url or "-",
+                         "no config.json: not a model directory")
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
     if dest.exists():
         shutil.rmtree(dest)

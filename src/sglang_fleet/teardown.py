@@ -26,7 +26,7 @@ from sglang_fleet.ops import Ops
 from sglang_fleet.packages import BASELINE_DIR, packages_purged
 from sglang_fleet.render import MODELS_ROOT
 from sglang_fleet.router import remove_router
-from sglang_fleet.routerctl import Router, RouterError
+from sglang_fleet.routerctl import RouterError
 from sglang_fleet.secretfile import SECRETS_DIR, secrets_absent
 from sglang_fleet.service import retire_other_units
 
@@ -37,7 +37,7 @@ ENGINE_PACKAGES = ["python3-venv"]
 def _deregister(state: object, host: object, routers: list[RouterConfig],
                 urls: list[str]) -> None:
     for config in routers:
-        router = Router(config.url, config.admin_key)
+        router = config.api()
         for url in urls:
             router.remove(url)
 
@@ -50,7 +50,7 @@ def out_of_routers(routers: list[RouterConfig], urls: list[str]) -> Ops:
     registered = []
     for config in routers:
         try:
-            known = Router(config.url, config.admin_key).workers()
+            known = config.api().workers()
         except RouterError as err:
             logger.warning(f"{host.print_prefix}{err}: not routing, nothing to take out")
             continue

@@ -52,11 +52,16 @@ def test_second_run_changes_nothing(lab: None) -> None:
     assert int(ssh("lab1", "cut -d. -f1 /proc/uptime").stdout) >= int(before)
 
 
-def test_bump_without_permission_to_reboot_stops(lab: None) -> None:
+def test_bump_without_permission_to_reboot_is_refused_before_installing(lab: None) -> None:
     code, out = deploy(f"nvidia_driver_version={NEW}", "allow_reboot=false")
     assert code != 0
-    assert f"reboot needed: loaded {OLD}, installed {NEW}" in out
+    assert f"nvidia_driver_version {NEW}: refused, nothing installed: the loaded driver is " \
+           f"{OLD}" in out
     assert "Traceback" not in out
+    assert "--> 2 hosts failed: lab1 (" in out
+    installed = ssh("lab1", "dpkg-query -W -f '${Version}' nvidia-driver-580-open").stdout
+    assert installed.startswith(OLD)
+    assert ssh("lab1", "nvidia-smi -L").returncode == 0  # no library/driver mismatch
 
 
 def test_bump_upgrades_and_reboots_once(lab: None) -> None:
@@ -64,6 +69,9 @@ def test_bump_upgrades_and_reboots_once(lab: None) -> None:
     assert code == 0, out[-4000:]
     for host in ("lab1", "lab2"):
         assert out.count(f"[{host}] rebooting: loaded driver {OLD}, installed {NEW}") == 1
+        # the wait names the host and the time left, then how long it took
+        assert f"[{host}] waiting for {host} to come back from its reboot: 900 s left" in out
+        assert re.search(rf"\[{host}\] back from its reboot after \d+ s", out)
         assert f"[{host}] 8 x NVIDIA B200, 183359 MiB, driver {NEW}" in out
     # the fabric manager followed the driver
     assert f"nvidia-fabricmanager {OLD}-1 does not match the driver {NEW}-1" in out

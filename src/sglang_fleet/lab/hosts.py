@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from sglang_fleet.lab.state import Host, Lab
+from sglang_fleet.lab.supervise import GUEST_MARK
 
 
 def _mounted(path: Path) -> bool:
@@ -75,6 +76,19 @@ def sudo_user(root: Path, lab: Lab) -> None:
         "PermitRootLogin no\n")
 
 
+def power_on(host: Host, lower: Path, lab: Lab) -> None:
+    """Boot a host that was stopped or died, with the disk it had (its overlay's upper layer).
+
+        power_on(host, Path(lab.rootfs), lab)
+    """
+    if not _mounted(host.root):
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={lower},upperdir={host.dir / 'upper'},"
+                        f"workdir={host.dir / 'work'}", str(host.root)], check=True)
+    boot(host)
+    wait_ssh(host, lab)
+
+
 def boot(host: Host) -> None:
     log = (host.dir / "console.log").open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "sglang_fleet.lab.supervise", host.name,
@@ -129,22 +143,89 @@ def alive(pid: int | None) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
+def guests() -> dict[str, int]:
+    """Every lab guest's init process (the PID 1 of its namespace), by host name, found by the
+    mark its supervisor gives it, whoever its parent is now.
+
+        guests()    # {"lab1": 48211, "lab2": 48377}
+    """
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            status = (entry / "status").read_text()
+        except OSError:
+            continue
+        marks = [v for v in environ if v.startswith(f"{GUEST_MARK}=".encode())]
+        nspid = next((line.split()[1:] for line in status.splitlines()
+                      if line.startswith("NSpid:")), [])
+        if marks and nspid[-1:] == ["1"] and alive(int(entry.name)):
+            found[marks[0].split(b"=", 1)[1].decode()] = int(entry.name)
+    return found
+
+
+def _answers(host: Host) -> bool:
+    """The guest's sshd accepts connections on the host's address."""
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host.address, 22)) == 0
+
+
+def state(host: Host) -> str:
+    """``running``, ``stopped``, or ``running without nspawn`` (its nspawn process died and
+    left the guest behind), as ``lab status`` says it.
+
+        state(host)     # "running"
+    """
+    nspawn = alive(_pid(host.dir / "nspawn.pid"))
+    guest = host.name in guests() or _answers(host)  # without root, /proc tells less
+    if guest and not nspawn:
+        return "running without nspawn"
+    return "running" if guest or nspawn else "stopped"
+
+
 def running(host: Host) -> bool:
-    return alive(_pid(host.dir / "nspawn.pid"))
+    return state(host) != "stopped"
+
+
+def _wait_gone(pids: list[int | None], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.1)
+
+
+def power_off(name: str, timeout: float = 20) -> bool:
+    """Power a guest off through its own systemd (SIGRTMIN+4), killing its whole PID namespace
+    when it does not stop in time; True when there was one.
+
+        power_off("lab2")    # after its nspawn process was killed
+    """
+    init = guests().get(name)
+    if init is None:
+        return False
+    os.kill(init, signal.SIGRTMIN + 4)  # systemd's "poweroff" signal
+    _wait_gone([init], timeout)
+    if alive(init):
+        os.kill(init, signal.SIGKILL)  # the namespace's init: every process in it goes too
+        _wait_gone([init], 5)
+    return True
 
 
 def stop(host: Host, timeout: float = 30) -> None:
-    """Power the guest off (SIGTERM to nspawn via its supervisor), then unmount its overlay."""
+    """Power the guest off (SIGTERM to nspawn via its supervisor; the guest's own systemd when
+    nspawn is gone), then unmount its overlay."""
     supervisor, nspawn = _pid(host.dir / "supervisor.pid"), _pid(host.dir / "nspawn.pid")
     for pid in (supervisor, nspawn):
         if alive(pid):
             os.kill(pid, signal.SIGTERM)  # type: ignore[arg-type]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and (alive(supervisor) or alive(nspawn)):
-        time.sleep(0.1)
+    _wait_gone([supervisor, nspawn], timeout)
     for pid in (nspawn, supervisor):
         if alive(pid):
             os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+    if power_off(host.name):
+        print(f"{host.name}: its guest outlived its nspawn process: powered off", flush=True)
     if _mounted(host.root):
         subprocess.run(["umount", "-l", str(host.root)], check=True)
     for name in ("supervisor.pid", "nspawn.pid"):

@@ -59,6 +59,9 @@ def down(quiet: bool = False) -> None:
     lab = load()
     for host in lab.hosts:
         hosts.stop(host)
+    for name in hosts.guests():  # a guest of an earlier lab whose state was lost
+        if hosts.power_off(name):
+            print(f"{name}: a lab guest no lab state knew of: powered off", flush=True)
     site.stop()
     if lab.hosts:
         lab.hosts = []
@@ -69,8 +72,10 @@ def down(quiet: bool = False) -> None:
 
 def status() -> list[dict[str, Any]]:
     lab = load()
+    states = {h.name: hosts.state(h) for h in lab.hosts}
     return [{"name": h.name, "address": h.address, "gpus": h.gpus, "hgx": h.hgx,
-             "running": hosts.running(h)} for h in lab.hosts]
+             "running": states[h.name] != "stopped", "state": states[h.name]}
+            for h in lab.hosts]
 
 
 def ssh(name: str, command: list[str]) -> int:

@@ -126,3 +126,19 @@ def start(lab: Lab) -> None:
     _wait_port(HTTP_PORT)
     _wait_port(S3_PORT)
     seed_s3(lab)
+
+
+def s3_down() -> None:
+    """The S3 endpoint goes away, as in an outage: its server is killed, connections cut."""
+    pidfile = _pidfile("s3")
+    if pidfile.exists():
+        _signal_group(int(pidfile.read_text()), signal.SIGKILL)
+        pidfile.unlink()
+
+
+def s3_up(lab: Lab) -> None:
+    """The S3 endpoint back, with the lab model (as after ``s3_down``)."""
+    moto = Path(sys.executable).with_name("moto_server")
+    _start("s3", [str(moto), "-H", SITE_ADDRESS, "-p", str(S3_PORT)])
+    _wait_port(S3_PORT)
+    seed_s3(lab)

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 
 REBOOT = 133
+GUEST_MARK = "SGLANG_FLEET_LAB_GUEST"  # in the environment of each guest's init
 
 
 def main() -> int:
@@ -30,7 +31,9 @@ def main() -> int:
     while not stopping:
         child = subprocess.Popen(
             ["systemd-nspawn", "-D", str(root), "--register=no", "--keep-unit", "--boot",
-             f"--machine={name}", "--console=passive"],
+             f"--machine={name}", "--console=passive",
+             # How `lab down` finds the guest even when this nspawn process is gone.
+             f"--setenv={GUEST_MARK}={name}"],
             stdin=subprocess.DEVNULL)
         (root.parent / "nspawn.pid").write_text(str(child.pid))
         if stopping:  # SIGTERM arrived while nspawn was starting
