@@ -114,6 +114,14 @@ def answered(status: int, raw: bytes) -> str:
     return f"answered {status}" + (f": {body}" if body else "")
 
 
+def unit_down(unit: str, invocation: str, state: dict[str, str], what: str) -> GateError:
+    """The error for a unit that went down: its last line, and that invocation's journal."""
+    tail = [line for line in journal(invocation) if line.strip()]
+    last = tail[-1].strip() if tail else f"{state.get('Result')}, no output"
+    return GateError(f"{unit} {what}: {shown(last, 160)}",
+                     [f"invocation {invocation}:", *tail[-15:]])
+
+
 def wait_healthy(unit: str, url: str, budget: float) -> str:
     invocation = unit_state(unit).get("InvocationID", "")
     deadline = time.monotonic() + budget
@@ -122,10 +130,7 @@ def wait_healthy(unit: str, url: str, budget: float) -> str:
         restarted = state.get("InvocationID") != invocation
         if state.get("ActiveState") == "failed" or restarted or \
                 state.get("SubState") == "auto-restart":
-            tail = [line for line in journal(invocation) if line.strip()]
-            last = tail[-1].strip() if tail else f"{state.get('Result')}, no output"
-            raise GateError(f"{unit} failed to start: {shown(last, 160)}",
-                            [f"invocation {invocation}:", *tail[-15:]])
+            raise unit_down(unit, invocation, state, "failed to start")
         status, _ = request(f"{url}/health_generate", None, timeout=25)
         if status == 200:
             return invocation
@@ -289,10 +294,7 @@ def survived(unit: str, invocation: str, url: str) -> None:
     state = unit_state(unit)
     if state.get("InvocationID") != invocation or state.get("ActiveState") != "active" or \
             state.get("SubState") == "auto-restart":
-        tail = [line for line in journal(invocation) if line.strip()]
-        last = tail[-1].strip() if tail else f"{state.get('Result')}, no output"
-        raise GateError(f"{unit} died under the soak: {shown(last, 160)}",
-                        [f"invocation {invocation}:", *tail[-15:]])
+        raise unit_down(unit, invocation, state, "died under the soak")
     status, _ = request(f"{url}/health_generate", None, timeout=25)
     if status != 200:
         raise GateError(f"{url}/health_generate answered {status or 'nothing'} after the soak")
