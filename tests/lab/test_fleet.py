@@ -51,14 +51,11 @@ def fresh() -> Iterator[dict[str, list[str]]]:
 
 @pytest.fixture(scope="module")
 def fleet(fresh: dict[str, list[str]]) -> dict[str, list[str]]:
-    """Deployed as the sudo user, replacing the server test_hand_started_server left on lab2."""
-    outputs = []
+    """Deployed as the sudo user (the driver stage reboots the fresh hosts, which ends the server
+    test_a_hand_started_server left on lab2)."""
     for deploy in ("deploys/sglang.py", "deploys/router.py"):
-        result = pyinfra(deploy, "--data", "replace_stale_servers=true")
-        outputs.append(result.stdout + result.stderr)
-        assert result.returncode == 0, outputs[-1][-5000:]
-    assert re.search(r"\[lab2\] stopping pid \d+ .*python3 -m http.server 30000", outputs[0])
-    assert ssh("lab2", "pgrep -f 'http.server 30000'").returncode != 0
+        result = pyinfra(deploy)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     for host in HOSTS:
         assert ssh(host, "stat -c '%U %a' /etc/sglang/sglang.env").stdout.split() == \
             ["root", "600"]
@@ -176,6 +173,25 @@ def test_router_deploy_puts_a_missing_worker_back_without_a_restart(
     time.sleep(1)
     assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
     assert ssh("lab1", "systemctl show -p MainPID --value sglang-router").stdout.strip() == pid
+
+
+def test_a_deploy_replaces_a_hand_started_server_when_asked(
+        fleet: dict[str, list[str]]) -> None:
+    ssh("lab2", "systemctl stop sglang.service; setsid -f python3 -m http.server 30000 "
+                "--bind 127.0.0.12 >/dev/null 2>&1 </dev/null; sleep 1")
+    refused = pyinfra("deploys/sglang.py", "--limit", "lab2")
+    assert refused.returncode != 0 and "port 30000: held by pid" in refused.stdout + \
+        refused.stderr
+    result = pyinfra("deploys/sglang.py", "--limit", "lab2", "--data", "replace_stale_servers=true")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-5000:]
+    assert re.search(r"\[lab2\] stopping pid \d+ .*python3 -m http.server 30000", out), out[-3000:]
+    assert ssh("lab2", "pgrep -f 'http.server 30000'").returncode != 0
+    assert "[lab2] health: /health_generate 200" in out
+    deadline = time.monotonic() + 60
+    while not router_workers().get("http://127.0.0.12:30000") and time.monotonic() < deadline:
+        time.sleep(1)
+    assert all(router_workers().values())
 
 
 def test_roll_restarts_each_host_once_without_a_failed_request(
