@@ -92,6 +92,7 @@ def test_a_hand_started_server_stops_the_deploy_before_any_change(
     assert "replace_stale_servers=true" in out
     for host in HOSTS:
         assert snapshot(host) == fresh[host], host
+    ssh("lab2", "pkill -f 'http.server 30000'")
 
 
 def unchanged(result: subprocess.CompletedProcess[str]) -> bool:
