@@ -72,7 +72,7 @@ def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int,
          release: str = "0.5.23") -> MemoryPlan:
     """Everything SGLang prints about memory at startup; RuntimeError as SGLang raises. The
     slots follow the release: 0.5.10 - 0.5.12 reserve the draft state for all requested running
-    requests first; 0.5.13+ size slots and draft state together."""
+    requests first; 0.5.13+ size slots and draft state together; 0.5.17+ keep one slot back."""
     tp = args.tp_size
     total = gpu_mem_mib / 1024
     before = total - CONTEXT_OVERHEAD_GB
@@ -104,12 +104,14 @@ def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int,
             slots = max(1, requested)
         else:
             budget = rest * args.mamba_full_memory_ratio / (1 + args.mamba_full_memory_ratio) * GB
-            if up_front:
-                slots = int(budget // per_slot)
-            elif spec:  # 0.5.13+: slots and intermediate state solved together
-                slots = int((budget - per_slot * (1 + draft)) // (per_slot * (1 + draft / ratio)))
+            # 0.5.13+ solve slots and intermediate state together; 0.5.17+ keep one slot (and
+            # its draft state) back (kv_cache_configurator._handle_max_mamba_cache).
+            spare = release_tuple(release) >= (0, 5, 17, 0)
+            if spec and not up_front:
+                slots = int((budget - (per_slot * (1 + draft) if spare else 0))
+                            // (per_slot * (1 + draft / ratio)))
             else:
-                slots = int((budget - per_slot) // per_slot)
+                slots = int((budget - (per_slot if spare else 0)) // per_slot)
         slots = int(slots)
         if slots <= 0:
             raise RuntimeError(
