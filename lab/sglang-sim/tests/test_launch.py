@@ -177,3 +177,15 @@ def test_draft_state_sizing_follows_the_release(sims: Launcher) -> None:
         sizes[release] = float(m.group(1))
         sim.stop()
     assert abs(sizes["0.5.12"] / sizes["0.5.13"] - 49 / 5) < 0.1
+
+
+def test_slot_sizing_keeps_one_back_from_0_5_17(sims: Launcher) -> None:
+    slots = {}
+    for release in ("0.5.16", "0.5.17"):
+        sim = sims.start("--mamba-radix-cache-strategy", "no_buffer",
+                         "--disable-overlap-schedule", env={"SGLANG_SIM_VERSION": release})
+        m = re.search(r"max_mamba_cache_size: (\d+),", sim.output())
+        assert m, sim.output()
+        slots[release] = int(m.group(1))
+        sim.stop()
+    assert slots["0.5.16"] == slots["0.5.17"] + 1
