@@ -4,13 +4,19 @@
 ``extract`` writes each release's flag table (every option its ``ServerArgs.add_cli_args``
 registers: name, aliases, type, choices, default) to ``src/sglang_fleet/data/flags/<release>.json``.
 ``parse`` runs the release's real parser over command lines (a JSON list of argv lists on stdin)
-and prints, for each, the parsed arguments or argparse's error message.
+and prints, for each, the parsed arguments or argparse's error message. ``construct`` goes on to
+the release's real ``ServerArgs`` resolution, with every platform and GPU query answered as an
+8 x NVIDIA B200 host answers it (``B200_PROBES``) and the model known by its architecture only
+(``_StubModelConfig``), and prints accepted (with the resolved fields and the mamba hooks that
+ran) or the exception SGLang raised. ``mamba-archs`` writes, per release, which architectures
+reach the mamba radix-cache rules and which may use extra_buffer, read from its source.
 
     python3 scripts/sglang_oracle.py extract                 # every supported release
     python3 scripts/sglang_oracle.py extract 0.5.23 0.5.24   # just these
     echo '[["--model-path", "/m"]]' | python3 scripts/sglang_oracle.py parse 0.5.23
     echo '[{"argv": ["--model-path", "/m"], "arch": "Qwen3_5ForConditionalGeneration"}]' \
         | python3 scripts/sglang_oracle.py construct 0.5.23   # real ServerArgs on a B200
+    python3 scripts/sglang_oracle.py mamba-archs             # data/mamba_archs.json
     python3 scripts/sglang_oracle.py source 0.5.23           # where the release's source lies
 
 For each release it downloads the published wheel (no dependencies), installs the transformers

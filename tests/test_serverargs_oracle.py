@@ -138,6 +138,8 @@ def disagreements(version: str, tmp: Path) -> Iterator[str]:
         sim = simulator_verdict(version, argv, launch.env, case.arch)
         where = f"{version} {case}"
         assert not str(real.get("error", "")).startswith("sglang.launch_server"), (where, real)
+        if preflight.is_hybrid(case.arch, version):
+            assert real["hooks"], (where, "the release's mamba hook did not run", real)
         if case.arch == ALWAYS_HYBRID and real["ok"] and case.radix:
             # The release's mamba rules ran and resolved a strategy: not a CPU short cut.
             strategy = (real["resolved"]["mamba_radix_cache_strategy"]

@@ -3,9 +3,12 @@ speculative decoding, applied to a rendered launch before any host is touched.
 
     problems = check(profile, launch, architecture="Qwen3_5ForConditionalGeneration")
 
-Rules are read from each release's ``sglang/srt/server_args.py`` (0.5.10 - 0.5.19) and
-``sglang/srt/arg_groups/{overrides,mamba_hook,model_hook,speculative_hook}.py`` (0.5.20 - 0.5.23);
-messages quote SGLang's own where it has one, and every fix is spelled for the release at hand.
+Rules are read from each release's ``sglang/srt/server_args.py`` (0.5.10 - 0.5.14) and
+``sglang/srt/arg_groups/{overrides,mamba_hook,model_hook}.py`` (0.5.15 - 0.5.23), in the order
+the release applies them; messages quote SGLang's own where it has one, and every fix is spelled
+for the release at hand. ``check_server_args`` is what the release's ``ServerArgs`` refuses
+(proven against the real code by tests/test_serverargs_oracle.py); ``check`` adds the checks
+SGLang makes later, while sizing the memory pools (``LATER_CHECKS``, cited by file and line).
 """
 
 from __future__ import annotations
@@ -52,7 +55,10 @@ def extra_buffer_archs(version: str) -> frozenset[str]:
 
 
 def is_hybrid(arch: str, version: str) -> bool:
-    """Whether ``arch`` reaches the release's mamba radix-cache rules."""
+    """Whether ``arch`` reaches the release's mamba radix-cache rules.
+
+        is_hybrid("ZayaForCausalLM", "0.5.13")  # -> False; True from 0.5.14
+    """
     return arch in _archs(version, "radix_cache")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -161,3 +162,30 @@ def test_drained_server_ends_as_the_release_does(sims: Launcher) -> None:
         sim = sims.start(env={"SGLANG_SIM_VERSION": release})
         assert sim.stop() == status, release
         assert "Gracefully exiting... Remaining number of requests 0." in sim.output()
+
+
+def test_draft_state_sizing_follows_the_release(sims: Launcher) -> None:
+    """0.5.10 - 0.5.12 reserve the draft's intermediate state for all 48 requested running
+    requests; 0.5.13+ for the requests the mamba slots allow (24 // 5 = 4)."""
+    sizes = {}
+    for release, flag in (("0.5.12", "--mamba-scheduler-strategy"),
+                          ("0.5.13", "--mamba-scheduler-strategy")):
+        sim = sims.start(*MTP, flag, "extra_buffer", "--max-mamba-cache-size", "24",
+                         env={"SGLANG_SIM_VERSION": release})
+        m = re.search(r"intermediate_ssm_state_cache size: ([\d.]+)GB", sim.output())
+        assert m, sim.output()
+        sizes[release] = float(m.group(1))
+        sim.stop()
+    assert abs(sizes["0.5.12"] / sizes["0.5.13"] - 49 / 5) < 0.1
+
+
+def test_slot_sizing_keeps_one_back_from_0_5_17(sims: Launcher) -> None:
+    slots = {}
+    for release in ("0.5.16", "0.5.17"):
+        sim = sims.start("--mamba-radix-cache-strategy", "no_buffer",
+                         "--disable-overlap-schedule", env={"SGLANG_SIM_VERSION": release})
+        m = re.search(r"max_mamba_cache_size: (\d+),", sim.output())
+        assert m, sim.output()
+        slots[release] = int(m.group(1))
+        sim.stop()
+    assert slots["0.5.16"] == slots["0.5.17"] + 1

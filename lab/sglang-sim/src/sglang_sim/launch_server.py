@@ -59,7 +59,7 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
         time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
     if faults.fail_startup:
         raise RuntimeError(faults.fail_startup)
-    plan = memory.plan(args, shape, gpus[0].memory_mib)
+    plan = memory.plan(args, shape, gpus[0].memory_mib, release)
     rel = args_mod.release_tuple(release)
     scheduler.info(
         f"Load weight end. elapsed={time.perf_counter() - tic:.2f} s, type={shape.architecture}, "

@@ -12,6 +12,7 @@ from argparse import Namespace
 from dataclasses import dataclass
 
 from sglang_sim import rules
+from sglang_sim.args import release_tuple
 from sglang_sim.model import ModelShape
 
 GB = 1 << 30
@@ -67,8 +68,11 @@ def default_memory_settings(args: Namespace, gpu_mem_mib: int) -> None:
     args.mem_fraction_static = round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
 
 
-def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int) -> MemoryPlan:
-    """Everything SGLang prints about memory at startup; RuntimeError as SGLang raises."""
+def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int,
+         release: str = "0.5.23") -> MemoryPlan:
+    """Everything SGLang prints about memory at startup; RuntimeError as SGLang raises. The
+    slots follow the release: 0.5.10 - 0.5.12 reserve the draft state for all requested running
+    requests first; 0.5.13+ size slots and draft state together; 0.5.17+ keep one slot back."""
     tp = args.tp_size
     total = gpu_mem_mib / 1024
     before = total - CONTEXT_OVERHEAD_GB
@@ -88,6 +92,11 @@ def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int) -> MemoryPlan:
     conv_b, ssm_b = shape.conv_bytes_per_slot(tp), shape.ssm_bytes_per_slot(tp)
     per_slot = conv_b + ssm_b
     requested = args.max_running_requests
+    up_front = spec and release_tuple(release) < (0, 5, 13, 0)
+    if shape.is_hybrid and up_front:
+        # 0.5.10 - 0.5.12 handle_max_mamba_cache: the draft's intermediate state is reserved
+        # for every requested running request before the slots are sized.
+        rest -= per_slot * max(1, requested or 48) * draft / GB
     if shape.is_hybrid:
         if args.max_mamba_cache_size is not None:
             slots = args.max_mamba_cache_size
@@ -95,10 +104,14 @@ def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int) -> MemoryPlan:
             slots = max(1, requested)
         else:
             budget = rest * args.mamba_full_memory_ratio / (1 + args.mamba_full_memory_ratio) * GB
-            if spec:
-                slots = int((budget - per_slot * (1 + draft)) // (per_slot * (1 + draft / ratio)))
+            # 0.5.13+ solve slots and intermediate state together; 0.5.17+ keep one slot (and
+            # its draft state) back (kv_cache_configurator._handle_max_mamba_cache).
+            spare = release_tuple(release) >= (0, 5, 17, 0)
+            if spec and not up_front:
+                slots = int((budget - (per_slot * (1 + draft) if spare else 0))
+                            // (per_slot * (1 + draft / ratio)))
             else:
-                slots = int((budget - per_slot) // per_slot)
+                slots = int((budget - (per_slot if spare else 0)) // per_slot)
         slots = int(slots)
         if slots <= 0:
             raise RuntimeError(
@@ -109,10 +122,11 @@ def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int) -> MemoryPlan:
                 "--speculative-num-draft-tokens, or (4) use GPUs with more memory.")
         conv_gb, ssm_gb = conv_b * (slots + 1) / GB, ssm_b * (slots + 1) / GB
         if spec:
-            capped = min(max(1, requested or 48), slots // ratio)
+            reqs = max(1, requested or 48)
+            capped = reqs if up_front else min(reqs, slots // ratio)
             inter_ssm = ssm_b * (capped + 1) * draft / GB
             inter_conv = conv_b * (capped + 1) * draft / GB
-        rest -= conv_gb + ssm_gb + inter_ssm + inter_conv
+        rest -= conv_gb + ssm_gb + (0.0 if up_front else inter_ssm + inter_conv)
     kv_per_token = shape.kv_bytes_per_token(tp)
     page = args.page_size or 1
     tokens = int(rest * GB // kv_per_token) // page * page
