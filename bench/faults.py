@@ -1,6 +1,6 @@
 """The fault matrix: each fault injected on lab hosts, one at a time, each followed by a clean
 re-run; a table of the seconds until the deploy named the cause, whether the last good release
-serves, and whether a clean re-run converges. Too slow for CI (about 20 minutes); needs root.
+serves, and whether a clean re-run converges. Too slow for CI (about 8 minutes); needs root.
 
     flock /tmp/sglang-lab.lock uv run python bench/faults.py [--only crash-after-n ...]
 
