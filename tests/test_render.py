@@ -51,6 +51,9 @@ def test_0_5_12_uses_the_scheduler_flag(field: profile.Profile) -> None:
 def test_0_5_10_sets_spec_v2(field: profile.Profile) -> None:
     assert render(field, "0.5.10").env["SGLANG_ENABLE_SPEC_V2"] == "1"
     assert "SGLANG_ENABLE_SPEC_V2" not in render(field, "0.5.11").env
+    wide = replace(field, speculative=replace(field.speculative, eagle_topk=4,
+                                              num_draft_tokens=8))
+    assert "SGLANG_ENABLE_SPEC_V2" not in render(wide, "0.5.10").env  # v2 takes topk 1 only
 
 
 @pytest.mark.parametrize("version", ["0.5.14", "0.5.19"])

@@ -311,7 +311,11 @@ def _env(profile: Profile, version: str, instance: int) -> dict[str, str]:
         size = profile.parallel.gpus_per_instance
         env["CUDA_VISIBLE_DEVICES"] = ",".join(
             str(g) for g in range(instance * size, (instance + 1) * size))
-    if profile.speculative.algorithm and not at_least(version, SPEC_V2_DEFAULT_FROM):
+    # 0.5.10 runs the overlap (spec v2) scheduler that extra_buffer wants only when asked; spec
+    # v2 there takes topk 1 only ("Spec v2 currently only supports topk = 1"), so a profile with
+    # a larger topk keeps the v1 scheduler.
+    if profile.speculative.algorithm and not at_least(version, SPEC_V2_DEFAULT_FROM) and \
+            (profile.speculative.eagle_topk or 1) <= 1:
         env.setdefault(SPEC_V2_ENV, "1")
     return env
 
