@@ -1,0 +1,152 @@
+"""One chat completion with retries: connection errors, timeouts, 429, 502, 503 and 504 are
+retried with exponential backoff and jitter (a worker leaving during a roll loses nothing);
+any other answer is final.
+
+    outcome = await complete(pool, limiter, url, item, retries=8)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import ssl
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import certifi
+import httpx
+
+from sglang_fleet.generate.source import Item
+
+RETRY_STATUS = frozenset({429, 502, 503, 504})
+BACKOFF_FIRST = 0.5
+BACKOFF_MAX = 30.0
+
+
+@dataclass
+class Outcome:
+    """A record to write (``record``) or a failure (``error``), and the tries it took."""
+
+    record: dict[str, Any] | None
+    error: str | None
+    tries: int
+
+
+class Pool:
+    """httpx clients shared by at most ``per_client`` requests each.
+
+    httpcore scans every connection of a pool on each request, so one client with hundreds of
+    connections spends milliseconds of CPU per request; many small pools keep the client far
+    from being the bottleneck (measured in bench/generate.py).
+    """
+
+    def __init__(self, per_client: int = 4, **client_kw: Any) -> None:
+        self.per_client = per_client
+        # one TLS context for all: httpx loads the CA bundle per client otherwise (~60 ms each)
+        self.client_kw = {"verify": ssl.create_default_context(cafile=certifi.where()),
+                          **client_kw}
+        self.clients: list[httpx.AsyncClient] = []
+        self.free: list[httpx.AsyncClient] = []
+
+    def take(self) -> httpx.AsyncClient:
+        if not self.free:
+            client = httpx.AsyncClient(**self.client_kw)
+            self.clients.append(client)
+            self.free.extend([client] * self.per_client)
+        return self.free.pop()
+
+    def give(self, client: httpx.AsyncClient) -> None:
+        self.free.append(client)
+
+    async def get(self, url: str, timeout: float) -> httpx.Response:
+        """A GET outside the request slots (fleet sizing, model name)."""
+        client = self.take()
+        try:
+            return await client.get(url, timeout=timeout)
+        finally:
+            self.give(client)
+
+    async def aclose(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+
+class Limiter:
+    """A semaphore whose size can change while it is held (the fleet grows and shrinks)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.busy = 0
+        self.cond = asyncio.Condition()
+
+    async def acquire(self) -> None:
+        async with self.cond:
+            await self.cond.wait_for(lambda: self.busy < self.limit)
+            self.busy += 1
+
+    async def release(self) -> None:
+        async with self.cond:
+            self.busy -= 1
+            self.cond.notify()
+
+    async def resize(self, limit: int) -> None:
+        async with self.cond:
+            self.limit = max(1, limit)
+            self.cond.notify_all()
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before try ``attempt + 1`` (full jitter). Example: backoff(0) <= 0.5"""
+    return random.uniform(0, min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** attempt))
+
+
+def to_record(item: Item, answer: dict[str, Any], latency: float, server: str) -> dict[str, Any]:
+    """The output record; ``content`` and ``reasoning_content`` are kept exactly as answered
+    (null stays null, "" stays "")."""
+    choice = answer["choices"][0]
+    message = choice.get("message") or {}
+    return {"id": item.id, "request_sha256": item.sha256,
+            "reasoning_content": message.get("reasoning_content"),
+            "content": message.get("content"), "finish_reason": choice.get("finish_reason"),
+            "usage": answer.get("usage"), "latency_s": round(latency, 4), "server": server}
+
+
+async def _try(pool: Pool, url: str, item: Item) -> tuple[httpx.Response | None, str]:
+    client = pool.take()
+    try:
+        return await client.post(f"{url}/v1/chat/completions", content=item.body), ""
+    except httpx.HTTPError as exc:
+        return None, f"{type(exc).__name__}: {exc}"[:300]
+    finally:
+        pool.give(client)
+
+
+async def complete(http: Pool, limiter: Limiter, url: str, item: Item,
+                   retries: int) -> Outcome:
+    """Send ``item`` until it is answered or ``retries`` retries are spent; the slot is held
+    only while a request is in flight, not while backing off."""
+    error = ""
+    for attempt in range(retries + 1):
+        if attempt:
+            await asyncio.sleep(backoff(attempt - 1))
+        await limiter.acquire()
+        start = time.monotonic()
+        try:
+            response, error = await _try(http, url, item)
+        finally:
+            await limiter.release()
+        if response is None:
+            continue
+        if response.status_code == 200:
+            try:
+                answer = json.loads(response.content)
+                record = to_record(item, answer, time.monotonic() - start, url)
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                return Outcome(None, f"unreadable answer: {exc!r}", attempt + 1)
+            return Outcome(record, None, attempt + 1)
+        error = f"HTTP {response.status_code}: {response.text[:300]}"
+        if response.status_code not in RETRY_STATUS:
+            return Outcome(None, error, attempt + 1)
+    return Outcome(None, f"gave up after {retries + 1} tries; last: {error}", retries + 1)
