@@ -8,6 +8,7 @@ any other answer is final.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import random
 import ssl
@@ -74,27 +75,44 @@ class Pool:
 
 
 class Limiter:
-    """A semaphore whose size can change while it is held (the fleet grows and shrinks)."""
+    """A semaphore whose size can change while it is held (the fleet grows and shrinks).
+
+    Without locks: the event loop runs one coroutine at a time, and this is taken and given
+    back a thousand times a second.
+    """
 
     def __init__(self, limit: int) -> None:
         self.limit = max(1, limit)
         self.busy = 0
-        self.cond = asyncio.Condition()
+        self.waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     async def acquire(self) -> None:
-        async with self.cond:
-            await self.cond.wait_for(lambda: self.busy < self.limit)
+        if self.busy < self.limit and not self.waiters:
             self.busy += 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter  # the slot was counted for us by _wake
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()
+            raise
 
-    async def release(self) -> None:
-        async with self.cond:
-            self.busy -= 1
-            self.cond.notify()
+    def release(self) -> None:
+        self.busy -= 1
+        self._wake()
 
-    async def resize(self, limit: int) -> None:
-        async with self.cond:
-            self.limit = max(1, limit)
-            self.cond.notify_all()
+    def resize(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self._wake()
+
+    def _wake(self) -> None:
+        while self.waiters and self.busy < self.limit:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                self.busy += 1
+                waiter.set_result(None)
 
 
 def backoff(attempt: int) -> float:
@@ -136,7 +154,7 @@ async def complete(http: Pool, limiter: Limiter, url: str, item: Item,
         try:
             response, error = await _try(http, url, item)
         finally:
-            await limiter.release()
+            limiter.release()
         if response is None:
             continue
         if response.status_code == 200:

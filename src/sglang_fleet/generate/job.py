@@ -119,8 +119,8 @@ class Job:
         self.stats = Stats()
         self.display = Display(self.stats, opts.json_status)
         self.limiter = Limiter(opts.concurrency)
-        self.window = asyncio.Condition()
-        self.outstanding = 0
+        self.window = Limiter(2 * opts.concurrency + 64)  # requests started, bounded memory
+        self.shard_closed = asyncio.Event()
         self.commit_lock = asyncio.Lock()
         self.commits: set[asyncio.Task[None]] = set()
         self.errors: list[BaseException] = []
@@ -190,6 +190,7 @@ class Job:
     def _maybe_commit(self, shard: Shard) -> None:
         if shard.read_all and shard.pending == 0 and shard.index in self.open:
             del self.open[shard.index]
+            self.shard_closed.set()
             task = asyncio.create_task(self._commit(shard))
             self.commits.add(task)
             task.add_done_callback(self._commit_done)
@@ -234,9 +235,7 @@ class Job:
         except Exception as exc:  # a bug must not leave the shard open forever
             outcome = Outcome(None, f"internal error: {exc!r}", 1)
         self.finish(shard, item.id, item.sha256, outcome, nbytes)
-        async with self.window:
-            self.outstanding -= 1
-            self.window.notify()
+        self.window.release()
 
     def finish(self, shard: Shard, ident: str, sha: str | None, outcome: Outcome,
                nbytes: int) -> None:
@@ -276,11 +275,10 @@ class Job:
                 None, f"{self.opts.input} line {lineno + 1}: id {item.id!r} appears earlier "
                 "in the input; ids must be unique", 1), len(raw))
             return
-        async with self.window:
-            await self.window.wait_for(
-                lambda: self.outstanding < 2 * self.limiter.limit + 64
-                and len(self.open) <= MAX_OPEN_SHARDS)
-            self.outstanding += 1
+        while len(self.open) > MAX_OPEN_SHARDS:  # one slow line holds its shard open
+            self.shard_closed.clear()
+            await self.shard_closed.wait()
+        await self.window.acquire()
         task = asyncio.create_task(self.handle(http, shard, item, len(raw)))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -319,9 +317,13 @@ class Job:
             await asyncio.sleep(self.opts.refresh_s)
             limit, how = await capacity.fleet_capacity(http, self.opts.url)
             if limit and limit != self.limiter.limit:
-                await self.limiter.resize(limit)
-                self.stats.concurrency = limit
+                self.resize(limit)
                 self.display.event("concurrency", limit=limit, source=how)
+
+    def resize(self, limit: int) -> None:
+        self.limiter.resize(limit)
+        self.window.resize(2 * limit + 64)
+        self.stats.concurrency = limit
 
     async def ticker(self) -> None:
         interval = 5.0 if self.opts.json_status else 0.5
@@ -333,8 +335,7 @@ class Job:
         limit, how = await capacity.fleet_capacity(http, self.opts.url)
         if limit is None:
             limit, how = self.opts.concurrency, f"--concurrency (fleet not sized: {how})"
-        await self.limiter.resize(limit)
-        self.stats.concurrency = limit
+        self.resize(limit)
         self.display.event("concurrency", limit=limit, source=how)
 
     async def pick_model(self, http: Pool) -> None:
