@@ -96,8 +96,10 @@ def run(argv: list[str], env: dict[str, str]) -> tuple[dict[str, object], float,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lines", type=int, default=20000, help="lines for the rate runs")
-    ap.add_argument("--rss-lines", type=int, default=1_000_000, help="lines for the RSS run")
+    ap.add_argument("--lines", type=int, default=20000,
+                    help="lines for the rate runs (0: none)")
+    ap.add_argument("--rss-lines", type=int, default=1_000_000,
+                    help="lines for the RSS run (0: none)")
     ap.add_argument("--max-running", type=int, default=64,
                     help="the simulator's --max-running-requests (the client's concurrency)")
     args = ap.parse_args()
@@ -121,6 +123,7 @@ def main() -> int:
             cases = [("local in, local out", args.lines, [str(small), str(work / "out1"), *url]),
                      ("S3 in, S3 out", args.lines, ["s3://bench/in.jsonl", "s3://bench/out/",
                                                     *url, "--s3-endpoint", s3_url])]
+            cases = cases if args.lines else []
             if args.rss_lines:
                 big = write_input(work / "big.jsonl", args.rss_lines)
                 cases.append((f"{args.rss_lines:,}-line input", args.rss_lines,
