@@ -182,6 +182,7 @@ class FaultyProxy:
         self.always = always.encode()
         self.count = 0
         self.faults = {"503": 0, "drop": 0}
+        self.workers: dict[str, bool] | None = None  # set: answer GET /workers as a router
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -217,7 +218,11 @@ class FaultyProxy:
     async def _answer(self, method: str, path: str, body: bytes,
                       writer: asyncio.StreamWriter) -> bool:
         status, data = 200, b""
-        if path == "/v1/chat/completions":
+        if path == "/workers" and self.workers is not None:  # sglang-router 0.3.2's listing
+            listing = [{"id": str(i), "url": u, "is_healthy": ok}
+                       for i, (u, ok) in enumerate(self.workers.items())]
+            data = json.dumps({"workers": listing, "total": len(listing)}).encode()
+        elif path == "/v1/chat/completions":
             self.count += 1
             if self.count % self.every_drop == 0:
                 self.faults["drop"] += 1
@@ -225,7 +230,7 @@ class FaultyProxy:
             if self.always in body or self.count % self.every_503 == 0:
                 self.faults["503"] += 1
                 status, data = 503, b'{"error":"no healthy worker"}'
-        if status == 200:
+        if status == 200 and not data:
             response = await self.http.request(method, path, content=body or None,
                                                headers={"Content-Type": "application/json"})
             status, data = response.status_code, response.content
@@ -257,6 +262,27 @@ def test_retries_503_and_dropped_connections_lose_nothing(sims: Sims, tmp_path: 
     assert sorted(r["id"] for r in records(tmp_path / "out")) == sorted(f"r{i}"
                                                                         for i in range(300))
     check_manifest(tmp_path / "out", 300)
+
+
+def test_concurrency_follows_the_routers_healthy_workers(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sum of max_running_requests over healthy workers, resized as workers come and go."""
+    small = sims.start("--max-running-requests", "8", decode="60")
+    big = sims.start("--max-running-requests", "16", decode="60")
+    router = FaultyProxy(small, every_503=10**9, every_drop=10**9, always="never")
+    router.workers = {small: True, big: True, "http://127.0.0.1:9": False}
+    inp = write_input(tmp_path / "in.jsonl", 300)
+    timer = threading.Timer(2.0, lambda: router.workers and router.workers.pop(big))
+    timer.start()
+    try:
+        summary, stats = generate(str(inp), str(tmp_path / "out"), router.url, refresh_s=0.3)
+    finally:
+        timer.cancel()
+        router.close()
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    limits = [e["limit"] for e in events if e["event"] == "concurrency"]
+    assert limits[0] == 24 and limits[-1] == 8, limits
+    assert summary["records"] == 300 and stats.concurrency == 8
 
 
 def test_failures_file_and_exit_status(sims: Sims, tmp_path: Path) -> None:

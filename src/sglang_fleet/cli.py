@@ -169,6 +169,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                            json_status=args.json, s3_endpoint=args.s3_endpoint))
     except OSError as exc:
         print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        return 130
     except GenerateError as exc:
         print(f"error: {exc}", file=sys.stderr)
     return 1

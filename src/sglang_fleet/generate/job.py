@@ -201,6 +201,13 @@ class Job:
             self.errors.append(task.exception())  # type: ignore[arg-type]
 
     async def _commit(self, shard: Shard) -> None:
+        try:
+            await self._write_shard(shard)
+        except Exception as exc:  # S3 or disk refused: stop; a rerun redoes only this shard
+            raise GenerateError(f"{self.store.location}: cannot write {shard_name(shard.index)}"
+                                f": {exc}; run the same command again to resume") from None
+
+    async def _write_shard(self, shard: Shard) -> None:
         """Failures first, then the shard (the commit), then the manifest."""
         shard.out.close()
         shard.fail.close()
@@ -315,7 +322,10 @@ class Job:
         """Resize to the fleet every refresh_s: workers come and go during a roll."""
         while True:
             await asyncio.sleep(self.opts.refresh_s)
-            limit, how = await capacity.fleet_capacity(http, self.opts.url)
+            try:
+                limit, how = await capacity.fleet_capacity(http, self.opts.url)
+            except Exception as exc:  # an odd answer mid-roll: keep the last size
+                limit, how = None, repr(exc)
             if limit and limit != self.limiter.limit:
                 self.resize(limit)
                 self.display.event("concurrency", limit=limit, source=how)
@@ -341,12 +351,17 @@ class Job:
     async def pick_model(self, http: Pool) -> None:
         if self.opts.model:
             return
+        url = f"{self.opts.url}/v1/models"
         try:
-            response = await http.get(f"{self.opts.url}/v1/models", 10)
+            response = await http.get(url, 10)
+        except httpx.HTTPError as exc:
+            raise GenerateError(f"{url}: {type(exc).__name__} {exc}; check --url") from None
+        try:
             self.opts.model = str(response.json()["data"][0]["id"])
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
-            raise GenerateError(f"{self.opts.url}/v1/models did not name a model; pass --model "
-                             "NAME") from None
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise GenerateError(f"{url} answered {response.status_code} without a model name"
+                                + (" (check --api-key-file)" if response.status_code == 401
+                                   else "; pass --model NAME")) from None
 
     # ---- the run ---------------------------------------------------------------------------
     async def gather_failures(self) -> str | None:

@@ -95,10 +95,10 @@ def _clock(seconds: float | None) -> str:
 class Display:
     """The bar (if stderr is a terminal and --json is off) and the --json status lines."""
 
-    def __init__(self, stats: Stats, json_lines: bool, out: TextIO = sys.stdout) -> None:
+    def __init__(self, stats: Stats, json_lines: bool, out: TextIO | None = None) -> None:
         self.stats = stats
         self.json_lines = json_lines
-        self.out = out
+        self.out = out or sys.stdout
         self.bar: tqdm[Any] | None = None
         if not json_lines and sys.stderr.isatty():
             self.bar = tqdm(total=stats.total_bytes, unit="B", unit_scale=True,
