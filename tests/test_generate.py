@@ -57,11 +57,11 @@ class Sims:
         smi.chmod(0o755)
 
     def start(self, *flags: str, release: str = "0.5.23", decode: str = "1000000",
-              port: int | None = None) -> str:
+              port: int | None = None, env: dict[str, str] | None = None) -> str:
         port = port or free_port()
         env = {**os.environ, "PATH": f"{self.tmp}:{os.environ['PATH']}",
                "SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_VERSION": release,
-               "SGLANG_SIM_DECODE_STEPS_PER_SECOND": decode}
+               "SGLANG_SIM_DECODE_STEPS_PER_SECOND": decode, **(env or {})}
         argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(MODEL),
                 "--host", "127.0.0.1", "--port", str(port), "--reasoning-parser", "qwen3",
                 *flags]
@@ -330,15 +330,20 @@ def s3_server(tmp_path: Path) -> Iterator[str]:
         proc.wait()
 
 
-def test_s3_input_and_output(sims: Sims, tmp_path: Path, s3_server: str,
-                             monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A client of the moto server, with bucket ``jobs``."""
     import boto3
 
     for key, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
                        ("AWS_DEFAULT_REGION", "us-east-1")):
         monkeypatch.setenv(key, value)
-    s3 = boto3.client("s3", endpoint_url=s3_server)
-    s3.create_bucket(Bucket="jobs")
+    client = boto3.client("s3", endpoint_url=s3_server)
+    client.create_bucket(Bucket="jobs")
+    return client
+
+
+def test_s3_input_and_output(sims: Sims, tmp_path: Path, s3_server: str, s3: Any) -> None:
     inp = write_input(tmp_path / "in.jsonl", 500)
     s3.upload_file(str(inp), "jobs", "in/prompts.jsonl")
     url = sims.start("--max-running-requests", "16")
@@ -356,3 +361,24 @@ def test_s3_input_and_output(sims: Sims, tmp_path: Path, s3_server: str,
     assert sorted(ids) == sorted(f"r{i}" for i in range(500))
     again, stats = generate(*args, shard_size=120, s3_endpoint=s3_server)
     assert stats.shards_written == 0 and again["skipped"] == 500 and again["done"] == 0
+
+
+def test_large_shard_goes_up_as_one_multipart_object(
+        sims: Sims, tmp_path: Path, s3_server: str, s3: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard over the multipart size is uploaded in parts and appears once, whole."""
+    from sglang_fleet.generate import store
+
+    monkeypatch.setattr(store, "MULTIPART_BYTES", 5 * 1024 * 1024)  # S3's smallest part
+    url = sims.start("--max-running-requests", "32",
+                     env={"SGLANG_SIM_REASONING_TOKENS": "2500"})
+    inp = write_input(tmp_path / "in.jsonl", 420, max_tokens=3000)
+    summary, _ = generate(str(inp), "s3://jobs/big", url, shard_size=420,
+                          s3_endpoint=s3_server)
+    head = s3.head_object(Bucket="jobs", Key="big/shard-000000.jsonl")
+    assert head["ContentLength"] > 5 * 1024 * 1024 and head["ETag"].strip('"').endswith("-2")
+    data = s3.get_object(Bucket="jobs", Key="big/shard-000000.jsonl")["Body"].read()
+    manifest = json.loads(s3.get_object(Bucket="jobs", Key="big/manifest.json")["Body"].read())
+    assert hashlib.sha256(data).hexdigest() == manifest["shards"][0]["sha256"]
+    assert sorted(json.loads(line)["id"] for line in data.splitlines()) == \
+        sorted(f"r{i}" for i in range(420)) and summary["records"] == 420
