@@ -36,42 +36,58 @@ class Outcome:
 
 
 class Pool:
-    """httpx clients shared by at most ``per_client`` requests each.
+    """httpx transports (connection pools) shared by at most ``per_pool`` requests each.
 
-    httpcore scans every connection of a pool on each request, so one client with hundreds of
-    connections spends milliseconds of CPU per request; many small pools keep the client far
-    from being the bottleneck (measured in bench/generate.py).
+    httpcore scans every connection of a pool on each request, so one pool with hundreds of
+    connections spends milliseconds of CPU per request; many small pools, driven through
+    httpx's transport API (no per-request cookie, auth and redirect handling, which this job
+    does not use), keep the client from being the bottleneck (measured in bench/generate.py).
+
+        pool = Pool({"Authorization": "Bearer k"}, timeout=3600)
+        response = await pool.request("POST", url, body)
     """
 
-    def __init__(self, per_client: int = 4, **client_kw: Any) -> None:
-        self.per_client = per_client
-        # one TLS context for all: httpx loads the CA bundle per client otherwise (~60 ms each)
-        self.client_kw = {"verify": ssl.create_default_context(cafile=certifi.where()),
-                          **client_kw}
-        self.clients: list[httpx.AsyncClient] = []
-        self.free: list[httpx.AsyncClient] = []
+    def __init__(self, headers: dict[str, str], timeout: float, per_pool: int = 4) -> None:
+        self.per_pool = per_pool
+        self.headers = headers
+        self.timeout = {"connect": 10.0, "read": timeout, "write": timeout, "pool": timeout}
+        # one TLS context for all: httpx loads the CA bundle per transport otherwise (~60 ms)
+        self.tls = ssl.create_default_context(cafile=certifi.where())
+        self.pools: list[httpx.AsyncHTTPTransport] = []
+        self.free: list[httpx.AsyncHTTPTransport] = []
 
-    def take(self) -> httpx.AsyncClient:
+    def _take(self) -> httpx.AsyncHTTPTransport:
         if not self.free:
-            client = httpx.AsyncClient(**self.client_kw)
-            self.clients.append(client)
-            self.free.extend([client] * self.per_client)
+            pool = httpx.AsyncHTTPTransport(verify=self.tls)
+            self.pools.append(pool)
+            self.free.extend([pool] * self.per_pool)
         return self.free.pop()
 
-    def give(self, client: httpx.AsyncClient) -> None:
-        self.free.append(client)
+    async def request(self, method: str, url: str, body: bytes | None = None,
+                      timeout: float | None = None) -> httpx.Response:
+        """The whole response (read and closed), or an httpx.HTTPError."""
+        extensions = {"timeout": self.timeout if timeout is None else
+                      {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}}
+        request = httpx.Request(method, url, headers=self.headers, content=body,
+                                extensions=extensions)
+        pool = self._take()
+        try:
+            response = await pool.handle_async_request(request)
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+            return response
+        finally:
+            self.free.append(pool)
 
     async def get(self, url: str, timeout: float) -> httpx.Response:
-        """A GET outside the request slots (fleet sizing, model name)."""
-        client = self.take()
-        try:
-            return await client.get(url, timeout=timeout)
-        finally:
-            self.give(client)
+        """A GET (fleet sizing, model name)."""
+        return await self.request("GET", url, timeout=timeout)
 
     async def aclose(self) -> None:
-        for client in self.clients:
-            await client.aclose()
+        for pool in self.pools:
+            await pool.aclose()
 
 
 class Limiter:
@@ -132,13 +148,10 @@ def to_record(item: Item, answer: dict[str, Any], latency: float, server: str) -
 
 
 async def _try(pool: Pool, url: str, item: Item) -> tuple[httpx.Response | None, str]:
-    client = pool.take()
     try:
-        return await client.post(f"{url}/v1/chat/completions", content=item.body), ""
+        return await pool.request("POST", f"{url}/v1/chat/completions", item.body), ""
     except httpx.HTTPError as exc:
         return None, f"{type(exc).__name__}: {exc}"[:300]
-    finally:
-        pool.give(client)
 
 
 async def complete(http: Pool, limiter: Limiter, url: str, item: Item,

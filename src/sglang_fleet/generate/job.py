@@ -385,9 +385,8 @@ class Job:
         headers = {"Content-Type": "application/json"}
         if self.opts.api_key:
             headers["Authorization"] = f"Bearer {self.opts.api_key}"
-        timeout = httpx.Timeout(self.opts.timeout, connect=10.0)
         stream = await asyncio.to_thread(open_input, self.opts.input, self.s3)
-        http = Pool(headers=headers, timeout=timeout)
+        http = Pool(headers, self.opts.timeout)
         try:
             await self.pick_model(http)
             await self.size_fleet(http)
