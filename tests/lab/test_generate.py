@@ -93,6 +93,7 @@ def test_roll_and_kill_9_mid_job_then_rerun_writes_each_id_once(fleet: None, s3:
     first.wait()
     committed = {k: stamp(s3, k) for k in shards(s3)}
     assert 2 <= len(committed) < N // 250, "the kill must land mid-job"
+    assert roll.poll() is None, "the roll must still be going when the job is run again"
     rerun = subprocess.run(argv(), cwd=ROOT, capture_output=True, text=True, timeout=1800)
     roll_out, _ = roll.communicate(timeout=900)
     assert roll.returncode == 0, roll_out[-5000:]
