@@ -382,3 +382,19 @@ def test_large_shard_goes_up_as_one_multipart_object(
     assert hashlib.sha256(data).hexdigest() == manifest["shards"][0]["sha256"]
     assert sorted(json.loads(line)["id"] for line in data.splitlines()) == \
         sorted(f"r{i}" for i in range(420)) and summary["records"] == 420
+
+
+def test_bad_options_are_a_message_not_a_traceback(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang_fleet.cli import main
+
+    inp = write_input(tmp_path / "in.jsonl", 1)
+    for flags, message in ((["--url", "http://127.0.0.1:9", "--shard-size", "0"],
+                            "--shard-size must be at least 1, not 0"),
+                           (["--url", "127.0.0.1:9"], "write http://HOST:PORT"),
+                           (["--url", "http://127.0.0.1:9", "--api-key-file", "/nonexistent"],
+                            "/nonexistent: No such file or directory"),
+                           (["--url", "http://127.0.0.1:9"], "ConnectError")):
+        assert main(["generate", str(inp), str(tmp_path / "out"), *flags]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err

@@ -413,8 +413,21 @@ class Job:
                 **self.stats.status()}
 
 
+def check(opts: Options) -> None:
+    """Options a job cannot run with. Example: check(Options("i", "o", "u", shard_size=0))
+    raises GenerateError("--shard-size must be at least 1, not 0")."""
+    for flag, value, low in (("--shard-size", opts.shard_size, 1),
+                             ("--concurrency", opts.concurrency, 1),
+                             ("--retries", opts.retries, 0), ("--timeout", opts.timeout, 1)):
+        if value < low:
+            raise GenerateError(f"{flag} must be at least {low}, not {value}")
+    if not opts.url.startswith(("http://", "https://")):
+        raise GenerateError(f"--url {opts.url!r}: write http://HOST:PORT (a router or a server)")
+
+
 async def run_job(opts: Options) -> tuple[dict[str, Any], Stats]:
     """Run (or resume) a job; the summary and the counters behind the final table."""
+    check(opts)
     s3 = None
     if opts.input.startswith("s3://") or opts.output.startswith("s3://"):
         import boto3
