@@ -102,7 +102,7 @@ class Display:
         self.bar: tqdm[Any] | None = None
         if not json_lines and sys.stderr.isatty():
             self.bar = tqdm(total=stats.total_bytes, unit="B", unit_scale=True,
-                            bar_format="{l_bar}{bar}| {postfix}", dynamic_ncols=True)
+                            bar_format="{percentage:3.0f}%|{bar}| {desc}", dynamic_ncols=True)
 
     def event(self, kind: str, **fields: Any) -> None:
         """A one-off line: JSON with --json, else text (through the bar if there is one)."""
@@ -126,7 +126,7 @@ class Display:
         split = f"{100 * s.reasoning_tokens / total:.0f}/{100 * s.answer_tokens / total:.0f}" \
             if total else "-"
         self.bar.n = s.bytes_done + s.bytes_skipped
-        self.bar.set_postfix_str(
+        self.bar.set_description_str(
             f"{s.done + s.skipped} done, {s.failed} failed, "
             f"{status['completions_per_s']:.0f} compl/s, "
             f"{status['output_tokens_per_s']:.0f} tok/s, reasoning/answer {split}%, "
