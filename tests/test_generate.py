@@ -398,3 +398,19 @@ def test_bad_options_are_a_message_not_a_traceback(tmp_path: Path,
         assert main(["generate", str(inp), str(tmp_path / "out"), *flags]) == 1
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
+
+
+def test_a_second_run_on_the_same_output_is_refused(sims: Sims, tmp_path: Path) -> None:
+    url = sims.start("--max-running-requests", "4", decode="60")
+    inp = write_input(tmp_path / "in.jsonl", 400)
+    argv = cli(str(inp), str(tmp_path / "out"), "--url", url, "--json")
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not (tmp_path / "out" / ".spool").exists():
+            time.sleep(0.05)
+        second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        first.kill()
+        first.wait()
+    assert second.returncode == 1
+    assert "another sglang-fleet generate is writing here" in second.stderr

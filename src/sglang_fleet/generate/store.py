@@ -9,6 +9,7 @@ upload that only becomes an object when it completes.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import tempfile
@@ -46,6 +47,15 @@ class LocalStore:
         self.root = root
         try:
             root.mkdir(parents=True, exist_ok=True)
+            self.lock = (root / ".lock").open("w")
+        except OSError as exc:
+            raise GenerateError(f"{root}: cannot write the output: {exc.strerror}") from None
+        try:  # two runs on one output would write the same shards
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise GenerateError(f"{root}: another sglang-fleet generate is writing here; "
+                                "wait for it or stop it") from None
+        try:
             self.spool = root / ".spool"
             shutil.rmtree(self.spool, ignore_errors=True)  # a killed run's partial shards
             self.spool.mkdir()
@@ -84,6 +94,7 @@ class LocalStore:
 
     def close(self) -> None:
         shutil.rmtree(self.spool, ignore_errors=True)
+        self.lock.close()
 
 
 class S3Store:
