@@ -245,6 +245,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Resumable batch generation through a router or a server (see sglang_fleet.generate)."""
+    from pathlib import Path
+
+    from sglang_fleet.generate import Options, run
+    from sglang_fleet.generate.errors import GenerateError
+
+    try:
+        key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
+        return run(Options(args.input, args.output, args.url.rstrip("/"), key, args.model,
+                           args.concurrency, args.shard_size, args.retries, args.timeout,
+                           json_status=args.json, s3_endpoint=args.s3_endpoint))
+    except OSError as exc:
+        print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("interrupted: run the same command again to resume", file=sys.stderr)
+        return 130
+    except GenerateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    return 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang-fleet", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -297,6 +319,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", type=int, default=2)
     p.add_argument("--gpus", type=int, default=8)
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("generate", help="resumable batch generation through a router or server")
+    p.add_argument("input", help="JSONL of chat requests: a path or s3://bucket/key")
+    p.add_argument("output", help="a directory or s3://bucket/prefix/ for shards and manifest")
+    p.add_argument("--url", required=True, help="the router or server, e.g. http://10.0.0.10:30080")
+    p.add_argument("--api-key-file", help="a file holding the API key")
+    p.add_argument("--model", help="model name to send (default: the server's /v1/models)")
+    p.add_argument("--concurrency", type=int, default=64,
+                   help="requests in flight when the fleet cannot be sized (default 64)")
+    p.add_argument("--shard-size", type=int, default=1000, help="lines per shard (default 1000)")
+    p.add_argument("--retries", type=int, default=8,
+                   help="retries on connection errors, 429, 502, 503, 504 (default 8)")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per request (3600)")
+    p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: boto3's, AWS_ENDPOINT_URL)")
+    p.add_argument("--json", action="store_true", help="JSON status lines instead of a bar")
+    p.set_defaults(func=cmd_generate)
 
     lab = sub.add_parser("lab", help="simulated B200 hosts on this machine (needs root)")
     lab_sub = lab.add_subparsers(dest="lab_command", required=True)

@@ -1,0 +1,454 @@
+"""The job: stream the input, send each line through the fleet, spool answers per shard, and
+commit each shard once all its lines are answered or failed.
+
+On-disk state (the output location holds all of it, so the same command resumes):
+
+- ``shard-NNNNNN.jsonl``: the answers for input lines ``[N*S, (N+1)*S)``; its existence is the
+  commit, and a finished shard is never redone nor rewritten (``S`` is ``--shard-size``).
+- ``failures-NNNNNN.jsonl``: that shard's failed lines, committed just before the shard (a
+  failures file without its shard is from a killed run and is deleted at the next start).
+- ``manifest.json``: the job (input, shard size) and each committed shard's counts and sha256,
+  rewritten after each commit; a shard committed just before a kill is added back from the shard
+  itself. ``failures.jsonl`` gathers every shard's failures when the input is done.
+
+Lines of the same shard are answered in any order; an id appears in exactly one shard, and a
+repeated id in the input goes to the failures file instead of being written twice.
+
+    summary = asyncio.run(run(Options("in.jsonl", "out/", "http://127.0.0.1:30000")))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from sglang_fleet.generate import capacity
+from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete
+from sglang_fleet.generate.errors import GenerateError
+from sglang_fleet.generate.progress import Display, Stats, final_table
+from sglang_fleet.generate.source import (
+    LineError,
+    input_size,
+    line_id,
+    open_input,
+    parse_line,
+    read_batches,
+)
+from sglang_fleet.generate.store import Store, open_store
+
+MANIFEST = "manifest.json"
+FAILURES = "failures.jsonl"
+MAX_OPEN_SHARDS = 64
+
+
+@dataclass
+class Options:
+    """What ``sglang-fleet generate`` was asked to do."""
+
+    input: str
+    output: str
+    url: str
+    api_key: str | None = None
+    model: str | None = None
+    concurrency: int = 64
+    shard_size: int = 1000
+    retries: int = 8
+    timeout: float = 3600.0
+    refresh_s: float = 10.0
+    json_status: bool = False
+    s3_endpoint: str | None = None
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:06d}.jsonl"
+
+
+def failures_name(index: int) -> str:
+    return f"failures-{index:06d}.jsonl"
+
+
+def shard_index(name: str, prefix: str) -> int | None:
+    """``shard-000012.jsonl`` -> 12 for prefix "shard-"."""
+    stem = name.removeprefix(prefix).removesuffix(".jsonl")
+    if name.startswith(prefix) and name.endswith(".jsonl") and stem.isdigit():
+        return int(stem)
+    return None
+
+
+@dataclass
+class Shard:
+    """A shard being filled: spool files, counts, and whether all its lines were read."""
+
+    index: int
+    out: IO[bytes]
+    fail: IO[bytes]
+    out_path: Path
+    fail_path: Path
+    pending: int = 0
+    records: int = 0
+    failures: int = 0
+    read_all: bool = False
+    digest: Any = field(default_factory=hashlib.sha256)
+
+
+def _entry(index: int, size: int, records: int, failures: int, data_sha: str,
+           nbytes: int) -> dict[str, Any]:
+    return {"name": shard_name(index), "first_line": index * size + 1, "records": records,
+            "failures": failures, "bytes": nbytes, "sha256": data_sha}
+
+
+class Job:
+    """One run of a job (see the module docstring for the state it keeps)."""
+
+    def __init__(self, opts: Options, store: Store, s3: Any) -> None:
+        self.opts = opts
+        self.store = store
+        self.s3 = s3
+        self.size = opts.shard_size
+        self.manifest: dict[str, Any] = {}
+        self.done: dict[int, dict[str, Any]] = {}
+        self.open: dict[int, Shard] = {}
+        self.seen: set[int] = set()
+        self.stats = Stats()
+        self.display = Display(self.stats, opts.json_status)
+        self.limiter = Limiter(opts.concurrency)
+        self.window = Limiter(2 * opts.concurrency + 64)  # requests started, bounded memory
+        self.shard_closed = asyncio.Event()
+        self.commit_lock = asyncio.Lock()
+        self.commits: set[asyncio.Task[None]] = set()
+        self.errors: list[BaseException] = []
+
+    # ---- state on the output -------------------------------------------------------------
+    def load_state(self) -> None:
+        """Read the manifest, add shards committed after its last write, drop stray failures."""
+        raw = self.store.get_bytes(MANIFEST)
+        self.manifest = json.loads(raw) if raw else {}
+        if self.manifest:
+            self._check_same_job()
+        self.done = {int(e["first_line"] - 1) // self.size: e
+                     for e in self.manifest.get("shards", [])}
+        names = self.store.names()
+        for name in names:
+            index = shard_index(name, "shard-")
+            if index is not None and index not in self.done:
+                self.done[index] = self._rebuild(index, names)
+        for name in names:
+            index = shard_index(name, "failures-")
+            if index is not None and index not in self.done:
+                self.store.delete(name)
+        self.stats.shards_skipped = len(self.done)
+        self.stats.skipped = sum(e["records"] for e in self.done.values())
+        self.stats.earlier_failed = sum(e["failures"] for e in self.done.values())
+
+    def _check_same_job(self) -> None:
+        where = f"{self.store.location}/{MANIFEST}"
+        if self.manifest.get("input") != self.opts.input:
+            raise GenerateError(f"{where}: this output holds the job over "
+                             f"{self.manifest.get('input')!r}, not {self.opts.input!r}; "
+                             "use another output location")
+        if self.manifest.get("shard_size") != self.size:
+            raise GenerateError(f"{where}: the job was started with --shard-size "
+                             f"{self.manifest.get('shard_size')}; rerun with that value")
+
+    def _rebuild(self, index: int, names: set[str]) -> dict[str, Any]:
+        """The manifest entry of a shard committed just before a kill."""
+        data = self.store.get_bytes(shard_name(index)) or b""
+        fails = self.store.get_bytes(failures_name(index)) if failures_name(index) in names \
+            else b""
+        return _entry(index, self.size, data.count(b"\n"), (fails or b"").count(b"\n"),
+                      hashlib.sha256(data).hexdigest(), len(data))
+
+    async def write_manifest(self, complete: bool) -> None:
+        self.manifest = {"version": 1, "input": self.opts.input, "url": self.opts.url,
+                         "shard_size": self.size, "complete": complete,
+                         "records": sum(e["records"] for e in self.done.values()),
+                         "failures": sum(e["failures"] for e in self.done.values()),
+                         "shards": [self.done[i] for i in sorted(self.done)]}
+        data = json.dumps(self.manifest, indent=1).encode()
+        await asyncio.to_thread(self.store.put_bytes, data, MANIFEST)
+
+    # ---- shards ----------------------------------------------------------------------------
+    def shard(self, index: int) -> Shard:
+        if index not in self.open:
+            out_path = self.store.spool / f"{shard_name(index)}.part"
+            fail_path = self.store.spool / f"{failures_name(index)}.part"
+            self.open[index] = Shard(index, out_path.open("wb"), fail_path.open("wb"),
+                                     out_path, fail_path)
+        return self.open[index]
+
+    def close_reading(self, shard: Shard) -> None:
+        shard.read_all = True
+        self._maybe_commit(shard)
+
+    def _maybe_commit(self, shard: Shard) -> None:
+        if shard.read_all and shard.pending == 0 and shard.index in self.open:
+            del self.open[shard.index]
+            self.shard_closed.set()
+            task = asyncio.create_task(self._commit(shard))
+            self.commits.add(task)
+            task.add_done_callback(self._commit_done)
+
+    def _commit_done(self, task: asyncio.Task[None]) -> None:
+        self.commits.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.errors.append(task.exception())  # type: ignore[arg-type]
+
+    async def _commit(self, shard: Shard) -> None:
+        try:
+            await self._write_shard(shard)
+        except Exception as exc:  # S3 or disk refused: stop; a rerun redoes only this shard
+            raise GenerateError(f"{self.store.location}: cannot write {shard_name(shard.index)}"
+                                f": {exc}; run the same command again to resume") from None
+
+    async def _write_shard(self, shard: Shard) -> None:
+        """Failures first, then the shard (the commit), then the manifest."""
+        shard.out.close()
+        shard.fail.close()
+        async with self.commit_lock:
+            if shard.failures:
+                await asyncio.to_thread(self.store.put_file, shard.fail_path,
+                                        failures_name(shard.index))
+            else:
+                shard.fail_path.unlink()
+            nbytes = shard.out_path.stat().st_size
+            await asyncio.to_thread(self.store.put_file, shard.out_path, shard_name(shard.index))
+            self.done[shard.index] = _entry(shard.index, self.size, shard.records,
+                                            shard.failures, shard.digest.hexdigest(), nbytes)
+            self.stats.shards_written += 1
+            await self.write_manifest(complete=False)
+
+    # ---- requests --------------------------------------------------------------------------
+    def record_line(self, shard: Shard, data: dict[str, Any], ok: bool) -> None:
+        line = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        if ok:
+            shard.out.write(line)
+            shard.digest.update(line)
+            shard.records += 1
+        else:
+            shard.fail.write(line)
+            shard.failures += 1
+
+    async def handle(self, http: Pool, shard: Shard, item: Any,
+                     nbytes: int) -> None:
+        try:
+            outcome = await complete(http, self.limiter, self.opts.url, item, self.opts.retries)
+        except Exception as exc:  # a bug must not leave the shard open forever
+            outcome = Outcome(None, f"internal error: {exc!r}", 1)
+        self.finish(shard, item.id, item.sha256, outcome, nbytes)
+        self.window.release()
+
+    def finish(self, shard: Shard, ident: str, sha: str | None, outcome: Outcome,
+               nbytes: int) -> None:
+        if outcome.record is not None:
+            self.record_line(shard, outcome.record, True)
+        else:
+            self.record_line(shard, {"id": ident, "request_sha256": sha, "error": outcome.error,
+                                     "tries": outcome.tries}, False)
+        usage = outcome.record.get("usage") if outcome.record else None
+        self.stats.add(usage, nbytes, outcome.tries, outcome.record is not None)
+        shard.pending -= 1
+        self._maybe_commit(shard)
+
+    def first_sight(self, ident: str) -> bool:
+        """False if ``ident`` was already seen in this input (8-byte digests keep 1M ids in
+        tens of MB)."""
+        key = int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "big")
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+    async def dispatch(self, http: Pool, lineno: int, raw: bytes,
+                       tasks: set[asyncio.Task[None]]) -> None:
+        """Start one line's request (or fail it at once: bad line, repeated id)."""
+        shard = self.shard(lineno // self.size)
+        shard.pending += 1
+        try:
+            item = parse_line(lineno, raw, self.opts.input, self.opts.model)
+        except LineError as exc:
+            ident = line_id(lineno, raw)  # the line's own id when it has one
+            self.first_sight(ident)
+            self.finish(shard, ident, None, Outcome(None, str(exc), 1), len(raw))
+            return
+        if not self.first_sight(item.id):
+            self.finish(shard, item.id, item.sha256, Outcome(
+                None, f"{self.opts.input} line {lineno + 1}: id {item.id!r} appears earlier "
+                "in the input; ids must be unique", 1), len(raw))
+            return
+        while len(self.open) > MAX_OPEN_SHARDS:  # one slow line holds its shard open
+            self.shard_closed.clear()
+            await self.shard_closed.wait()
+        await self.window.acquire()
+        task = asyncio.create_task(self.handle(http, shard, item, len(raw)))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def skip(self, lineno: int, raw: bytes) -> None:
+        """A line of a finished shard: only its id is remembered (for repeats later on)."""
+        self.stats.bytes_skipped += len(raw)
+        if raw.strip():
+            self.first_sight(line_id(lineno, raw))
+
+    async def feed(self, http: Pool, batches: Iterator[list[tuple[int, bytes]]],
+                   tasks: set[asyncio.Task[None]]) -> None:
+        current = -1
+        while (batch := await asyncio.to_thread(next, batches, None)) is not None:
+            for lineno, raw in batch:
+                index = lineno // self.size
+                if index != current:
+                    if current in self.open:
+                        self.close_reading(self.open[current])
+                    current = index
+                if index in self.done:
+                    self.skip(lineno, raw)
+                elif raw.strip():
+                    await self.dispatch(http, lineno, raw, tasks)
+                else:
+                    self.shard(index)
+                if self.errors:
+                    raise self.errors[0]
+        if current in self.open:
+            self.close_reading(self.open[current])
+
+    # ---- fleet and display -----------------------------------------------------------------
+    async def follow_fleet(self, http: Pool) -> None:
+        """Resize to the fleet every refresh_s: workers come and go during a roll."""
+        while True:
+            await asyncio.sleep(self.opts.refresh_s)
+            try:
+                limit, how = await capacity.fleet_capacity(http, self.opts.url)
+            except Exception as exc:  # an odd answer mid-roll: keep the last size
+                limit, how = None, repr(exc)
+            if limit and limit != self.limiter.limit:
+                self.resize(limit)
+                self.display.event("concurrency", limit=limit, source=how)
+
+    def resize(self, limit: int) -> None:
+        self.limiter.resize(limit)
+        self.window.resize(2 * limit + 64)
+        self.stats.concurrency = limit
+
+    async def ticker(self) -> None:
+        interval = 5.0 if self.opts.json_status else 0.5
+        while True:
+            await asyncio.sleep(interval)
+            self.display.tick()
+
+    async def size_fleet(self, http: Pool) -> None:
+        limit, how = await capacity.fleet_capacity(http, self.opts.url)
+        if limit is None:
+            limit, how = self.opts.concurrency, f"--concurrency (fleet not sized: {how})"
+        self.resize(limit)
+        self.display.event("concurrency", limit=limit, source=how)
+
+    async def pick_model(self, http: Pool) -> None:
+        if self.opts.model:
+            return
+        url = f"{self.opts.url}/v1/models"
+        try:
+            response = await http.get(url, 10)
+        except httpx.HTTPError as exc:
+            raise GenerateError(f"{url}: {type(exc).__name__} {exc}; check --url") from None
+        try:
+            self.opts.model = str(response.json()["data"][0]["id"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise GenerateError(f"{url} answered {response.status_code} without a model name"
+                                + (" (check --api-key-file)" if response.status_code == 401
+                                   else "; pass --model NAME")) from None
+
+    # ---- the run ---------------------------------------------------------------------------
+    async def gather_failures(self) -> str | None:
+        """``failures.jsonl``: every shard's failures, rewritten whole at the end of the input."""
+        parts = [i for i, e in sorted(self.done.items()) if e["failures"]]
+        if not parts:
+            return None
+        chunks = [await asyncio.to_thread(self.store.get_bytes, failures_name(i)) for i in parts]
+        await asyncio.to_thread(self.store.put_bytes, b"".join(c or b"" for c in chunks),
+                                FAILURES)
+        return f"{self.store.location.rstrip('/')}/{FAILURES}"
+
+    async def run(self) -> dict[str, Any]:
+        await asyncio.to_thread(self.load_state)
+        try:
+            self.stats.total_bytes = input_size(self.opts.input, self.s3)
+        except Exception:  # no size (S3 HEAD refused, a pipe): no ETA, nothing else changes
+            self.stats.total_bytes = None
+        if self.display.bar is not None and self.stats.total_bytes:
+            self.display.bar.total = self.stats.total_bytes
+        headers = {"Content-Type": "application/json"}
+        if self.opts.api_key:
+            headers["Authorization"] = f"Bearer {self.opts.api_key}"
+        stream = await asyncio.to_thread(open_input, self.opts.input, self.s3)
+        http = Pool(headers, self.opts.timeout)
+        try:
+            await self.pick_model(http)
+            await self.size_fleet(http)
+            background = [asyncio.create_task(self.follow_fleet(http)),
+                          asyncio.create_task(self.ticker())]
+            tasks: set[asyncio.Task[None]] = set()
+            try:
+                await self.feed(http, read_batches(stream), tasks)
+                while tasks or self.commits:
+                    await asyncio.gather(*tasks, *self.commits)
+                if self.errors:
+                    raise self.errors[0]
+            finally:
+                for task in background:
+                    task.cancel()
+        finally:
+            stream.close()
+            await http.aclose()
+        await self.write_manifest(complete=True)
+        failures_file = await self.gather_failures()
+        self.display.close()
+        return {"output": self.store.location, "failures_file": failures_file,
+                "records": self.manifest["records"], "failures": self.manifest["failures"],
+                **self.stats.status()}
+
+
+def check(opts: Options) -> None:
+    """Options a job cannot run with. Example: check(Options("i", "o", "u", shard_size=0))
+    raises GenerateError("--shard-size must be at least 1, not 0")."""
+    for flag, value, low in (("--shard-size", opts.shard_size, 1),
+                             ("--concurrency", opts.concurrency, 1),
+                             ("--retries", opts.retries, 0), ("--timeout", opts.timeout, 1)):
+        if value < low:
+            raise GenerateError(f"{flag} must be at least {low}, not {value}")
+    if not opts.url.startswith(("http://", "https://")):
+        raise GenerateError(f"--url {opts.url!r}: write http://HOST:PORT (a router or a server)")
+
+
+async def run_job(opts: Options) -> tuple[dict[str, Any], Stats]:
+    """Run (or resume) a job; the summary and the counters behind the final table."""
+    check(opts)
+    s3 = None
+    if opts.input.startswith("s3://") or opts.output.startswith("s3://"):
+        import boto3
+
+        s3 = boto3.client("s3", endpoint_url=opts.s3_endpoint)
+    store = open_store(opts.output, s3)
+    job = Job(opts, store, s3)
+    try:
+        summary = await job.run()
+    finally:
+        store.close()
+    return summary, job.stats
+
+
+def run(opts: Options) -> int:
+    """The command: run the job, print the final table (or a JSON line); the exit status is 0
+    when every line has a record, else 100 + the number of failed lines (at most 255)."""
+    summary, stats = asyncio.run(run_job(opts))
+    if opts.json_status:
+        print(json.dumps({"event": "done", **summary}), flush=True)
+    else:
+        print(final_table(stats, summary))
+    failed = int(summary["failures"])
+    return 0 if failed == 0 else min(100 + failed, 255)

@@ -1,0 +1,154 @@
+"""Where shards go: a local directory or ``s3://bucket/prefix/``. Every object is written once
+and whole: locally a write to a temporary name, fsync and rename; on S3 one PUT, or a multipart
+upload that only becomes an object when it completes.
+
+    store = open_store("s3://bucket/run-1/", s3)
+    store.put_file(Path("/tmp/x"), "shard-000001.jsonl")
+    names = store.names()
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+from sglang_fleet.generate.errors import GenerateError
+from sglang_fleet.generate.source import split_s3
+
+MULTIPART_BYTES = 8 * 1024 * 1024
+
+
+class Store(Protocol):
+    location: str
+    spool: Path
+
+    def names(self) -> set[str]: ...
+
+    def put_file(self, path: Path, name: str) -> None: ...
+
+    def put_bytes(self, data: bytes, name: str) -> None: ...
+
+    def get_bytes(self, name: str) -> bytes | None: ...
+
+    def delete(self, name: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LocalStore:
+    """A directory; partial shards are spooled in its ``.spool`` so the commit is a rename."""
+
+    def __init__(self, root: Path) -> None:
+        self.location = str(root)
+        self.root = root
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            self.lock = (root / ".lock").open("w")
+        except OSError as exc:
+            raise GenerateError(f"{root}: cannot write the output: {exc.strerror}") from None
+        try:  # two runs on one output would write the same shards
+            fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise GenerateError(f"{root}: another sglang-fleet generate is writing here; "
+                                "wait for it or stop it") from None
+        try:
+            self.spool = root / ".spool"
+            shutil.rmtree(self.spool, ignore_errors=True)  # a killed run's partial shards
+            self.spool.mkdir()
+        except OSError as exc:
+            raise GenerateError(f"{root}: cannot write the output: {exc.strerror}") from None
+
+    def names(self) -> set[str]:
+        return {p.name for p in self.root.iterdir() if p.is_file()}
+
+    def put_file(self, path: Path, name: str) -> None:
+        with path.open("rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(path, self.root / name)
+        self._sync_dir()
+
+    def put_bytes(self, data: bytes, name: str) -> None:
+        tmp = self.spool / f"{name}.tmp"
+        tmp.write_bytes(data)
+        self.put_file(tmp, name)
+
+    def get_bytes(self, name: str) -> bytes | None:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def delete(self, name: str) -> None:
+        (self.root / name).unlink(missing_ok=True)
+
+    def _sync_dir(self) -> None:
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        shutil.rmtree(self.spool, ignore_errors=True)
+        self.lock.close()
+
+
+class S3Store:
+    """A bucket prefix; partial shards are spooled in a local temporary directory."""
+
+    def __init__(self, url: str, s3: Any) -> None:
+        from boto3.s3.transfer import TransferConfig
+
+        self.location = url
+        self.bucket, prefix = split_s3(url)
+        self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self.s3 = s3
+        self.config = TransferConfig(multipart_threshold=MULTIPART_BYTES,
+                                     multipart_chunksize=MULTIPART_BYTES)
+        self.spool = Path(tempfile.mkdtemp(prefix="sglang-generate-"))
+        try:
+            s3.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            raise GenerateError(f"{url}: cannot use bucket {self.bucket!r}: {exc}") from None
+
+    def names(self) -> set[str]:
+        found: set[str] = set()
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                   Prefix=self.prefix)
+        for page in pages:
+            for obj in page.get("Contents", []):
+                rest = obj["Key"][len(self.prefix):]
+                if rest and "/" not in rest:
+                    found.add(rest)
+        return found
+
+    def put_file(self, path: Path, name: str) -> None:
+        self.s3.upload_file(str(path), self.bucket, self.prefix + name, Config=self.config)
+        path.unlink()
+
+    def put_bytes(self, data: bytes, name: str) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)
+
+    def get_bytes(self, name: str) -> bytes | None:
+        try:
+            return bytes(self.s3.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
+                         .read())
+        except self.s3.exceptions.NoSuchKey:
+            return None
+
+    def delete(self, name: str) -> None:
+        self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + name)
+
+    def close(self) -> None:
+        shutil.rmtree(self.spool, ignore_errors=True)
+
+
+def open_store(location: str, s3: Any) -> Store:
+    """The store for an output location (``s3://`` or a directory)."""
+    if location.startswith("s3://"):
+        return S3Store(location, s3)
+    return LocalStore(Path(location))

@@ -1,0 +1,122 @@
+"""The job through the lab's fleet (issue 17): 2 hosts behind the real sglang-router, 5,000
+requests read from and written to the lab's S3 endpoint, a rolling redeploy started in the
+middle, the generator killed with SIGKILL, then the same command again: exactly 5,000 unique
+ids in the output and the manifest matching the shards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sglang_fleet.lab.site import S3_CREDENTIALS
+from sglang_fleet.lab.state import S3_PORT, SITE_ADDRESS
+from tests.conftest import ROOT
+from tests.lab.conftest import booted_lab, pyinfra, run
+
+pytestmark = pytest.mark.lab
+ROUTER = "http://127.0.0.11:30080"
+KEY_FILE = Path("/var/lib/sglang-fleet-lab/ssh/api-key")
+S3_URL = f"http://{SITE_ADDRESS}:{S3_PORT}"
+BUCKET = "jobs"
+N = 5000
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[None]:
+    for _ in booted_lab("--hosts", "2"):
+        for deploy in ("deploys/sglang.py", "deploys/router.py"):
+            result = pyinfra(deploy)
+            assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+        yield
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Any:
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", S3_CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", S3_CREDENTIALS["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    client = boto3.client("s3", endpoint_url=S3_URL)
+    client.create_bucket(Bucket=BUCKET)
+    return client
+
+
+def upload_input(s3: Any) -> None:
+    """5,000 thinking-mode requests long enough (~1 s each) that the job outlasts a roll."""
+    lines = (json.dumps({"id": f"job-{i}", "max_tokens": 200,
+                         "messages": [{"role": "user", "content": f"task {i}"}]})
+             for i in range(N))
+    s3.put_object(Bucket=BUCKET, Key="in/prompts.jsonl", Body="\n".join(lines) + "\n")
+
+
+def shards(s3: Any) -> list[str]:
+    listing = s3.list_objects_v2(Bucket=BUCKET, Prefix="out/").get("Contents", [])
+    return [o["Key"] for o in listing if o["Key"].startswith("out/shard-")]
+
+
+def stamp(s3: Any, key: str) -> tuple[str, str]:
+    head = s3.head_object(Bucket=BUCKET, Key=key)
+    return head["ETag"], str(head["LastModified"])
+
+
+def argv() -> list[str]:
+    return [sys.executable, "-m", "sglang_fleet.cli", "generate",
+            f"s3://{BUCKET}/in/prompts.jsonl", f"s3://{BUCKET}/out/", "--url", ROUTER,
+            "--api-key-file", str(KEY_FILE),
+            "--shard-size", "250", "--s3-endpoint", S3_URL, "--json"]
+
+
+def test_roll_and_kill_9_mid_job_then_rerun_writes_each_id_once(fleet: None, s3: Any) -> None:
+    upload_input(s3)
+    first = subprocess.Popen(argv(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    deadline = time.monotonic() + 600
+    while len(shards(s3)) < 2:
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "no shard in S3 after 600 s"
+        time.sleep(0.5)
+    roll = subprocess.Popen(["sglang-fleet", "roll", "inventories/lab.py", "--data",
+                             "sglang.memory.max_running_requests=40"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(20)  # the roll is draining or restarting the first host now
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    committed = {k: stamp(s3, k) for k in shards(s3)}
+    assert 2 <= len(committed) < N // 250, "the kill must land mid-job"
+    assert roll.poll() is None, "the roll must still be going when the job is run again"
+    rerun = subprocess.run(argv(), cwd=ROOT, capture_output=True, text=True, timeout=1800)
+    roll_out, _ = roll.communicate(timeout=900)
+    assert roll.returncode == 0, roll_out[-5000:]
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    events = [json.loads(line) for line in rerun.stdout.splitlines()]
+    done = events[-1]
+    assert done["event"] == "done" and done["failures"] == 0
+    assert done["skipped"] == 250 * len(committed) and done["done"] + done["skipped"] == N
+    # sized from the router's workers, or --concurrency where /workers needs the admin key
+    assert events[0]["event"] == "concurrency" and events[0]["limit"] >= 1
+
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key="out/manifest.json")["Body"].read())
+    assert manifest["complete"] is True and manifest["records"] == N
+    assert {f"out/{e['name']}" for e in manifest["shards"]} == set(shards(s3))
+    ids: list[str] = []
+    for entry in manifest["shards"]:
+        data = s3.get_object(Bucket=BUCKET, Key=f"out/{entry['name']}")["Body"].read()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"], entry["name"]
+        rows = [json.loads(line) for line in data.splitlines()]
+        assert len(rows) == entry["records"]
+        assert all(r["reasoning_content"] and r["usage"]["completion_tokens"] for r in rows)
+        ids += [r["id"] for r in rows]
+    assert len(ids) == N and set(ids) == {f"job-{i}" for i in range(N)}
+    for key, before in committed.items():  # shards finished before the kill were not redone
+        assert stamp(s3, key) == before, key
+    assert run("sglang-fleet", "lab", "status").returncode == 0

@@ -1,0 +1,416 @@
+"""sglang-fleet generate against real simulator processes on loopback (and moto's S3 server):
+resume after kill -9, null vs "" content, retries on 503 and dropped connections, the failures
+file and exit status, S3 input and output."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sglang_fleet.generate import Options, run_job
+from sglang_fleet.generate.progress import Stats
+
+REPO = Path(__file__).resolve().parent.parent
+MODEL = REPO / "lab" / "models" / "qwen3.6-27b"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer in {timeout} s")
+
+
+class Sims:
+    """Simulator processes started as SGLang is: flags, a model directory, nvidia-smi."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+        smi = tmp / "nvidia-smi"
+        smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
+        smi.chmod(0o755)
+
+    def start(self, *flags: str, release: str = "0.5.23", decode: str = "1000000",
+              port: int | None = None, env: dict[str, str] | None = None) -> str:
+        port = port or free_port()
+        env = {**os.environ, "PATH": f"{self.tmp}:{os.environ['PATH']}",
+               "SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_VERSION": release,
+               "SGLANG_SIM_DECODE_STEPS_PER_SECOND": decode, **(env or {})}
+        argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(MODEL),
+                "--host", "127.0.0.1", "--port", str(port), "--reasoning-parser", "qwen3",
+                *flags]
+        log = (self.tmp / f"sim-{port}.log").open("wb")
+        self.procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/health")
+        return url
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[Sims]:
+    launcher = Sims(tmp_path)
+    yield launcher
+    launcher.stop_all()
+
+
+def write_input(path: Path, n: int, max_tokens: int = 8, extra: list[str] | None = None) -> Path:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"r{i}", "max_tokens": max_tokens,
+                                "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n")
+        for line in extra or []:
+            f.write(line + "\n")
+    return path
+
+
+def records(out: Path) -> list[dict[str, Any]]:
+    rows = []
+    for shard in sorted(out.glob("shard-*.jsonl")):
+        rows += [json.loads(line) for line in shard.read_text().splitlines()]
+    return rows
+
+
+def check_manifest(out: Path, n: int) -> dict[str, Any]:
+    manifest: dict[str, Any] = json.loads((out / "manifest.json").read_text())
+    assert manifest["complete"] is True
+    assert manifest["records"] == n
+    for entry in manifest["shards"]:
+        data = (out / entry["name"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+        assert data.count(b"\n") == entry["records"]
+    assert {e["name"] for e in manifest["shards"]} == {p.name for p in out.glob("shard-*")}
+    return manifest
+
+
+def generate(inp: str, out: str, url: str, **kw: Any) -> tuple[dict[str, Any], Stats]:
+    return asyncio.run(run_job(Options(inp, out, url, json_status=True, **kw)))
+
+
+def cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sglang_fleet.cli", "generate", *args]
+
+
+def test_content_null_and_empty_string_are_kept(sims: Sims, tmp_path: Path) -> None:
+    """An all-reasoning answer: null up to 0.5.12, "" from 0.5.13; both written as answered."""
+    inp = write_input(tmp_path / "in.jsonl", 20, max_tokens=4)
+    for release, expected in (("0.5.12", None), ("0.5.23", "")):
+        url = sims.start("--max-running-requests", "8", release=release)
+        out = tmp_path / f"out-{release}"
+        summary, stats = generate(str(inp), str(out), url, shard_size=7)
+        rows = records(out)
+        assert len(rows) == 20 and summary["failures"] == 0
+        assert all(r["content"] is expected and r["reasoning_content"] for r in rows), rows[0]
+        assert all(r["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 4
+                   for r in rows)
+        assert set(rows[0]) == {"id", "request_sha256", "reasoning_content", "content",
+                                "finish_reason", "usage", "latency_s", "server"}
+        assert rows[0]["server"] == url
+        assert stats.concurrency == 8  # sized from the server's own /server_info
+        check_manifest(out, 20)
+    raw = (tmp_path / "out-0.5.12" / "shard-000000.jsonl").read_text()
+    assert '"content":null' in raw and '"content":""' in \
+        (tmp_path / "out-0.5.23" / "shard-000000.jsonl").read_text()
+
+
+def test_resume_after_kill_9_writes_every_id_once(sims: Sims, tmp_path: Path) -> None:
+    n = 3000
+    url = sims.start("--max-running-requests", "16", decode="60")
+    inp = write_input(tmp_path / "in.jsonl", n)
+    out = tmp_path / "out"
+    argv = cli(str(inp), str(out), "--url", url, "--shard-size", "100", "--json")
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("shard-*.jsonl"))) < 4:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        assert time.monotonic() < deadline, "no shard written in 120 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("shard-*")}
+    assert 4 <= len(before) < n // 100, "the kill must land mid-job"
+    assert list((out / ".spool").glob("*.part")), "a killed run leaves partial shards spooled"
+    rerun = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    done = json.loads(rerun.stdout.splitlines()[-1])
+    assert done["skipped"] >= 100 * len(before) and done["done"] + done["skipped"] == n
+    ids = [r["id"] for r in records(out)]
+    assert len(ids) == n and set(ids) == {f"r{i}" for i in range(n)}
+    check_manifest(out, n)
+    after = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in out.glob("shard-*")}
+    assert all(after[name] == stat for name, stat in before.items()), "a shard was redone"
+
+
+class FaultyProxy:
+    """An HTTP/1.1 proxy in front of a simulator that answers 503 to every ``every_503``-th
+    request, drops the connection on every ``every_drop``-th, and always 503s a request whose
+    body holds ``always``."""
+
+    def __init__(self, upstream: str, every_503: int, every_drop: int, always: str) -> None:
+        self.upstream, self.every_503, self.every_drop = upstream, every_503, every_drop
+        self.always = always.encode()
+        self.count = 0
+        self.faults = {"503": 0, "drop": 0}
+        self.workers: dict[str, bool] | None = None  # set: answer GET /workers as a router
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+        self.ready.wait(10)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.http = httpx.AsyncClient(base_url=self.upstream, timeout=30)
+        server = self.loop.run_until_complete(
+            asyncio.start_server(self._client, "127.0.0.1", self.port))
+        self.ready.set()
+        self.loop.run_forever()
+        server.close()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode().split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                length = next((int(h.split(":", 1)[1]) for h in lines[1:]
+                               if h.lower().startswith("content-length:")), 0)
+                body = await reader.readexactly(length)
+                if not await self._answer(method, path, body, writer):
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def _answer(self, method: str, path: str, body: bytes,
+                      writer: asyncio.StreamWriter) -> bool:
+        status, data = 200, b""
+        if path == "/workers" and self.workers is not None:  # sglang-router 0.3.2's listing
+            listing = [{"id": str(i), "url": u, "is_healthy": ok}
+                       for i, (u, ok) in enumerate(self.workers.items())]
+            data = json.dumps({"workers": listing, "total": len(listing)}).encode()
+        elif path == "/v1/chat/completions":
+            self.count += 1
+            if self.count % self.every_drop == 0:
+                self.faults["drop"] += 1
+                return False
+            if self.always in body or self.count % self.every_503 == 0:
+                self.faults["503"] += 1
+                status, data = 503, b'{"error":"no healthy worker"}'
+        if status == 200 and not data:
+            response = await self.http.request(method, path, content=body or None,
+                                               headers={"Content-Type": "application/json"})
+            status, data = response.status_code, response.content
+        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+        await writer.drain()
+        return True
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+def test_retries_503_and_dropped_connections_lose_nothing(sims: Sims, tmp_path: Path) -> None:
+    url = sims.start("--max-running-requests", "8")
+    proxy = FaultyProxy(url, every_503=3, every_drop=7, always="never")
+    try:
+        inp = write_input(tmp_path / "in.jsonl", 300)
+        summary, stats = generate(str(inp), str(tmp_path / "out"), proxy.url, shard_size=64,
+                                  retries=10, concurrency=8)
+    finally:
+        proxy.close()
+    assert proxy.faults["503"] > 50 and proxy.faults["drop"] > 20
+    assert summary["failures"] == 0 and stats.retries >= 70
+    assert sorted(r["id"] for r in records(tmp_path / "out")) == sorted(f"r{i}"
+                                                                        for i in range(300))
+    check_manifest(tmp_path / "out", 300)
+
+
+def test_concurrency_follows_the_routers_healthy_workers(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Sum of max_running_requests over healthy workers, resized as workers come and go."""
+    small = sims.start("--max-running-requests", "8", decode="60")
+    big = sims.start("--max-running-requests", "16", decode="60")
+    router = FaultyProxy(small, every_503=10**9, every_drop=10**9, always="never")
+    router.workers = {small: True, big: True, "http://127.0.0.1:9": False}
+    inp = write_input(tmp_path / "in.jsonl", 300)
+    timer = threading.Timer(2.0, lambda: router.workers and router.workers.pop(big))
+    timer.start()
+    try:
+        summary, stats = generate(str(inp), str(tmp_path / "out"), router.url, refresh_s=0.3)
+    finally:
+        timer.cancel()
+        router.close()
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    limits = [e["limit"] for e in events if e["event"] == "concurrency"]
+    assert limits[0] == 24 and limits[-1] == 8, limits
+    assert summary["records"] == 300 and stats.concurrency == 8
+
+
+def test_failures_file_and_exit_status(sims: Sims, tmp_path: Path) -> None:
+    url = sims.start("--max-running-requests", "8")
+    proxy = FaultyProxy(url, every_503=10**9, every_drop=10**9, always="always-503")
+    bad = ['{"id": "r3", "messages": [{"role": "user", "content": "again"}]}',  # repeated id
+           'not json', '{"id": "no-messages", "temperature": 0.5}',
+           '{"id": "stuck", "messages": [{"role": "user", "content": "always-503"}]}',
+           '"a bare prompt"']
+    inp = write_input(tmp_path / "in.jsonl", 10, extra=bad)
+    out = tmp_path / "out"
+    try:
+        result = subprocess.run(cli(str(inp), str(out), "--url", proxy.url, "--retries", "2",
+                                    "--shard-size", "4"), capture_output=True, text=True,
+                                timeout=120)
+    finally:
+        proxy.close()
+    assert result.returncode == 104, result.stderr  # 100 + 4 failed lines
+    assert "failures file" in result.stdout and "completions/s" in result.stdout
+    fails = {f["id"]: f for f in map(json.loads, (out / "failures.jsonl").read_text()
+                                     .splitlines())}
+    assert set(fails) == {"r3", "line-12", "no-messages", "stuck"}
+    assert "appears earlier in the input" in fails["r3"]["error"]
+    assert "line 12: not JSON" in fails["line-12"]["error"]
+    assert "no 'messages' list and no 'prompt'" in fails["no-messages"]["error"]
+    assert fails["stuck"]["tries"] == 3 and "HTTP 503" in fails["stuck"]["error"]
+    ids = [r["id"] for r in records(out)]
+    assert sorted(ids) == sorted([f"r{i}" for i in range(10)] + ["line-15"])
+    assert json.loads((out / "manifest.json").read_text())["failures"] == 4
+
+
+@pytest.fixture
+def s3_server(tmp_path: Path) -> Iterator[str]:
+    """moto's S3 server on loopback, as the lab runs it."""
+    port = free_port()
+    moto = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(moto), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A client of the moto server, with bucket ``jobs``."""
+    import boto3
+
+    for key, value in (("AWS_ACCESS_KEY_ID", "test"), ("AWS_SECRET_ACCESS_KEY", "test"),
+                       ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(key, value)
+    client = boto3.client("s3", endpoint_url=s3_server)
+    client.create_bucket(Bucket="jobs")
+    return client
+
+
+def test_s3_input_and_output(sims: Sims, tmp_path: Path, s3_server: str, s3: Any) -> None:
+    inp = write_input(tmp_path / "in.jsonl", 500)
+    s3.upload_file(str(inp), "jobs", "in/prompts.jsonl")
+    url = sims.start("--max-running-requests", "16")
+    args = ("s3://jobs/in/prompts.jsonl", "s3://jobs/run-1/", url)
+    summary, _ = generate(*args, shard_size=120, s3_endpoint=s3_server)
+    assert summary["records"] == 500 and summary["failures"] == 0
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="jobs", Prefix="run-1/")["Contents"]}
+    assert keys == {"run-1/manifest.json"} | {f"run-1/shard-{i:06d}.jsonl" for i in range(5)}
+    manifest = json.loads(s3.get_object(Bucket="jobs", Key="run-1/manifest.json")["Body"].read())
+    ids = []
+    for entry in manifest["shards"]:
+        data = s3.get_object(Bucket="jobs", Key=f"run-1/{entry['name']}")["Body"].read()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+        ids += [json.loads(line)["id"] for line in data.splitlines()]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(500))
+    again, stats = generate(*args, shard_size=120, s3_endpoint=s3_server)
+    assert stats.shards_written == 0 and again["skipped"] == 500 and again["done"] == 0
+
+
+def test_large_shard_goes_up_as_one_multipart_object(
+        sims: Sims, tmp_path: Path, s3_server: str, s3: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard over the multipart size is uploaded in parts and appears once, whole."""
+    from sglang_fleet.generate import store
+
+    monkeypatch.setattr(store, "MULTIPART_BYTES", 5 * 1024 * 1024)  # S3's smallest part
+    url = sims.start("--max-running-requests", "32",
+                     env={"SGLANG_SIM_REASONING_TOKENS": "2500"})
+    inp = write_input(tmp_path / "in.jsonl", 420, max_tokens=3000)
+    summary, _ = generate(str(inp), "s3://jobs/big", url, shard_size=420,
+                          s3_endpoint=s3_server)
+    head = s3.head_object(Bucket="jobs", Key="big/shard-000000.jsonl")
+    assert head["ContentLength"] > 5 * 1024 * 1024 and head["ETag"].strip('"').endswith("-2")
+    data = s3.get_object(Bucket="jobs", Key="big/shard-000000.jsonl")["Body"].read()
+    manifest = json.loads(s3.get_object(Bucket="jobs", Key="big/manifest.json")["Body"].read())
+    assert hashlib.sha256(data).hexdigest() == manifest["shards"][0]["sha256"]
+    assert sorted(json.loads(line)["id"] for line in data.splitlines()) == \
+        sorted(f"r{i}" for i in range(420)) and summary["records"] == 420
+
+
+def test_bad_options_are_a_message_not_a_traceback(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang_fleet.cli import main
+
+    inp = write_input(tmp_path / "in.jsonl", 1)
+    for flags, message in ((["--url", "http://127.0.0.1:9", "--shard-size", "0"],
+                            "--shard-size must be at least 1, not 0"),
+                           (["--url", "127.0.0.1:9"], "write http://HOST:PORT"),
+                           (["--url", "http://127.0.0.1:9", "--api-key-file", "/nonexistent"],
+                            "/nonexistent: No such file or directory"),
+                           (["--url", "http://127.0.0.1:9"], "ConnectError")):
+        assert main(["generate", str(inp), str(tmp_path / "out"), *flags]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+
+
+def test_a_second_run_on_the_same_output_is_refused(sims: Sims, tmp_path: Path) -> None:
+    url = sims.start("--max-running-requests", "4", decode="60")
+    inp = write_input(tmp_path / "in.jsonl", 400)
+    argv = cli(str(inp), str(tmp_path / "out"), "--url", url, "--json")
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        while not (tmp_path / "out" / ".spool").exists():
+            time.sleep(0.05)
+        second = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    finally:
+        first.kill()
+        first.wait()
+    assert second.returncode == 1
+    assert "another sglang-fleet generate is writing here" in second.stderr
