@@ -14,6 +14,7 @@ from sglang_fleet import hostdata, preflight
 from sglang_fleet.driver import install_driver
 from sglang_fleet.engine import install_engine
 from sglang_fleet.gate import run_gate
+from sglang_fleet.gpucheck import require_gpu_health
 from sglang_fleet.render import render_all
 from sglang_fleet.service import install_service, require_free_ports
 from sglang_fleet.weights import stage_weights
@@ -22,6 +23,7 @@ profile = hostdata.profile_for(host)
 launches = render_all(profile)
 preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
 require_free_ports(launches)
+require_gpu_health()  # a GPU unfit to serve refuses the host before any change
 
 install_driver()
 release = install_engine(profile)
