@@ -8,9 +8,9 @@ before any host changes; every later stage changes only what differs, so running
 changes nothing.
 """
 
-from pyinfra.context import host
+from pyinfra.context import host, inventory
 
-from sglang_fleet import hostdata, preflight
+from sglang_fleet import fleet, hostdata, metrics_targets, preflight
 from sglang_fleet.driver import install_driver
 from sglang_fleet.engine import install_engine
 from sglang_fleet.gate import run_gate
@@ -24,6 +24,10 @@ launches = render_all(profile)
 preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
 require_free_ports(launches)
 require_gpu_health()  # a GPU unfit to serve refuses the host before any change
+
+# The fleet's Prometheus targets, on this machine, once a run (host data prometheus_file_sd).
+if host.data.get(metrics_targets.TARGETS_KEY) and host == fleet.serving_hosts(inventory)[0]:
+    metrics_targets.write_targets(inventory, str(host.data.get(metrics_targets.TARGETS_KEY)))
 
 install_driver()
 release = install_engine(profile)
