@@ -88,13 +88,8 @@ def test_fabric_in_progress_is_a_warning() -> None:
     assert [(f.id, f.fatal) for f in health.findings] == [("fabric", False)]
 
 
-XIDS = """\
-2026-11-30T22:41:07+0000 gpu1 kernel: NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
-2026-11-30T22:41:08+0000 gpu1 kernel: NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
-[  912.774120] NVRM: Xid (PCI:0000:28:00): 13, pid=4121, name=python, Graphics SM Warp Exception on (GPC 0, TPC 0, SM 0): Out Of Range Address
-[  913.001211] NVRM: Xid (PCI:0000:28:00): 94, pid=4121, name=python, Contained: CE User Channel (0x9). RST: No, D-RST: No
-[  914.000000] NVRM: Xid (PCI:0000:d8:00): 154, pid=4121, GPU recovery action changed
-"""
+# journald (short-iso) and dmesg spellings of the lines the NVIDIA driver logs
+XIDS = (Path(__file__).parent / "data" / "kernel-xids.log").read_text()
 
 
 def test_xids_are_named_per_gpu_with_meaning_and_fix() -> None:

@@ -81,23 +81,8 @@ def test_parse_metrics_sums_ranks() -> None:
     assert status.parse_metrics(text) == {"running": 5, "accept_length": 2.75, "model": "m"}
 
 
-SHOW = """\
-Id=sglang.service
-LoadState=loaded
-ActiveState=active
-SubState=running
-ActiveEnterTimestamp=Mon 2026-11-30 23:01:02 UTC
-ExecMainPID=4121
-ExecStart={ path=/opt/sglang/releases/sglang-sim-0.5.23-3f2a9c1d/bin/python ; argv[]=/opt/sglang/releases/sglang-sim-0.5.23-3f2a9c1d/bin/python /opt/sglang/tools/server_launch.py sglang_sim.launch_server --model-path /var/lib/sglang/models/qwen3.6-27b --served-model-name qwen3.6-27b --speculative-algorithm NEXTN --port 30000 ; ignore_errors=no ; start_time=[Mon 2026-11-30 23:01:02 UTC] ; stop_time=[n/a] ; pid=4121 ; code=(null) ; status=0/0 }
-
-Id=sglang-1.service
-LoadState=not-found
-ActiveState=inactive
-SubState=dead
-ActiveEnterTimestamp=
-ExecMainPID=0
-ExecStart=
-"""
+# `systemctl show -p ... sglang.service sglang-1.service` (systemd 252)
+SHOW = (Path(__file__).parent / "data" / "systemctl-show-sglang.txt").read_text()
 
 
 def test_units_from_systemctl_show() -> None:
