@@ -61,7 +61,7 @@ def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None) -> None:
     assert refused.returncode != 0
     assert "host lab1: GPU 0: xid-79: GPU has fallen off the bus" in out
     assert "fix: reboot the host" in out and "gpu_health_ignore = ['xid-79']" in out
-    assert "Starting operation" not in out  # refused while preparing: nothing ran
+    assert "Beginning operation run" not in out  # refused while preparing: nothing ran
     assert main_pid() == pid
     [server] = [r for r in rows() if r["kind"] == "server"]
     assert server["gpu_health"] == ["FATAL xid-79 (GPU 0)"]
@@ -69,5 +69,6 @@ def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None) -> None:
     let_through = pyinfra("deploys/sglang.py", "--data", 'gpu_health_ignore=["xid-79"]')
     out = let_through.stdout + let_through.stderr
     assert let_through.returncode == 0, out[-5000:]
+    assert "Beginning operation run" in out
     assert "xid-79" in out and "ignored by gpu_health_ignore" in out
     assert main_pid() == pid  # nothing changed, nothing restarted
