@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from sglang_fleet import status
-from sglang_fleet.facts import units
+from sglang_fleet.facts import gpuhealth, units
 from tests.conftest import ROOT
 
 KEY = "status-test-key-0123"
@@ -145,3 +145,21 @@ def test_prometheus_targets(tmp_path: Path) -> None:
     assert jobs == {"sglang": ["127.0.0.1:30000"], "sglang-router": ["127.0.0.1:29000"],
                     "dcgm": ["127.0.0.1:9400"]}
     assert not metrics_targets.write_targets(loaded, str(out))  # unchanged: not rewritten
+
+
+def test_gpu_columns_per_instance() -> None:
+    from tests.test_gpuhealth import b200, edit, fact_output, hgx
+
+    buses = [f"00000000:{0x18 + i * 0x10:02X}:00.0" for i in range(4)]
+    gpus = [b200(bus=bus) for bus in buses]
+    gpus[1] = edit(edit(gpus[1], "Remapped Rows", "Pending", "Yes"),
+                   "FB Memory Usage", "Used", "150000 MiB")
+    kernel = "[ 9.1] NVRM: Xid (PCI:0000:48:00): 79, pid=1, GPU has fallen off the bus."
+    health = gpuhealth.parse(fact_output(hgx(*gpus), kernel=kernel))
+    rows = [status.Row("server", "gpu1", "u0", gpus="0-1"),
+            status.Row("server", "gpu1", "u1", gpus="2")]
+    status._fill_gpus(rows, health, ignore=["xid-79"])
+    assert (rows[0].gpu_used_mib, rows[0].gpu_free_mib) == (150000, 2 * 182743)
+    # GPU 3 serves no instance: its finding is on the host's first row; xid-79 is ignored
+    assert rows[0].gpu_health == ["FATAL remap-pending (GPU 1)", "xid-79 (GPU 3)"]
+    assert rows[1].gpu_health == [] and rows[1].gpu_free_mib == 182743

@@ -22,7 +22,7 @@ from pyinfra.api.host import Host
 
 from sglang_fleet import fleet, hostdata
 from sglang_fleet.errors import InputError
-from sglang_fleet.facts.gpuhealth import GpuHealth, Health
+from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
 from sglang_fleet.facts.units import UnitState, UnitStates
 from sglang_fleet.gpucheck import ignored, merged
 from sglang_fleet.profile import Profile
@@ -157,6 +157,7 @@ def _fill_gpus(rows: list[Row], health: Health | None, ignore: list[str]) -> Non
             row.gpu_health = [f"nvidia-smi: {health.error}"]
         return
     by_index = {g.index: g for g in health.gpus}
+    served: set[str] = set()
     for row in rows:
         first, _, last = row.gpus.partition("-")
         wanted = range(int(first), int(last or first) + 1) if first.isdigit() else range(0)
@@ -165,9 +166,17 @@ def _fill_gpus(rows: list[Row], health: Health | None, ignore: list[str]) -> Non
             row.gpu_used_mib = sum(g.memory_used_mib or 0 for g in mine)
             row.gpu_free_mib = sum(g.memory_free_mib or 0 for g in mine)
         names = {str(i) for i in wanted}
-        row.gpu_health = [f"{'FATAL ' if f.fatal and f.id not in ignore else ''}{f.id} "
-                          f"(GPU {','.join(gpus)})"
-                          for f, gpus in merged([f for f in health.findings if f.gpu in names])]
+        served |= names
+        row.gpu_health = _notes([f for f in health.findings if f.gpu in names], ignore)
+    if rows:  # GPUs no instance uses (or a device nvidia-smi lacks): on the host's first row
+        rows[0].gpu_health += _notes([f for f in health.findings if f.gpu not in served],
+                                     ignore)
+
+
+def _notes(findings: list[Finding], ignore: list[str]) -> list[str]:
+    """``FATAL xid-79 (GPU 0)``: each finding once, with the GPUs it concerns."""
+    return [f"{'FATAL ' if f.fatal and f.id not in ignore else ''}{f.id} (GPU {','.join(gpus)})"
+            for f, gpus in merged(findings)]
 
 
 def read_host(host: Host, rows: list[Row]) -> None:
