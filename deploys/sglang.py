@@ -26,7 +26,8 @@ require_free_ports(launches)
 require_gpu_health()  # a GPU unfit to serve refuses the host before any change
 
 # The fleet's Prometheus targets, on this machine, once a run (host data prometheus_file_sd).
-if host.data.get(metrics_targets.TARGETS_KEY) and host == fleet.serving_hosts(inventory)[0]:
+if (host.data.get(metrics_targets.TARGETS_KEY)
+        and host.name == fleet.serving_hosts(inventory)[0].name):
     metrics_targets.write_targets(inventory, str(host.data.get(metrics_targets.TARGETS_KEY)))
 
 install_driver()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -53,7 +54,7 @@ def test_status_of_a_deployed_host(deployed: None) -> None:
     assert (router["kind"], router["health"], router["router"]) == ("router", "ok", "1/1")
 
 
-def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None) -> None:
+def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Path) -> None:
     pid = main_pid()
     ssh("lab1", f"echo {shlex.quote(XID_79)} >> /run/lab-nvidia/kmsg")
     refused = pyinfra("deploys/sglang.py")
@@ -66,9 +67,13 @@ def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None) -> None:
     [server] = [r for r in rows() if r["kind"] == "server"]
     assert server["gpu_health"] == ["FATAL xid-79 (GPU 0)"]
 
-    let_through = pyinfra("deploys/sglang.py", "--data", 'gpu_health_ignore=["xid-79"]')
+    targets = tmp_path / "sd" / "fleet.json"
+    let_through = pyinfra("deploys/sglang.py", "--data", 'gpu_health_ignore=["xid-79"]',
+                          "--data", f"prometheus_file_sd={targets}")
     out = let_through.stdout + let_through.stderr
     assert let_through.returncode == 0, out[-5000:]
     assert "Beginning operation run" in out
     assert "xid-79" in out and "ignored by gpu_health_ignore" in out
     assert main_pid() == pid  # nothing changed, nothing restarted
+    jobs = {g["labels"]["job"]: g["targets"] for g in json.loads(targets.read_text())}
+    assert jobs == {"sglang": ["127.0.0.11:30000"], "sglang-router": ["127.0.0.11:29000"]}
