@@ -214,6 +214,15 @@ def cmd_roll(args: argparse.Namespace) -> int:
                      args.health_timeout)
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """One row per server instance and router of an inventory (see sglang_fleet.status)."""
+    from sglang_fleet import status
+
+    rows = status.collect(args.inventory)
+    print(json.dumps(status.as_json(rows), indent=2) if args.json else status.table(rows))
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """Lab up, the whole deploy, then a smoke generation against every host."""
     import subprocess
@@ -314,6 +323,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--health-timeout", type=float, default=300,
                    help="seconds for the router to see a host healthy again (default 300)")
     p.set_defaults(func=cmd_roll)
+
+    p = sub.add_parser("status", help="one row per server and router of an inventory: unit, "
+                       "release, health, load, GPU memory and health, router (read-only)")
+    p.add_argument("inventory", help="a pyinfra inventory, e.g. inventories/b200.py")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("demo", help="lab up, deploy, router, smoke: the whole product on lab hosts")
     p.add_argument("--hosts", type=int, default=2)

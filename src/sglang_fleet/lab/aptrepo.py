@@ -60,6 +60,8 @@ def _driver(version: str, flavour: str) -> Deb:
                "usr/lib/lab-nvidia/driver": f"{version} {flavour}\n",
                "usr/lib/lab-nvidia/lab-nvidia-load": STUBS / "lab-nvidia-load",
                "usr/lib/lab-nvidia/lab-daemon": STUBS / "lab-daemon",
+               # the lab's kernel log (a guest cannot read the machine's): NVRM lines
+               "usr/local/bin/dmesg": STUBS / "dmesg",
                "lib/systemd/system/lab-nvidia-module.service":
                    STUBS / "lab-nvidia-module.service"},
         postinst="systemctl enable lab-nvidia-module.service >/dev/null 2>&1 || true\n",

@@ -1,0 +1,91 @@
+"""systemd units as ``systemctl show`` describes them: state, since when, and what they run.
+
+    for unit in host.get_fact(UnitStates, units=["sglang.service"]).values():
+        print(unit.name, unit.active, unit.since, unit.release)
+
+Reading needs no privilege. Parsing is kept apart from the fact so it can be tested.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from pyinfra.api.facts import FactBase
+
+PROPERTIES = "Id,LoadState,ActiveState,SubState,ActiveEnterTimestamp,ExecMainPID,ExecStart"
+_RELEASE = re.compile(r"/opt/sglang/releases/([^/ ;]+)/")
+_UNIT = re.compile(r"[A-Za-z0-9@_.:-]+\.service")
+
+
+@dataclass(frozen=True)
+class UnitState:
+    name: str
+    load: str  # loaded, not-found
+    active: str  # active, activating, failed, inactive
+    sub: str  # running, auto-restart, dead
+    since: str  # ActiveEnterTimestamp, e.g. "Mon 2026-11-30 23:01:02 UTC" (empty if never)
+    pid: int
+    argv: tuple[str, ...]  # ExecStart's argv[], no key in it (the launcher reads the keys)
+
+    @property
+    def release(self) -> str | None:
+        """The engine release directory the unit runs (``/opt/sglang/releases/<id>/``)."""
+        match = _RELEASE.search(" ".join(self.argv))
+        return match.group(1) if match else None
+
+    def flag(self, name: str) -> str | None:
+        """The value of ``--name VALUE`` in the unit's command line."""
+        for i, word in enumerate(self.argv[:-1]):
+            if word == name:
+                return self.argv[i + 1]
+        return None
+
+    @property
+    def state(self) -> str:
+        return "not installed" if self.load == "not-found" else f"{self.active}/{self.sub}"
+
+
+def _argv(exec_start: str) -> tuple[str, ...]:
+    """``{ path=... ; argv[]=WORDS ; ignore_errors=no ; ... }`` -> WORDS (systemd quotes words
+    that hold spaces as a shell would)."""
+    match = re.search(r"argv\[\]=(.*?) ; (ignore_errors|start_time)=", exec_start)
+    if not match:
+        return ()
+    try:
+        return tuple(shlex.split(match.group(1)))
+    except ValueError:
+        return tuple(match.group(1).split())
+
+
+def parse(lines: list[str]) -> dict[str, UnitState]:
+    """Blocks of ``KEY=VALUE`` separated by blank lines, one per unit (``systemctl show A B``)."""
+    blocks: list[dict[str, str]] = [{}]
+    for line in lines:
+        if not line.strip():
+            blocks.append({})
+            continue
+        key, _, value = line.partition("=")
+        blocks[-1][key] = value
+    units = {}
+    for b in blocks:
+        if "Id" not in b:
+            continue
+        pid = b.get("ExecMainPID", "0")
+        units[b["Id"]] = UnitState(b["Id"], b.get("LoadState", ""), b.get("ActiveState", ""),
+                                   b.get("SubState", ""), b.get("ActiveEnterTimestamp", ""),
+                                   int(pid) if pid.isdigit() else 0,
+                                   _argv(b.get("ExecStart", "")))
+    return units
+
+
+class UnitStates(FactBase[dict[str, UnitState]]):
+    """The named units' state (names must be unit names: they reach a shell)."""
+
+    def command(self, units: list[str]) -> str:
+        names = [u for u in units if _UNIT.fullmatch(u)]
+        return f"systemctl show --no-pager -p {PROPERTIES} {' '.join(names)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, UnitState]:
+        return parse(output)

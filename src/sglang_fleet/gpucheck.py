@@ -1,0 +1,89 @@
+"""Preflight GPU health: a host whose GPUs show a fatal condition (an Xid that needs a reset, an
+uncorrectable ECC error, a pending or failed row remap, a failed NVSwitch fabric) is refused
+before any change, with the operator's fix; warnings are printed and the deploy goes on.
+
+    # deploys/sglang.py, before any operation
+    require_gpu_health()
+
+Host data ``gpu_health_ignore: [xid-94, remap-pending]`` lets named findings through (after the
+operator has dealt with them: a GPU reset leaves its Xid in this boot's kernel log).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.context import host
+
+from sglang_fleet.errors import InputError, Problem
+from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
+
+IGNORE_KEY = "gpu_health_ignore"
+_ID = re.compile(r"[a-z][a-z0-9-]{1,40}")
+
+
+def ignored(data: Any, host_name: str) -> list[str]:
+    """Host data ``gpu_health_ignore``: finding ids such as ``xid-94`` (InputError if not)."""
+    raw = data.get(IGNORE_KEY) or []
+    source = f"pyinfra data of {host_name}"
+    if isinstance(raw, str) or not isinstance(raw, list | tuple):
+        raise InputError.one(source, IGNORE_KEY, f"must be a list of finding ids, got {raw!r}",
+                             "e.g. gpu_health_ignore = ['xid-94']")
+    wrong = [v for v in raw if not isinstance(v, str) or not _ID.fullmatch(v)]
+    if wrong:
+        shown = repr(wrong[0])[:60]
+        raise InputError.one(source, IGNORE_KEY, f"{shown} is not a finding id",
+                             "ids as the deploy names them: xid-79, ecc-uncorrectable, "
+                             "remap-pending, remap-failure, fabric, ...")
+    return [str(v) for v in raw]
+
+
+def merged(findings: list[Finding]) -> list[tuple[Finding, list[str]]]:
+    """Findings that differ only by GPU, once each with the GPUs they concern (a fabric that
+    is not ready says so once, not for each of 8 GPUs)."""
+    groups: dict[tuple[str, str, bool], tuple[Finding, list[str]]] = {}
+    for f in findings:
+        groups.setdefault((f.id, f.what, f.fatal), (f, []))[1].append(f.gpu)
+    return list(groups.values())
+
+
+def problems(health: Health | None, ignore: list[str], host_name: str) -> list[Problem]:
+    """A Problem for each fatal finding not ignored (GPUs named together)."""
+    if health is None:
+        return []
+    out = []
+    for finding, gpus in merged(health.fatal(ignore)):
+        which = ",".join(gpus)
+        out.append(Problem(f"host {host_name}", f"GPU {which}",
+                           f"{finding.id}: {finding.what}",
+                           finding.fix.format(gpu=which) + f"; once dealt with, "
+                           f"gpu_health_ignore = ['{finding.id}'] in host data lets the "
+                           "deploy through"))
+    return out
+
+
+def warnings(health: Health | None, ignore: list[str]) -> list[str]:
+    """One line for each finding that is not fatal (or is ignored), and an unreadable GPU."""
+    if health is None:
+        return []
+    lines = [f"GPU {','.join(gpus)}: {f.id} {f.what}"
+             + (" (ignored by gpu_health_ignore)" if f.fatal else f"; {f.fix.format(gpu='N')}")
+             for f, gpus in merged([f for f in health.findings
+                                    if not f.fatal or f.id in ignore])]
+    if health.error:
+        lines.append(f"GPU health unreadable: nvidia-smi: {health.error} (the driver stage "
+                     "deals with it)")
+    return lines
+
+
+def require_gpu_health() -> None:
+    """Preflight: refuse the current host before any change when a GPU is unfit to serve."""
+    ignore = ignored(host.data, host.name)
+    health: Health | None = host.get_fact(GpuHealth)
+    for line in warnings(health, ignore):
+        logger.warning(f"{host.print_prefix}GPU health: {line}")
+    found = problems(health, ignore, host.name)
+    if found:
+        raise InputError(found)

@@ -1,0 +1,79 @@
+"""A deployed lab host (reached as a sudo user) seen by ``sglang-fleet status``, then a GPU
+that logged a fatal Xid: the deploy refuses the host before any change, and
+``gpu_health_ignore`` lets it through."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab.conftest import booted_lab, pyinfra, run, ssh
+
+pytestmark = pytest.mark.lab
+# GPU 0 of a lab host is on bus 0x18, as nvidia-smi -q shows it; the line as the kernel logs it.
+XID_79 = ("[ 1812.331204] NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, "
+          "GPU has fallen off the bus.")
+
+
+@pytest.fixture(scope="module")
+def deployed() -> Iterator[None]:
+    for _ in booted_lab("--hosts", "1", "--sudo-user", "deployer"):
+        for deploy in ("deploys/sglang.py", "deploys/router.py"):
+            result = pyinfra(deploy)
+            assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+        yield
+
+
+def rows() -> list[dict[str, Any]]:
+    result = run("sglang-fleet", "status", "inventories/lab.py", "--json", timeout=120)
+    assert result.returncode == 0, result.stderr
+    return list(json.loads(result.stdout))
+
+
+def main_pid() -> str:
+    return ssh("lab1", "systemctl show -p MainPID --value sglang.service").stdout.strip()
+
+
+def test_status_of_a_deployed_host(deployed: None) -> None:
+    server, router = rows()
+    assert (server["kind"], server["host"], server["unit"]) == ("server", "lab1",
+                                                                "sglang.service")
+    assert server["state"] == "active/running" and server["since"]
+    assert server["release"].startswith("sglang-sim-0.5.23-")
+    assert (server["model"], server["algorithm"], server["health"]) == \
+        ("qwen3.6-27b", "NEXTN", "ok")
+    assert (server["running"], server["queued"]) == (0, 0)
+    assert server["gpus"] == "0" and server["gpu_free_mib"] > 180_000
+    assert server["gpu_health"] == [] and server["error"] == ""
+    assert server["router"] == "healthy"
+    assert (router["kind"], router["health"], router["router"]) == ("router", "ok", "1/1")
+
+
+def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Path) -> None:
+    pid = main_pid()
+    ssh("lab1", f"echo {shlex.quote(XID_79)} >> /run/lab-nvidia/kmsg")
+    refused = pyinfra("deploys/sglang.py")
+    out = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert "host lab1: GPU 0: xid-79: GPU has fallen off the bus" in out
+    assert "fix: reboot the host" in out and "gpu_health_ignore = ['xid-79']" in out
+    assert "Beginning operation run" not in out  # refused while preparing: nothing ran
+    assert main_pid() == pid
+    [server] = [r for r in rows() if r["kind"] == "server"]
+    assert server["gpu_health"] == ["FATAL xid-79 (GPU 0)"]
+
+    targets = tmp_path / "sd" / "fleet.json"
+    let_through = pyinfra("deploys/sglang.py", "--data", 'gpu_health_ignore=["xid-79"]',
+                          "--data", f"prometheus_file_sd={targets}")
+    out = let_through.stdout + let_through.stderr
+    assert let_through.returncode == 0, out[-5000:]
+    assert "Beginning operation run" in out
+    assert "xid-79" in out and "ignored by gpu_health_ignore" in out
+    assert main_pid() == pid  # nothing changed, nothing restarted
+    jobs = {g["labels"]["job"]: g["targets"] for g in json.loads(targets.read_text())}
+    assert jobs == {"sglang": ["127.0.0.11:30000"], "sglang-router": ["127.0.0.11:29000"]}

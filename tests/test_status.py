@@ -1,0 +1,165 @@
+"""``sglang-fleet status`` and the Prometheus targets: metrics read from the SGLang simulator's
+real ``/metrics`` (a process on loopback), units parsed from ``systemctl show`` as systemd 252
+prints it, and a fleet whose host does not answer SSH and whose router is down."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sglang_fleet import status
+from sglang_fleet.facts import gpuhealth, units
+from tests.conftest import ROOT
+
+KEY = "status-test-key-0123"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The simulator serving the field's profile with metrics, after one generation."""
+    tmp = tmp_path_factory.mktemp("status")
+    smi = tmp / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
+    smi.chmod(0o755)
+    port = free_port()
+    env = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
+         str(ROOT / "lab" / "models" / "qwen3.6-27b"), "--host", "127.0.0.1", "--port", str(port),
+         "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+         "--mamba-radix-cache-strategy", "extra_buffer", "--reasoning-parser", "qwen3",
+         "--served-model-name", "qwen3.6-27b", "--enable-metrics", "--api-key", KEY],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    answer = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                        headers={"Authorization": f"Bearer {KEY}"},
+                        json={"model": "qwen3.6-27b", "max_tokens": 16,
+                              "messages": [{"role": "user", "content": "What is 2+3?"}]})
+    assert answer.status_code == 200, answer.text
+    yield url
+    proc.terminate()
+    proc.wait(20)
+
+
+def test_metrics_from_the_simulator(server: str) -> None:
+    values = status.parse_metrics(httpx.get(f"{server}/metrics").text)
+    assert values["model"] == "qwen3.6-27b"
+    assert (values["running"], values["queued"]) == (0, 0)
+    assert values["accept_length"] > 1  # NEXTN accepted more than the verified token
+    assert "tokens_per_s" in values
+
+
+def test_parse_metrics_sums_ranks() -> None:
+    text = ('# HELP sglang:num_running_reqs x\n'
+            'sglang:num_running_reqs{model_name="m",tp_rank="0"} 3.0\n'
+            'sglang:num_running_reqs{model_name="m",tp_rank="1"} 2.0\n'
+            'sglang:spec_accept_length{model_name="m",tp_rank="0"} 2.75\n'
+            'sglang:num_queue_reqs{model_name="m"} NaN-not-a-number\n')
+    assert status.parse_metrics(text) == {"running": 5, "accept_length": 2.75, "model": "m"}
+
+
+# `systemctl show -p ... sglang.service sglang-1.service` (systemd 252)
+SHOW = (Path(__file__).parent / "data" / "systemctl-show-sglang.txt").read_text()
+
+
+def test_units_from_systemctl_show() -> None:
+    found = units.parse(SHOW.splitlines())
+    unit = found["sglang.service"]
+    assert (unit.state, unit.since, unit.pid) == ("active/running",
+                                                  "Mon 2026-11-30 23:01:02 UTC", 4121)
+    assert unit.release == "sglang-sim-0.5.23-3f2a9c1d"
+    assert unit.flag("--speculative-algorithm") == "NEXTN"
+    assert unit.flag("--served-model-name") == "qwen3.6-27b"
+    assert found["sglang-1.service"].state == "not installed"
+    assert "rm" not in units.UnitStates().command(units=["sglang.service", "x; rm -rf /"])
+
+
+def inventory(tmp_path: Path, port: int, dcgm: bool = False) -> Path:
+    """One serving host whose SSH port is closed (its server answers HTTP on ``port``) and a
+    router that is down."""
+    path = tmp_path / "fleet.py"
+    profile = ROOT / "profiles" / "qwen3.6-27b-mtp.yaml"
+    path.write_text(
+        f"gpus = [('gpu1', {{'ssh_hostname': '127.0.0.1', 'ssh_port': {free_port()},\n"
+        f"    'sglang_profile': {str(profile)!r}, 'sglang.server.host': '127.0.0.1',\n"
+        f"    'sglang.server.port': {port}, 'install_dcgm': {dcgm},\n"
+        "    'secrets': {'sglang-api-key': 'k' * 20, 'sglang-router-admin-key': 'a' * 20},\n"
+        f"    'router_host': '127.0.0.1', 'router_port': {free_port()}}})]\n"
+        "routers = ['gpu1']\n")
+    return path
+
+
+def test_a_host_that_does_not_answer_is_a_row_saying_why(server: str, tmp_path: Path) -> None:
+    port = int(server.rsplit(":", 1)[1])
+    result = subprocess.run([sys.executable, "-m", "sglang_fleet.cli", "status",
+                             str(inventory(tmp_path, port)), "--json"],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    [srv] = [r for r in rows if r["kind"] == "server"]
+    assert (srv["host"], srv["unit"], srv["state"]) == ("gpu1", "sglang.service", "no answer")
+    assert srv["error"].startswith("ssh: ")
+    assert (srv["health"], srv["model"], srv["algorithm"]) == ("ok", "qwen3.6-27b", "NEXTN")
+    assert srv["running"] == 0 and srv["accept_length"] > 1
+    assert srv["router"] == ""  # the router did not answer: nothing known
+    [router] = [r for r in rows if r["kind"] == "router"]
+    assert router["health"] == "unreachable" and "router" in router["error"]
+    table = subprocess.run([sys.executable, "-m", "sglang_fleet.cli", "status",
+                            str(inventory(tmp_path, port))],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
+    assert table.splitlines()[0].split()[:3] == ["host", "unit", "state"]
+    assert "no answer" in table and "ssh: " in table
+
+
+def test_prometheus_targets(tmp_path: Path) -> None:
+    from sglang_fleet import metrics_targets, roll
+
+    loaded = roll.load(str(inventory(tmp_path, 30000, dcgm=True)), {})
+    out = tmp_path / "sd" / "fleet.json"
+    assert metrics_targets.write_targets(loaded, str(out))
+    groups = json.loads(out.read_text())
+    jobs = {g["labels"]["job"]: g["targets"] for g in groups}
+    assert jobs == {"sglang": ["127.0.0.1:30000"], "sglang-router": ["127.0.0.1:29000"],
+                    "dcgm": ["127.0.0.1:9400"]}
+    assert not metrics_targets.write_targets(loaded, str(out))  # unchanged: not rewritten
+
+
+def test_gpu_columns_per_instance() -> None:
+    from tests.test_gpuhealth import b200, edit, fact_output, hgx
+
+    buses = [f"00000000:{0x18 + i * 0x10:02X}:00.0" for i in range(4)]
+    gpus = [b200(bus=bus) for bus in buses]
+    gpus[1] = edit(edit(gpus[1], "Remapped Rows", "Pending", "Yes"),
+                   "FB Memory Usage", "Used", "150000 MiB")
+    kernel = "[ 9.1] NVRM: Xid (PCI:0000:48:00): 79, pid=1, GPU has fallen off the bus."
+    health = gpuhealth.parse(fact_output(hgx(*gpus), kernel=kernel))
+    rows = [status.Row("server", "gpu1", "u0", gpus="0-1"),
+            status.Row("server", "gpu1", "u1", gpus="2")]
+    status._fill_gpus(rows, health, ignore=["xid-79"])
+    assert (rows[0].gpu_used_mib, rows[0].gpu_free_mib) == (150000, 2 * 182743)
+    # GPU 3 serves no instance: its finding is on the host's first row; xid-79 is ignored
+    assert rows[0].gpu_health == ["FATAL remap-pending (GPU 1)", "xid-79 (GPU 3)"]
+    assert rows[1].gpu_health == [] and rows[1].gpu_free_mib == 182743
