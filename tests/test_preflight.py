@@ -127,7 +127,10 @@ def test_spec_v2_is_not_required_on_0_5_10(write_profile: Write) -> None:
 def test_spec_v2_refuses_topk_above_one_on_0_5_10(write_profile: Write) -> None:
     spec = MTP.replace("eagle_topk: 1", "eagle_topk: 2")
     path = write_profile(MINIMAL + spec + "mamba: {strategy: extra_buffer}\n")
-    [message] = run(path, "0.5.10")  # the rendered env turns spec v2 on for 0.5.10
+    assert run(path, "0.5.10") == []  # rendering keeps spec v2 off for a topk above 1
+    forced = write_profile(MINIMAL + spec + "mamba: {strategy: extra_buffer}\n"
+                           "env: {SGLANG_ENABLE_SPEC_V2: '1'}\n", "forced.yaml")
+    [message] = run(forced, "0.5.10")
     assert "Spec v2 currently only supports topk = 1" in message
     assert run(path, "0.5.11") == []
 
