@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import shlex
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.lab.conftest import booted_lab, pyinfra, run, ssh
@@ -52,6 +54,13 @@ def test_status_of_a_deployed_host(deployed: None) -> None:
     assert server["gpu_health"] == [] and server["error"] == ""
     assert server["router"] == "healthy"
     assert (router["kind"], router["health"], router["router"]) == ("router", "ok", "1/1")
+    # the router's Prometheus target (metrics_targets.ROUTER_METRICS_PORT) is real
+    metrics = httpx.get("http://127.0.0.11:29000/metrics", timeout=10)
+    assert metrics.status_code == 200 and "# TYPE" in metrics.text
+    started = time.monotonic()
+    table = run("sglang-fleet", "status", "inventories/lab.py", timeout=120).stdout
+    print(f"{table}\n(status took {time.monotonic() - started:.1f} s)")
+    assert table.splitlines()[1].split()[:3] == ["lab1", "sglang.service", "active/running"]
 
 
 def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Path) -> None:
