@@ -8,6 +8,7 @@ environment, the release or the weights changed.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,11 +83,16 @@ def allowed_clients(data: Any = None) -> list[str]:
                              "list networks such as 10.0.0.0/8 or 192.0.2.7") from None
 
 
+OWN_UNIT = re.compile(r"sglang(-[0-9]+)?\.service")
+
+
 def foreign_listeners(launch: Launch) -> list[Listener]:
     """Processes listening on the launch's port that are not its unit (a server started by
     hand with nohup, setsid or tmux, another unit)."""
     listeners = host.get_fact(PortListeners, port=launch.port) or []
-    return [p for p in listeners if p.unit != launch.unit]
+    # Another of the product's own server units (e.g. sglang.service before a change to
+    # parallel.instances) is retired or restarted by this deploy: not a stale server.
+    return [p for p in listeners if not (p.unit and OWN_UNIT.fullmatch(p.unit))]
 
 
 def require_free_ports(launches: list[Launch]) -> None:
