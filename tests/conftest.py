@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,3 +39,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if reporter:
             reporter.write_line(f"FAILED: {skipped} test(s) skipped; every test must run", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def wait_for_health(url: str, seconds: float = 30) -> None:
+    """Until a server started by a test answers ``/health`` with 200 (or ``seconds`` pass)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)

@@ -9,7 +9,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 
 from sglang_fleet import status
 from sglang_fleet.facts import gpuhealth, units
-from tests.conftest import ROOT
+from tests.conftest import ROOT, wait_for_health
 
 KEY = "status-test-key-0123"
 
@@ -47,13 +46,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
          "--served-model-name", "qwen3.6-27b", "--enable-metrics", "--api-key", KEY],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    wait_for_health(url)
     answer = httpx.post(f"{url}/v1/chat/completions", timeout=30,
                         headers={"Authorization": f"Bearer {KEY}"},
                         json={"model": "qwen3.6-27b", "max_tokens": 16,
