@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 from conftest import MTP, Launcher
@@ -22,6 +23,24 @@ def test_crash_after_requests(sims: Launcher) -> None:
         assert sim.client().post("/v1/chat/completions", json=chat).status_code == 200
     assert sim.proc.wait(10) == 1
     assert "Scheduler hit an exception" in sim.output()
+
+
+def test_crash_takes_the_running_batch_with_it(sims: Launcher) -> None:
+    """The step after the Nth request finished kills the process, however fast the batch is."""
+    sim = sims.start("--max-running-requests", "4", env={"SGLANG_SIM_CRASH_AFTER": "2"})
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+    def ask(_: int) -> int:
+        try:
+            return sim.client().post("/v1/chat/completions", json=chat).status_code
+        except httpx.HTTPError:
+            return 0
+
+    with ThreadPoolExecutor(16) as pool:
+        codes = list(pool.map(ask, range(16)))
+    assert 0 < codes.count(200) < 16 and codes.count(200) + codes.count(0) == 16, codes
+    assert sim.proc.wait(10) == 1
+    assert "TP0] Scheduler hit an exception: RuntimeError: simulated crash after" in sim.output()
 
 
 def test_hang_while_loading(sims: Launcher) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import math
 import os
 import random
@@ -21,6 +22,8 @@ import re
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+
+from sglang_sim import logs
 
 WORDS = tuple(
     "the model serves tokens quickly while the scheduler keeps every request moving through "
@@ -90,6 +93,14 @@ class Stats:
         return self.accept_tokens / self.forward_steps if self.forward_steps else 0.0
 
 
+def crash(finished: int) -> None:
+    """Die as a scheduler exception kills SGLang: the error line, then the whole process."""
+    logging.getLogger(logs.SCHEDULER).error(
+        f"Scheduler hit an exception: RuntimeError: simulated crash after {finished} requests")
+    logging.shutdown()
+    os._exit(1)
+
+
 class Engine:
     def __init__(self, max_running: int, speculative: bool, draft_tokens: int, reasoning: bool,
                  seed: int) -> None:
@@ -109,6 +120,13 @@ class Engine:
         self.queued = 0
         self.rids: list[str] = []  # requests not finished yet, as the tokenizer manager tracks
         self.stats = Stats()
+        self.crash_after: int | None = None  # SGLANG_SIM_CRASH_AFTER, set by the launcher
+
+    def step(self) -> None:
+        """One scheduler iteration: where a faulted scheduler dies, taking every running and
+        queued request with it (the first step after the crash_after-th request finished)."""
+        if self.crash_after and self.stats.requests >= self.crash_after:
+            crash(self.stats.requests)
 
     def _rng(self, prompt: str, seed: int | None) -> random.Random:
         digest = hashlib.blake2b(f"{self.seed}|{seed}|{prompt}".encode(), digest_size=8).digest()
@@ -157,6 +175,7 @@ class Engine:
         finally:
             self.queued -= 1
         self.running += 1
+        self.step()
         try:
             await asyncio.sleep(prompt_tokens / self.prefill_rate)
             first = True
@@ -164,6 +183,7 @@ class Engine:
             total = out.tokens
             for accept in out.accept_lengths:
                 await asyncio.sleep(1 / self.step_rate)
+                self.step()
                 n = min(max(1, round(accept)), total - produced)
                 produced += n
                 if first:

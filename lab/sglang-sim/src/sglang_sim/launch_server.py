@@ -80,6 +80,7 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
     engine = Engine(plan.max_running_requests, args.speculative_algorithm is not None,
                     args.speculative_num_draft_tokens or 1, args.reasoning_parser is not None,
                     args.random_seed or 0)
+    engine.crash_after = faults.crash_after
     command = "python -m sglang.launch_server " + shlex.join(sys.argv[1:])
     return State(args=args, release=release, launch_command=command, shape=shape, memory=plan,
                  engine=engine, faults=faults, startup_time=started)
@@ -186,10 +187,7 @@ async def serve(state: State) -> None:
     async def watchdog() -> None:
         while not state.draining:
             await asyncio.sleep(min(DRAIN_POLL_SECONDS, 0.5))
-            if state.faults.crash_after and state.engine.stats.requests >= state.faults.crash_after:
-                logger.error("Scheduler hit an exception: RuntimeError: simulated crash after "
-                             f"{state.engine.stats.requests} requests")
-                os._exit(1)
+            state.engine.step()  # an idle scheduler still iterates
         while True:
             remaining_rids = list(state.engine.rids)
             remain_num_req = len(remaining_rids)
