@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sglang_fleet import engine, ops, packages, secretfile
-from sglang_fleet.engine import CURRENT, PREVIOUS, RELEASES, Release
+from sglang_fleet.engine import Release
+from sglang_fleet.paths import CURRENT, PREVIOUS, RELEASES
 
 RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
 
@@ -72,12 +74,25 @@ def test_current_link_switches_and_keeps_previous(use: Callable[[Host], Host]) -
 
 
 def test_prune_keeps_the_newest_and_what_the_links_name(use: Callable[[Host], Host]) -> None:
-    use(Host(shell={r"ls -1t": ["r5", "r4", "r3", "r2", "r1"],
-                    rf"readlink {CURRENT}\b": [f"{RELEASES}/r4"],
-                    rf"readlink {PREVIOUS}\b": [f"{RELEASES}/r1"]}))
+    use(releases_host(["r1", "r3", "r5", "r2", "r4", "r6.partial"],
+                      {CURRENT: "r4", PREVIOUS: "r1"}))
     assert commands(engine.prune, keep=2) == [f"rm -rf {RELEASES}/r3", f"rm -rf {RELEASES}/r2"]
-    use(Host(shell={r"ls -1t": ["r2", "r1"]}))
+    fake = use(releases_host(["r2", "r1"], {}))
+    assert commands(engine.prune, keep=3) == [] and fake.noops == ["2 releases, none to remove"]
+    use(Host({"FindDirectories": []}))  # no releases directory yet
     assert commands(engine.prune, keep=3) == []
+
+
+def releases_host(names: list[str], links: dict[str, str]) -> Host:
+    """Release directories whose age follows their number (r5 newer than r4), and links."""
+    def directory(path: str) -> dict[str, Any]:
+        return {"mtime": datetime(2026, 1, int(path[-1]) if path[-1].isdigit() else 1)}
+
+    def link(path: str) -> dict[str, Any] | None:
+        return {"link_target": f"{RELEASES}/{links[path]}"} if path in links else None
+
+    return Host({"FindDirectories": [RELEASES, *(f"{RELEASES}/{n}" for n in names)],
+                 "Directory": directory, "Link": link})
 
 
 def test_secret_file_uploads_only_a_change_and_mends_its_mode(
@@ -88,9 +103,10 @@ def test_secret_file_uploads_only_a_change_and_mends_its_mode(
     [upload] = commands(secretfile.secret_file, "/etc/sglang/x.env", content)
     assert isinstance(upload, FunctionCommand) and upload.args[:2] == ("/etc/sglang/x.env",
                                                                        content)
-    use(Host({"Sha256File": digest}, shell={r"stat -c": ["root:root 600"]}))
+    owner = {"user": "root", "group": "root", "mode": 600}
+    use(Host({"Sha256File": digest, "File": owner}))
     assert commands(secretfile.secret_file, "/etc/sglang/x.env", content) == []
-    use(Host({"Sha256File": digest}, shell={r"stat -c": ["root:root 644"]}))
+    use(Host({"Sha256File": digest, "File": {**owner, "mode": 644}}))
     assert commands(secretfile.secret_file, "/etc/sglang/x.env", content) == [
         "chown root:root /etc/sglang/x.env && chmod 600 /etc/sglang/x.env"]
 
@@ -104,12 +120,13 @@ def test_a_sudo_operation_uploads_its_secret_with_sudo(use: Callable[[Host], Hos
 
 def test_packages_purged_removes_only_what_the_product_added(
         use: Callable[[Host], Host]) -> None:
-    use(Host(shell={r"dpkg-query": ["python3-venv ii", "cuda-keyring ii", "curl ii"],
-                    r"cat .*packages-before": ["curl"],
-                    r"apt-get -s purge": ["python3.11-venv", "cuda-keyring", "curl"]}))
+    installed = {p: ["1"] for p in ("python3-venv", "cuda-keyring", "curl")}
+    use(Host({"DebPackages": installed, "FileContents": ["curl"],
+              "AptPurgePlan": ["python3.11-venv", "cuda-keyring", "curl"]}))
     [command] = commands(packages.packages_purged, owned=["cuda-keyring", "nvlsm"],
                          shared=["python3-venv", "curl"])
     assert command.endswith("apt-get purge -y -q --allow-change-held-packages cuda-keyring "
                             "python3-venv python3.11-venv")
-    use(Host(shell={r"dpkg-query": ["curl ii"], r"cat .*packages-before": ["curl"]}))
+    fake = use(Host({"DebPackages": {"curl": ["1"]}, "FileContents": ["curl"]}))
     assert commands(packages.packages_purged, owned=["nvlsm"], shared=["curl"]) == []
+    assert fake.noops == ["none of them installed by sglang-fleet"]

@@ -23,9 +23,10 @@ from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass
 from pyinfra.context import host, state
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, Uptime
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import apt, files, systemd
 
-from sglang_fleet import summary
+from sglang_fleet import paths, summary
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import (
     AptVersions,
@@ -35,7 +36,7 @@ from sglang_fleet.facts.nvidia import (
     NvidiaModule,
     NvidiaSmi,
 )
-from sglang_fleet.ops import Ops, fail, run
+from sglang_fleet.ops import Ops, fail
 from sglang_fleet.packages import packages_baseline, packages_purged
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -52,7 +53,6 @@ KEYRING_SHA256 = {
     "debian12/x86_64": "e7f219eab6fe4819cdb5c15b98233dc3420302d9c00883219cd3d896857cf48d",
 }
 # Root's alone: a package fetched here cannot be swapped by another local user before dpkg -i.
-KEYRING_DIR = "/var/cache/sglang-fleet/keyring"
 # Minimum driver for each CUDA release (NVIDIA's CUDA toolkit release notes).
 DRIVER_FLOOR = {"12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
 APT_NO_UPGRADE = "/etc/apt/apt.conf.d/51sglang-fleet-nvidia"
@@ -342,10 +342,11 @@ def fabric(cfg: DriverConfig) -> Ops:
         yield "systemctl restart nvidia-fabricmanager"
     elif _installed("nvlsm") is None:
         yield "DEBIAN_FRONTEND=noninteractive apt-get install -y nvlsm infiniband-diags"
-    for unit in ("nvlsm", "nvidia-fabricmanager"):
-        active, _ = run(f"systemctl is-enabled {unit} && "
-                                           f"systemctl is-active {unit}")
-        if not active:
+    units = ["nvlsm.service", "nvidia-fabricmanager.service"]
+    enabled = host.get_fact(SystemdEnabled, services=units)
+    running = host.get_fact(SystemdStatus, services=units)
+    for unit in units:
+        if not (enabled.get(unit) and running.get(unit)):
             yield f"systemctl enable --now {unit}"
 
 
@@ -456,13 +457,13 @@ def keyring_sha256(cfg: DriverConfig) -> str:
 def keyring_package(cfg: DriverConfig, base: str) -> OperationMeta:
     """NVIDIA's keyring package, downloaded into root's own directory and installed only when
     its sha256 is the pinned one."""
-    for path in (KEYRING_DIR.rsplit("/", 1)[0], KEYRING_DIR):
+    for path in (paths.KEYRING_DIR.rsplit("/", 1)[0], paths.KEYRING_DIR):
         files.directory(name=f"Root-only directory {path}", path=path, user="root",
                         group="root", mode="700")
-    local = f"{KEYRING_DIR}/{KEYRING}"
+    local = f"{paths.KEYRING_DIR}/{KEYRING}"
     files.download(name=f"NVIDIA repository keyring ({KEYRING}, sha256 checked)",
                    src=f"{base}/{KEYRING}", dest=local, sha256sum=keyring_sha256(cfg),
-                   temp_dir=KEYRING_DIR, mode="600")
+                   temp_dir=paths.KEYRING_DIR, mode="600")
     return apt.deb(name="Install the NVIDIA repository keyring", src=local)
 
 
@@ -475,5 +476,5 @@ def remove_driver() -> None:
         *cfg.packages, "nvidia-fabricmanager", f"nvidia-driver-pinning-{cfg.branch}", "nvlsm",
         *cfg.extras, "cuda-keyring"], shared=[f"linux-headers-{host.get_fact(KernelVersion)}"])
     files.file(name="Unattended-upgrades exclusion", path=APT_NO_UPGRADE, present=False)
-    files.directory(name="Downloaded keyring package", path=KEYRING_DIR, present=False)
+    files.directory(name="Downloaded keyring package", path=paths.KEYRING_DIR, present=False)
     apt.update(name="Forget the NVIDIA repository", _if=purged.did_change)

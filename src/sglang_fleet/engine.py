@@ -12,48 +12,35 @@ import hashlib
 import json
 import shlex
 from dataclasses import asdict, dataclass
+from datetime import datetime
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import Directory, File, Link
+from pyinfra.facts.files import Directory, File, FindDirectories, Link
 from pyinfra.operations import apt, files, server
 
-from sglang_fleet.ops import Ops, run
+from sglang_fleet import paths
+from sglang_fleet.ops import Ops
 from sglang_fleet.packages import packages_baseline
 from sglang_fleet.profile import Profile
 
-ROOT = "/opt/sglang"
-RELEASES = f"{ROOT}/releases"
-TOOLS = f"{ROOT}/tools"  # staging and gate tools, apart from any engine release
-CURRENT = f"{ROOT}/current"
-PREVIOUS = f"{ROOT}/previous"
-UV_VENV = f"{ROOT}/uv"
 # uv and pip trust the host's certificate store, as apt does (sites may inspect TLS).
 SYSTEM_CAS = "/etc/ssl/certs/ca-certificates.crt"
-UV = f"UV_NATIVE_TLS=1 {UV_VENV}/bin/uv"
+UV = f"UV_NATIVE_TLS=1 {paths.UV_VENV}/bin/uv"
 UV_VERSION = "0.9.9"
-USER = "sglang"
-# root-owned (0755): what root stages there (models) the service can read but not replace.
-HOME = "/var/lib/sglang"
-STATE = f"{HOME}/state"  # the service's home and working directory, its own to write
-CACHE = "/var/cache/sglang"  # the service's kernel and hub caches, its own to write
-# uv's download cache for what root installs: root's alone, so a compromised server cannot
-# poison the next release.
-ROOT_CACHE = "/var/cache/sglang-fleet"  # root only (0700)
-UV_CACHE = f"{ROOT_CACHE}/uv"
 KEEP = 3
 # Where SGLang, torch, triton, flashinfer and Hugging Face write; the service may write there.
 CACHE_ENV = {
-    "HOME": STATE,
-    "XDG_CACHE_HOME": CACHE,
-    "HF_HOME": f"{CACHE}/huggingface",
-    "TRITON_CACHE_DIR": f"{CACHE}/triton",
-    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE}/torchinductor",
-    "TORCH_EXTENSIONS_DIR": f"{CACHE}/torch_extensions",
-    "FLASHINFER_WORKSPACE_BASE": f"{CACHE}/flashinfer",
-    "CUDA_CACHE_PATH": f"{CACHE}/nv",
-    "OUTLINES_CACHE_DIR": f"{CACHE}/outlines",
+    "HOME": paths.STATE,
+    "XDG_CACHE_HOME": paths.CACHE,
+    "HF_HOME": f"{paths.CACHE}/huggingface",
+    "TRITON_CACHE_DIR": f"{paths.CACHE}/triton",
+    "TORCHINDUCTOR_CACHE_DIR": f"{paths.CACHE}/torchinductor",
+    "TORCH_EXTENSIONS_DIR": f"{paths.CACHE}/torch_extensions",
+    "FLASHINFER_WORKSPACE_BASE": f"{paths.CACHE}/flashinfer",
+    "CUDA_CACHE_PATH": f"{paths.CACHE}/nv",
+    "OUTLINES_CACHE_DIR": f"{paths.CACHE}/outlines",
 }
 
 
@@ -75,7 +62,7 @@ class Release:
 
     @property
     def dir(self) -> str:
-        return f"{RELEASES}/{self.id}"
+        return f"{paths.RELEASES}/{self.id}"
 
     @property
     def python_bin(self) -> str:
@@ -96,9 +83,9 @@ def release_for(profile: Profile, find_links: str | None = None) -> Release:
 @operation(is_idempotent=True)
 def uv_tool() -> Ops:
     """uv itself, from PyPI into its own venv (no installer script from outside)."""
-    if not host.get_fact(Directory, path=UV_VENV):
-        yield f"python3 -m venv {UV_VENV}"
-        yield f"{UV_VENV}/bin/pip install --quiet --cert {SYSTEM_CAS} uv=={UV_VERSION}"
+    if not host.get_fact(Directory, path=paths.UV_VENV):
+        yield f"python3 -m venv {paths.UV_VENV}"
+        yield f"{paths.UV_VENV}/bin/pip install --quiet --cert {SYSTEM_CAS} uv=={UV_VERSION}"
 
 
 def venv_install(dest: str, python: str, requirement: str, source: list[str]) -> Ops:
@@ -112,7 +99,7 @@ def venv_install(dest: str, python: str, requirement: str, source: list[str]) ->
     tmp = shlex.quote(f"{dest}.partial")
     yield f"rm -rf {tmp}"
     yield f"{UV} venv --quiet --relocatable --python {shlex.quote(python)} {tmp}"
-    yield (f"UV_CACHE_DIR={UV_CACHE} {UV} pip install --quiet --python {tmp}/bin/python "
+    yield (f"UV_CACHE_DIR={paths.UV_CACHE} {UV} pip install --quiet --python {tmp}/bin/python "
            f"{shlex.join(source)} {shlex.quote(requirement)}")
     yield f"touch {tmp}/.complete && mv -T {tmp} {shlex.quote(dest)}"
 
@@ -136,48 +123,68 @@ def uv_ready() -> None:
 @operation(is_idempotent=True)
 def current_link(release: Release) -> Ops:
     """Point ``current`` at the release (atomically) and ``previous`` at what it replaced."""
-    link = host.get_fact(Link, path=CURRENT)
+    link = host.get_fact(Link, path=paths.CURRENT)
     now = str(link["link_target"]) if link else ""
     if now == release.dir:
         return
     if now:
-        yield f"ln -sfn {shlex.quote(now)} {PREVIOUS}.new && mv -T {PREVIOUS}.new {PREVIOUS}"
-    yield f"ln -sfn {shlex.quote(release.dir)} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"
+        yield _relink(now, paths.PREVIOUS)
+    yield _relink(release.dir, paths.CURRENT)
+
+
+def _relink(target: str, link: str) -> str:
+    """Replace ``link`` atomically (a new link renamed over the old one)."""
+    return f"ln -sfn {shlex.quote(target)} {link}.new && mv -T {link}.new {link}"
+
+
+def releases_newest_first() -> list[str]:
+    """The complete release directories' names, the newest first."""
+    found = host.get_fact(FindDirectories, path=paths.RELEASES, maxdepth=1) or []
+    names = [p.rsplit("/", 1)[-1] for p in found if p.rstrip("/") != paths.RELEASES]
+    mtimes: dict[str, datetime] = {}
+    for name in names:
+        stat = host.get_fact(Directory, path=f"{paths.RELEASES}/{name}")
+        if stat and not name.endswith(".partial"):
+            mtimes[name] = stat["mtime"] or datetime.min
+    return sorted(mtimes, key=lambda n: mtimes[n], reverse=True)
+
+
+def _linked_release(link: str) -> str | None:
+    found = host.get_fact(Link, path=link)
+    return str(found["link_target"]).rsplit("/", 1)[-1] if found else None
 
 
 @operation(is_idempotent=True)
 def prune(keep: int = KEEP) -> Ops:
     """Remove releases beyond the newest ``keep``, never current or previous."""
-    status, output = run(
-        f"cd {RELEASES} 2>/dev/null && ls -1t | grep -v '\\.partial$' || true")
-    names = [n.strip() for n in output.stdout_lines if n.strip()] if status else []
-    keepers = set(names[:keep])
-    for link in (CURRENT, PREVIOUS):
-        ok, target = run(f"readlink {link} || true")
-        if ok and target.stdout_lines:
-            keepers.add(target.stdout_lines[0].strip().rsplit("/", 1)[-1])
-    for name in names:
-        if name not in keepers:
-            yield f"rm -rf {shlex.quote(f'{RELEASES}/{name}')}"
+    names = releases_newest_first()
+    keepers = {*names[:keep], _linked_release(paths.CURRENT), _linked_release(paths.PREVIOUS)}
+    gone = [name for name in names if name not in keepers]
+    if not gone:
+        host.noop(f"{len(names)} releases, none to remove")
+    for name in gone:
+        yield f"rm -rf {shlex.quote(f'{paths.RELEASES}/{name}')}"
 
 
 @deploy("Engine release")
 def install_engine(profile: Profile) -> Release:
     # engine_find_links and engine.index_url were checked (https) with the host's data.
     release = release_for(profile, host.data.get("engine_find_links"))
-    server.user(name="Service user", user=USER, system=True, home=STATE, shell="/usr/sbin/nologin",
-                create_home=False)
+    server.user(name="Service user", user=paths.USER, system=True, home=paths.STATE,
+                shell="/usr/sbin/nologin", create_home=False)
     uv_ready()
-    for path in (ROOT, RELEASES, HOME):
+    for path in (paths.ROOT, paths.RELEASES, paths.HOME):
         files.directory(name=f"Directory {path} (root's)", path=path, user="root",
                         group="root", mode="755")
-    for path in (ROOT_CACHE, UV_CACHE):
+    for path in (paths.ROOT_CACHE, paths.UV_CACHE):
         files.directory(name=f"Directory {path} (root only)", path=path, user="root",
                         group="root", mode="700")
-    for path in (STATE, CACHE):
-        files.directory(name=f"Writable {path}", path=path, user=USER, group=USER, mode="750")
+    for path in (paths.STATE, paths.CACHE):
+        files.directory(name=f"Writable {path}", path=path, user=paths.USER,
+                        group=paths.USER, mode="750")
     # Earlier releases of this product kept root's uv cache there, where the service can write.
-    files.directory(name="No root cache among the service's", path=f"{CACHE}/uv", present=False)
+    files.directory(name="No root cache among the service's", path=f"{paths.CACHE}/uv",
+                    present=False)
     release_dir(name=f"Install {release.requirement} into {release.id}", release=release)
     current_link(name="Switch current release", release=release)
     prune(name=f"Keep the last {KEEP} releases")

@@ -21,22 +21,19 @@ from pyinfra.context import host, state
 from pyinfra.operations import files
 
 from sglang_fleet import summary
-from sglang_fleet.engine import CURRENT, RELEASES, TOOLS
 from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops, fail, run
+from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, TOOLS, env_file, unit_path
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
 from sglang_fleet.service import (
-    env_file,
     foreign_listeners,
     found_down,
     start_command,
     startup_budget,
     unit_condition,
-    unit_path,
 )
 
-LAST_GOOD = "/etc/sglang/last-good"
 HERE = Path(__file__).resolve().parent
 
 

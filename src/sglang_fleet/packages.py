@@ -7,14 +7,19 @@ a host records its packages (``BASELINE``), and teardown purges only what is not
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 
 from pyinfra.api.operation import operation
+from pyinfra.context import host
+from pyinfra.facts.deb import DebPackages
+from pyinfra.facts.files import File, FileContents
 
-from sglang_fleet.ops import Ops, run
+from sglang_fleet import paths
+from sglang_fleet.facts.apt import AptPurgePlan
+from sglang_fleet.ops import Ops
 
-BASELINE_DIR = "/var/lib/sglang-fleet"
-BASELINE = f"{BASELINE_DIR}/packages-before"
+BASELINE = f"{paths.BASELINE_DIR}/packages-before"
 
 
 @operation(is_idempotent=True)
@@ -23,15 +28,11 @@ def packages_baseline() -> Ops:
 
         packages_baseline(name="Packages before sglang-fleet")
     """
-    ok, _ = run(f"test -f {BASELINE}")
-    if not ok:
-        yield (f"install -d -m 755 {BASELINE_DIR} && dpkg-query -W -f '${{Package}}\\n' | "
+    if host.get_fact(File, path=BASELINE):
+        host.noop(f"the host's packages were recorded in {BASELINE}")
+    else:
+        yield (f"install -d -m 755 {paths.BASELINE_DIR} && dpkg-query -W -f '${{Package}}\\n' | "
                f"sort > {BASELINE}.new && mv {BASELINE}.new {BASELINE}")
-
-
-def _lines(command: str) -> list[str]:
-    ok, out = run(command)
-    return [line.strip() for line in out.stdout_lines if line.strip()] if ok else []
 
 
 @operation(is_idempotent=True)
@@ -42,19 +43,15 @@ def packages_purged(owned: Sequence[str], shared: Sequence[str] = ()) -> Ops:
 
         packages_purged(name="Engine packages", owned=[], shared=["python3-venv"])
     """
-    # The second letter of db:Status-Abbrev is the current state ("hi": held and installed).
-    installed = {line.split()[0] for line in
-                 _lines("dpkg-query -W -f '${Package} ${db:Status-Abbrev}\\n'")
-                 if len(line.split()) > 1 and line.split()[1][1:2] == "i"}
-    baseline = set(_lines(f"cat {BASELINE} 2>/dev/null || true"))
+    installed = host.get_fact(DebPackages) or {}  # held ones included
+    baseline = {line.strip() for line in host.get_fact(FileContents, path=BASELINE) or []}
     gone = [p for p in owned if p in installed]
     gone += [p for p in shared if p in installed and baseline and p not in baseline]
     if not gone:
+        host.noop("none of them installed by sglang-fleet")
         return
-    plan = _lines(f"apt-get -s purge --autoremove --allow-change-held-packages "
-                  f"-o APT::AutoRemove::SuggestsImportant=false {' '.join(gone)} "
-                  "| sed -n 's/^Purg \\([^ ]*\\).*/\\1/p'")
+    plan = host.get_fact(AptPurgePlan, packages=gone)
     pulled_in = [p for p in plan if p not in gone and baseline and p not in baseline]
-    names = " ".join([*gone, *pulled_in])
+    names = shlex.join([*gone, *pulled_in])  # names apt printed reach the shell quoted
     yield (f"apt-mark unhold {names} >/dev/null; DEBIAN_FRONTEND=noninteractive "
            f"apt-get purge -y -q --allow-change-held-packages {names}")

@@ -17,18 +17,15 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from sglang_fleet import flags, releases
+from sglang_fleet import flags, paths, releases
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.profile import Profile
 from sglang_fleet.releases import at_least
 
-MODELS_ROOT = PurePosixPath("/var/lib/sglang/models")
 # The keys' environment variables (from the host's root-only EnvironmentFile) and the flags the
 # launcher (server_launch.py) hands them to SGLang as, in-process: never on the command line.
-API_KEY_VAR = "SGLANG_API_KEY"
-ADMIN_API_KEY_VAR = "SGLANG_ADMIN_API_KEY"
-KEY_FLAGS = {API_KEY_VAR: ("server.api_key_secret", "--api-key"),
-             ADMIN_API_KEY_VAR: ("server.admin_api_key_secret", "--admin-api-key")}
+KEY_FLAGS = {paths.API_KEY_VAR: ("server.api_key_secret", "--api-key"),
+             paths.ADMIN_API_KEY_VAR: ("server.admin_api_key_secret", "--admin-api-key")}
 # 0.5.10 runs the overlap (spec v2) scheduler that extra_buffer needs only when this is set;
 # 0.5.11 turned it on by default and 0.5.14 removed the variable (sglang/srt/environ.py).
 SPEC_V2_ENV = "SGLANG_ENABLE_SPEC_V2"
@@ -63,7 +60,7 @@ class Launch:
     @property
     def unit(self) -> str:
         """The systemd unit serving this launch: one per host, or one per GPU set."""
-        return "sglang.service" if self.instances == 1 else f"sglang-{self.instance}.service"
+        return paths.server_unit(self.instance, self.instances)
 
     @property
     def port(self) -> int:
@@ -87,12 +84,13 @@ class Launch:
 
 
 def model_path(profile: Profile) -> str:
-    """Where the weights are on the host: a host path as given, staged sources under MODELS_ROOT."""
+    """Where the weights are on the host: a host path as given, staged sources under
+    ``paths.MODELS``."""
     source = profile.model.source
     if source.startswith("/"):
         return source
     slug = re.sub(r"[^A-Za-z0-9._-]+", "--", source.split("://", 1)[1]).strip("-")
-    return str(MODELS_ROOT / slug)
+    return str(PurePosixPath(paths.MODELS) / slug)
 
 
 def _semantic_args(profile: Profile, instance: int) -> Iterator[tuple[str, str, Any]]:
@@ -170,8 +168,8 @@ def _render_semantic(profile: Profile, table: flags.FlagTable, instance: int,
 
 def _secrets(profile: Profile, table: flags.FlagTable, problems: list[Problem]) -> dict[str, str]:
     """Environment variable → secret name, for the keys the profile names."""
-    names = {API_KEY_VAR: profile.server.api_key_secret,
-             ADMIN_API_KEY_VAR: profile.server.admin_api_key_secret}
+    names = {paths.API_KEY_VAR: profile.server.api_key_secret,
+             paths.ADMIN_API_KEY_VAR: profile.server.admin_api_key_secret}
     secrets: dict[str, str] = {}
     for var, name in names.items():
         key, flag = KEY_FLAGS[var]

@@ -19,23 +19,24 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.operations import files, systemd
 
-from sglang_fleet.engine import ROOT, uv_ready, venv_install
+from sglang_fleet import paths
+from sglang_fleet.engine import uv_ready, venv_install
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import RouterConfig
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.routerctl import RouterError
 from sglang_fleet.secretfile import secret_file, secrets_directory
-from sglang_fleet.service import allowed_clients, env_file, unit_absent, unit_path
+from sglang_fleet.service import allowed_clients, unit_absent
 from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word
 
-UNIT = "sglang-router.service"
-HOME = f"{ROOT}/router"
+UNIT = paths.ROUTER_UNIT
+HOME = paths.ROUTER_HOME
 LAUNCHER = f"{HOME}/launch.py"
-ENV_FILE = env_file(UNIT)
-WORKERS_FILE = "/etc/sglang-router/workers.env"
+ENV_FILE = paths.env_file(UNIT)
+WORKERS_FILE = paths.ROUTER_WORKERS
 TEMPLATE = "templates/sglang-router.service.j2"
-CACHE_LINK = "/var/cache/sglang-router"
-CACHE_DIR = "/var/cache/private/sglang-router"
+CACHE_LINK = paths.ROUTER_CACHE
+CACHE_DIR = paths.ROUTER_CACHE_PRIVATE
 GRACE = 60  # seconds the router gives requests in flight when it stops
 HERE = Path(__file__).resolve().parent
 
@@ -58,7 +59,7 @@ def argv(config: RouterConfig) -> list[str]:
 
 def env_text(config: RouterConfig) -> str:
     """The router's root-only environment file: its client key and its /workers admin key."""
-    keys = {"SGLANG_API_KEY": config.api_key, "SGLANG_ROUTER_ADMIN_KEY": config.admin_key}
+    keys = {paths.API_KEY_VAR: config.api_key, paths.ROUTER_ADMIN_KEY_VAR: config.admin_key}
     return "".join(f"{env_line(k, v)}\n" for k, v in keys.items() if v) or "\n"
 
 
@@ -130,7 +131,7 @@ def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
               src=StringIO(env_line("SGLANG_ROUTER_WORKERS", " ".join(worker_urls)) + "\n"))
     exec_start = " ".join([*(systemd_word(w) for w in argv(config)),
                            "--worker-urls", "$SGLANG_ROUTER_WORKERS"])
-    unit = files.template(name=f"Unit {UNIT}", src=TEMPLATE, dest=unit_path(UNIT), mode="644",
+    unit = files.template(name=f"Unit {UNIT}", src=TEMPLATE, dest=paths.unit_path(UNIT), mode="644",
                           version=config.version, env_file=ENV_FILE, workers_file=WORKERS_FILE,
                           exec_start=exec_start, grace=GRACE,
                           allowed=allowed_peers(worker_urls))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_fleet import releases, validators
+from sglang_fleet import paths, releases, validators
 
 REQUIRED = object()
 Check = Callable[[Any], str | None]
@@ -99,7 +99,8 @@ _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 
 
 # Set by the product itself: a profile may not override them.
-RESERVED_ENV = ("SGLANG_API_KEY",)
+RESERVED_ENV = {paths.API_KEY_VAR: "server.api_key_secret",
+                paths.ADMIN_API_KEY_VAR: "server.admin_api_key_secret"}
 MAX_ENV = 128
 MAX_EXTRA_ARGS = 256
 
@@ -111,7 +112,7 @@ def _env(value: Any) -> str | None:
                 "letters, digits and _, not starting with a digit)")
     reserved = [k for k in value if k in RESERVED_ENV]
     if reserved:
-        return f"{reserved[0]} is set by the product (from server.api_key_secret)"
+        return f"{reserved[0]} is set by the product (from {RESERVED_ENV[reserved[0]]})"
     if len(value) > MAX_ENV:
         return f"has {len(value)} variables; at most {MAX_ENV}"
     return None

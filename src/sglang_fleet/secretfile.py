@@ -15,13 +15,13 @@ from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import Directory, FindFiles, Sha256File
+from pyinfra.facts.files import Directory, File, FindFiles, Sha256File
 from pyinfra.operations import files
 
+from sglang_fleet import paths
 from sglang_fleet.errors import InputError
-from sglang_fleet.ops import Ops, privilege, run
+from sglang_fleet.ops import Ops, privilege
 
-SECRETS_DIR = "/etc/sglang"  # root only (0700): every secret file of the product lives here
 # API keys: printable ASCII without spaces, quotes, ``$`` or backslashes, long enough that masking
 # them in a server's output cannot hit ordinary text.
 API_KEY = re.compile(r"[A-Za-z0-9!#%&()*+,./:;<=>?@\[\]^_{|}~-]{16,512}")
@@ -39,7 +39,7 @@ def api_key(value: object, source: str, name: str) -> str:
 
 def secrets_directory() -> None:
     """The root-only directory the secret files go in (a stage calls it before writing one)."""
-    files.directory(name="Secrets directory", path=SECRETS_DIR, user="root", group="root",
+    files.directory(name="Secrets directory", path=paths.SECRETS, user="root", group="root",
                     mode="700")
 
 
@@ -61,13 +61,13 @@ def secrets_absent() -> Ops:
 
         secrets_absent(name="Every secret file")
     """
-    found = host.get_fact(FindFiles, path=SECRETS_DIR, quote_path=True) or []
-    if not found and not host.get_fact(Directory, path=SECRETS_DIR):
-        host.noop(f"{SECRETS_DIR} is absent")
+    found = host.get_fact(FindFiles, path=paths.SECRETS, quote_path=True) or []
+    if not found and not host.get_fact(Directory, path=paths.SECRETS):
+        host.noop(f"{paths.SECRETS} is absent")
         return
     for path in sorted(found):
         logger.info(f"{host.print_prefix}removing secret file {path}")
-    yield f"rm -rf {SECRETS_DIR}"
+    yield f"rm -rf {paths.SECRETS}"
 
 
 @operation(is_idempotent=True)
@@ -79,6 +79,8 @@ def secret_file(dest: str, content: str) -> Ops:
     if current != hashlib.sha256(content.encode()).hexdigest():
         yield FunctionCommand(_upload, (dest, content, privilege()), {})
         return
-    ok, out = run(f"stat -c '%U:%G %a' {dest}")
-    if not ok or "".join(out.stdout_lines).strip() != "root:root 600":
-        yield f"chown root:root {dest} && chmod 600 {dest}"
+    stat = host.get_fact(File, path=dest)
+    if stat and (stat["user"], stat["group"], stat["mode"]) == ("root", "root", 600):
+        host.noop(f"{dest} holds it already (root, 0600)")
+    else:
+        yield f"chown root:root {shlex.quote(dest)} && chmod 600 {shlex.quote(dest)}"

@@ -16,21 +16,23 @@ from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host, state
+from pyinfra.facts.files import File, FindFiles
 from pyinfra.operations import files, systemd
 
-from sglang_fleet.engine import CACHE, CACHE_ENV, STATE, TOOLS, USER, Release
+from sglang_fleet import paths
+from sglang_fleet.engine import CACHE_ENV, Release
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
-from sglang_fleet.facts.systemd import SystemdVersion, parse_show
-from sglang_fleet.ops import Ops, run
+from sglang_fleet.facts.systemd import SystemdVersion, UnitCondition
+from sglang_fleet.ops import Ops
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
-from sglang_fleet.secretfile import SECRETS_DIR, api_key, secret_file, secrets_directory
+from sglang_fleet.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word, unit_text
 
 TEMPLATE = "templates/sglang.service.j2"
 # Starts SGLang with the keys from the environment file, in-process (server_launch.py).
-LAUNCHER = f"{TOOLS}/server_launch.py"
+LAUNCHER = f"{paths.TOOLS}/server_launch.py"
 HERE = Path(__file__).resolve().parent
 # Crash loops: the automatic restarts systemd makes before it gives up (the start limit).
 # Deliberate starts clear the count first (``start_command``), so it counts crashes only.
@@ -83,7 +85,7 @@ def allowed_clients(data: Any = None) -> list[str]:
                              "list networks such as 10.0.0.0/8 or 192.0.2.7") from None
 
 
-OWN_UNIT = re.compile(r"sglang(-[0-9]+)?\.service")
+OWN_UNIT = re.compile(paths.SERVER_UNIT_PATTERN)
 
 
 def foreign_listeners(launch: Launch) -> list[Listener]:
@@ -138,25 +140,18 @@ def startup_budget() -> int:
     return int(host.data.get("startup_budget_seconds", 1800))
 
 
-def unit_path(unit: str) -> str:
-    return f"/etc/systemd/system/{unit}"
-
-
-def env_file(unit: str) -> str:
-    return f"{SECRETS_DIR}/{unit.removesuffix('.service')}.env"
-
-
 def _removal(unit: str) -> str:
-    logger.info(f"{host.print_prefix}removing {unit} and its secret file {env_file(unit)}")
-    return (f"systemctl disable --now {unit}; rm -f {unit_path(unit)} {env_file(unit)} "
+    env = paths.env_file(unit)
+    logger.info(f"{host.print_prefix}removing {unit} and its secret file {env}")
+    return (f"systemctl disable --now {unit}; rm -f {paths.unit_path(unit)} {env} "
             f"&& systemctl daemon-reload && systemctl reset-failed {unit} 2>/dev/null; true")
 
 
 def installed_units() -> list[str]:
     """The sglang server units on the host (``sglang.service``, ``sglang-N.service``)."""
-    ok, out = run("ls /etc/systemd/system/ | grep -E '^sglang(-[0-9]+)?"
-                                     "\\.service$' || true")
-    return [u.strip() for u in out.stdout_lines if u.strip()] if ok else []
+    found = host.get_fact(FindFiles, path=paths.UNITS, maxdepth=1, fname="sglang*.service")
+    names = (path.rsplit("/", 1)[-1] for path in found or [])
+    return sorted(name for name in names if OWN_UNIT.fullmatch(name))
 
 
 @operation(is_idempotent=True)
@@ -166,9 +161,11 @@ def retire_other_units(keep: list[str]) -> Ops:
 
         retire_other_units(name="Retire units", keep=["sglang.service"])
     """
-    for unit in installed_units():
-        if unit not in keep:
-            yield _removal(unit)
+    retired = [unit for unit in installed_units() if unit not in keep]
+    if not retired:
+        host.noop("no other sglang units")
+    for unit in retired:
+        yield _removal(unit)
 
 
 @operation(is_idempotent=True)
@@ -177,9 +174,10 @@ def unit_absent(unit: str) -> Ops:
 
         unit_absent(name="Remove the router", unit="sglang-router.service")
     """
-    ok, _ = run(f"test -e {unit_path(unit)} -o -e {env_file(unit)}")
-    if ok:
+    if any(host.get_fact(File, path=p) for p in (paths.unit_path(unit), paths.env_file(unit))):
         yield _removal(unit)
+    else:
+        host.noop(f"{unit} is not installed")
 
 
 def restart_policy(systemd_version: int | None) -> dict[str, Any]:
@@ -209,9 +207,7 @@ def start_command(unit: str) -> str:
 
 def unit_condition(unit: str) -> dict[str, str]:
     """What systemd says about the unit now (ActiveState, SubState, Result, NRestarts, ...)."""
-    ok, out = run(f"systemctl show {unit} -p ActiveState,SubState,Result,NRestarts,"
-                  "UnitFileState")
-    return parse_show(list(out.stdout_lines)) if ok else {}
+    return host.get_fact(UnitCondition, unit=unit)
 
 
 def found_down(unit: str, condition: dict[str, str]) -> str | None:
@@ -255,22 +251,21 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
           restart_if: list[OperationMeta]) -> None:
     unit_name = launch.unit
     secrets = secret_values(launch, host.name, host.data)
-    paths = {"user": USER, "home": STATE, "cache": CACHE}
     try:
         env_text, command = environment(launch, secrets), exec_start(launch, release)
     except UnsafeValue as err:
         raise InputError.one(profile.path, "env or extra_args", str(err),
                              "remove control characters from the value") from None
     env = secret_file(name=f"Environment and secrets of {unit_name} (root, 0600)",
-                      dest=env_file(unit_name), content=env_text)
+                      dest=paths.env_file(unit_name), content=env_text)
     budget = startup_budget()
     policy = restart_policy(host.get_fact(SystemdVersion))
     unit = files.template(
-        name=f"Unit {unit_name}", src=TEMPLATE, dest=unit_path(unit_name), mode="644",
+        name=f"Unit {unit_name}", src=TEMPLATE, dest=paths.unit_path(unit_name), mode="644",
         profile_path=unit_text(profile.path), version=launch.version,
-        release_id=release.id, env_file=env_file(unit_name),
+        release_id=release.id, env_file=paths.env_file(unit_name),
         served_name=unit_text(profile.model.served_name or profile.model.source),
-        paths=paths, allowed_clients=allowed_clients(),
+        paths=paths.template_values(), allowed_clients=allowed_clients(),
         exec_start=command, timeout_start=budget, timeout_stop=drain_budget(),
         start_limit_interval=budget * 4, **policy)
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)

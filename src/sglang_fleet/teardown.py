@@ -18,16 +18,15 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.operations import files, server
 
+from sglang_fleet import paths
 from sglang_fleet.driver import remove_driver
-from sglang_fleet.engine import CACHE, HOME, ROOT, ROOT_CACHE, STATE, USER
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import RouterConfig
 from sglang_fleet.ops import Ops
-from sglang_fleet.packages import BASELINE_DIR, packages_purged
-from sglang_fleet.render import MODELS_ROOT
+from sglang_fleet.packages import packages_purged
 from sglang_fleet.router import remove_router
 from sglang_fleet.routerctl import RouterError
-from sglang_fleet.secretfile import SECRETS_DIR, secrets_absent
+from sglang_fleet.secretfile import secrets_absent
 from sglang_fleet.service import retire_other_units
 
 PURGEABLE = ("engine", "weights", "driver")
@@ -94,18 +93,18 @@ def teardown(purge: Purge, urls: list[str], routers: list[RouterConfig],
         remove_router()
     retire_other_units(name="Stop and remove the server units and environment files", keep=[])
     # At every purge level: keys, credentials, last-good copies and orphaned environment files.
-    secrets_absent(name=f"Every secret file under {SECRETS_DIR}")
+    secrets_absent(name=f"Every secret file under {paths.SECRETS}")
     if purge.weights:
-        files.directory(name="Staged weights", path=str(MODELS_ROOT), present=False)
+        files.directory(name="Staged weights", path=paths.MODELS, present=False)
     if purge.engine:
-        for path in (ROOT, CACHE, STATE, ROOT_CACHE):
+        for path in (paths.ROOT, paths.CACHE, paths.STATE, paths.ROOT_CACHE):
             files.directory(name=f"Engine {path}", path=path, present=False)
         packages_purged(name="Engine packages", owned=[], shared=ENGINE_PACKAGES)
-        server.user(name="Service user", user=USER, present=False)
-        server.group(name="Service group", group=USER, present=False)
+        server.user(name="Service user", user=paths.USER, present=False)
+        server.group(name="Service group", group=paths.USER, present=False)
     if purge.engine and purge.weights:
-        files.directory(name=f"Service home {HOME}", path=HOME, present=False)
+        files.directory(name=f"Service home {paths.HOME}", path=paths.HOME, present=False)
     if purge.driver:
         remove_driver()
     if purge.everything:
-        files.directory(name="Package baseline", path=BASELINE_DIR, present=False)
+        files.directory(name="Package baseline", path=paths.BASELINE_DIR, present=False)

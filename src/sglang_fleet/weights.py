@@ -19,16 +19,15 @@ from pyinfra.context import host
 from pyinfra.facts.files import File
 from pyinfra.operations import files
 
-from sglang_fleet.engine import TOOLS, UV, UV_CACHE
+from sglang_fleet.engine import UV
 from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops, fail, run
+from sglang_fleet.paths import AWS_CREDENTIALS, HF_TOKEN, TOOLS, UV_CACHE
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import model_path
-from sglang_fleet.secretfile import SECRETS_DIR, secret_file, secrets_directory
+from sglang_fleet.secretfile import secret_file, secrets_directory
 
 SCRIPT = f"{TOOLS}/stage_weights.py"
-AWS_CREDENTIALS = f"{SECRETS_DIR}/aws-credentials"
-HF_TOKEN = f"{SECRETS_DIR}/hf-token"
 MANIFEST = ".sglang-fleet-manifest.json"
 
 

@@ -32,3 +32,25 @@ class SystemdVersion(FactBase[int | None]):
 
     def process(self, output: list[str]) -> int | None:
         return parse_version(output)
+
+
+CONDITION = "ActiveState,SubState,Result,NRestarts,UnitFileState"
+_UNIT = re.compile(r"[A-Za-z0-9@_.:-]+\.service")
+
+
+class UnitCondition(FactBase[dict[str, str]]):
+    """What systemd says about one unit now: ``{"ActiveState": "failed", "Result":
+    "start-limit-hit", "NRestarts": "5", "UnitFileState": "enabled", ...}``.
+
+        host.get_fact(UnitCondition, unit="sglang.service")["ActiveState"]
+    """
+
+    default = dict
+
+    def command(self, unit: str) -> str:
+        if not _UNIT.fullmatch(unit):  # the name reaches a shell
+            raise ValueError(f"not a unit name: {unit!r}")
+        return f"systemctl show {unit} -p {CONDITION} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        return parse_show(output)

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 from pyinfra.api.facts import FactBase
 
+from sglang_fleet import paths
+
 PROPERTIES = "Id,LoadState,ActiveState,SubState,ActiveEnterTimestamp,ExecMainPID,ExecStart"
-_RELEASE = re.compile(r"/opt/sglang/releases/([^/ ;]+)/")
+_RELEASE = re.compile(re.escape(paths.RELEASES) + r"/([^/ ;]+)/")
 _UNIT = re.compile(r"[A-Za-z0-9@_.:-]+\.service")
 
 
