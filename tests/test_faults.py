@@ -5,23 +5,23 @@ refused without a reboot, grouped roll errors and the failed-hosts summary."""
 from __future__ import annotations
 
 import configparser
+from pathlib import Path
 
 import jinja2
 import pytest
 
-from sglang_fleet import gate_check, roll, summary
+from sglang_fleet import gate_check, paths, roll, summary
 from sglang_fleet.driver import DriverConfig, change_refused
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.nvidia import LoadedModule
 from sglang_fleet.facts.systemd import parse_show, parse_version
 from sglang_fleet.gate import soak_requests
 from sglang_fleet.service import CRASH_RESTARTS, found_down, restart_policy, start_command
-from tests.conftest import ROOT
 
 
 def unit_text(systemd_version: int) -> dict[str, str]:
     """The rendered unit's [Unit] and [Service] keys (the last value of repeated keys)."""
-    template = jinja2.Template((ROOT / "templates" / "sglang.service.j2").read_text())
+    template = jinja2.Template(Path(paths.template("sglang.service.j2")).read_text())
     text = template.render(profile_path="p.yaml", version="0.5.23", release_id="r",
                            env_file="/etc/sglang/sglang.env", served_name="m",
                            exec_start="/opt/python -m sglang.launch_server", timeout_start=1800,

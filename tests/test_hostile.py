@@ -19,7 +19,6 @@ from sglang_fleet import engine, paths, router, unitfile, weights
 from sglang_fleet.engine import Release
 from sglang_fleet.service import restart_policy
 from sglang_fleet.unitfile import UnsafeValue, env_line, systemd_word, unit_text
-from tests.conftest import ROOT
 
 HOSTILE = [
     "a; touch /tmp/pwned; #", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "${SGLANG_API_KEY}",
@@ -32,7 +31,7 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def render_template(name: str, **values: Any) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ROOT / "templates"),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(paths.template("x")).parent),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     return env.get_template(name).render(**values)
 

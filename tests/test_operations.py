@@ -13,7 +13,7 @@ import pytest
 from pyinfra.api.command import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import engine, ops, packages, secretfile
+from sglang_fleet import driver, engine, ops, packages, paths, secretfile, service
 from sglang_fleet.engine import Release
 from sglang_fleet.paths import CURRENT, PREVIOUS, RELEASES
 
@@ -50,7 +50,7 @@ class Host:
 @pytest.fixture
 def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
     def install(fake: Host) -> Host:
-        for module in (engine, ops, packages, secretfile):
+        for module in (driver, engine, ops, packages, secretfile, service):
             monkeypatch.setattr(module, "host", fake, raising=False)
         return fake
 
@@ -130,3 +130,53 @@ def test_packages_purged_removes_only_what_the_product_added(
     fake = use(Host({"DebPackages": {"curl": ["1"]}, "FileContents": ["curl"]}))
     assert commands(packages.packages_purged, owned=["nvlsm"], shared=["curl"]) == []
     assert fake.noops == ["none of them installed by sglang-fleet"]
+
+
+def driver_host(offered: list[str], installed: str | None, held: list[str]) -> Host:
+    main = "nvidia-driver-580-open"  # what the stage reads the version of
+    return Host({"AptVersions": offered, "HeldPackages": held,
+                 "DebPackages": {main: [installed]} if installed else {}})
+
+
+def test_driver_packages_installs_the_wanted_version_and_holds_it(
+        use: Callable[[Host], Host], monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = driver.DriverConfig.from_data({"nvidia_driver_version": "580.95.05"}, "h1")
+    monkeypatch.setattr(driver, "state", type("S", (), {"is_executing": True}))
+    use(driver_host(["580.105.08-1", "580.95.05-1"], "580.82.07-1", []))
+    found = commands(driver.driver_packages, cfg)
+    names = " ".join(cfg.packages)
+    assert found[0] == f"apt-mark unhold {names} >/dev/null"
+    assert "nvidia-driver-580-open=580.95.05-1" in found[1]
+    assert "nvidia-driver-pinning-580" in found[1]
+    assert found[2:] == [f"apt-mark hold {names}"]
+    use(driver_host(["580.95.05-1"], "580.95.05-1", list(cfg.packages)))
+    assert commands(driver.driver_packages, cfg) == []  # installed and held: nothing
+    use(driver_host(["580.95.05-1"], "580.95.05-1", []))
+    assert commands(driver.driver_packages, cfg) == [f"apt-mark hold {names}"]
+
+
+def test_driver_packages_refuses_a_version_the_repository_lacks(
+        use: Callable[[Host], Host], monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = driver.DriverConfig.from_data({"nvidia_driver_version": "580.1.1"}, "h1")
+    monkeypatch.setattr(driver, "state", type("S", (), {"is_executing": True}))
+    use(driver_host(["580.95.05-1"], None, []))
+    [command] = commands(driver.driver_packages, cfg)
+    assert "nvidia_driver_version 580.1.1: the repository offers 580.95.05-1" in command
+    assert command.endswith("exit 1")
+
+
+def test_units_are_found_through_facts_and_retired_by_name(
+        use: Callable[[Host], Host]) -> None:
+    units = [f"{paths.UNITS}/{n}" for n in ("sglang.service", "sglang-1.service",
+                                            "sglang-router.service", "sglang-x.service")]
+    use(Host({"FindFiles": units}))
+    assert service.installed_units() == ["sglang-1.service", "sglang.service"]
+    [command] = commands(service.retire_other_units, keep=["sglang.service"])
+    assert command.startswith("systemctl disable --now sglang-1.service; rm -f "
+                              f"{paths.UNITS}/sglang-1.service /etc/sglang/sglang-1.env")
+    fake = use(Host({"FindFiles": units[:1]}))
+    assert commands(service.retire_other_units, keep=["sglang.service"]) == []
+    assert fake.noops == ["no other sglang units"]
+    fake = use(Host({"File": None}))
+    assert commands(service.unit_absent, "sglang-router.service") == []
+    assert fake.noops == ["sglang-router.service is not installed"]

@@ -22,7 +22,7 @@ from pyinfra.operations import apt, files, server
 
 from sglang_fleet import paths
 from sglang_fleet.ops import Ops
-from sglang_fleet.packages import packages_baseline
+from sglang_fleet.packages import packages_baseline, packages_purged
 from sglang_fleet.profile import Profile
 
 # uv and pip trust the host's certificate store, as apt does (sites may inspect TLS).
@@ -30,6 +30,7 @@ SYSTEM_CAS = "/etc/ssl/certs/ca-certificates.crt"
 UV = f"UV_NATIVE_TLS=1 {paths.UV_VENV}/bin/uv"
 UV_VERSION = "0.9.9"
 KEEP = 3
+ENGINE_PACKAGES = ["python3-venv"]  # what uv's venvs need from the host
 # Where SGLang, torch, triton, flashinfer and Hugging Face write; the service may write there.
 CACHE_ENV = {
     "HOME": paths.STATE,
@@ -116,7 +117,7 @@ def uv_ready() -> None:
     """uv and the venv support it builds on; the host's packages are recorded before the first
     one the product installs (teardown purges only what it added)."""
     packages_baseline(name="Packages before sglang-fleet (for teardown)")
-    apt.packages(name="Python venv support", packages=["python3-venv"])
+    apt.packages(name="Python venv support", packages=ENGINE_PACKAGES)
     uv_tool(name=f"uv {UV_VERSION}")
 
 
@@ -189,3 +190,16 @@ def install_engine(profile: Profile) -> Release:
     current_link(name="Switch current release", release=release)
     prune(name=f"Keep the last {KEEP} releases")
     return release
+
+
+@deploy("Remove the engine")
+def remove_engine(with_home: bool) -> None:
+    """Every release, uv, the caches, the service user, and python3-venv if the product
+    installed it; the service's home too when ``with_home`` (the staged weights live there)."""
+    for path in (paths.ROOT, paths.CACHE, paths.STATE, paths.ROOT_CACHE):
+        files.directory(name=f"Engine {path}", path=path, present=False)
+    packages_purged(name="Engine packages", owned=[], shared=ENGINE_PACKAGES)
+    server.user(name="Service user", user=paths.USER, present=False)
+    server.group(name="Service group", group=paths.USER, present=False)
+    if with_home:
+        files.directory(name=f"Service home {paths.HOME}", path=paths.HOME, present=False)

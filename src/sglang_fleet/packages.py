@@ -14,6 +14,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.files import File, FileContents
+from pyinfra.operations import files
 
 from sglang_fleet import paths
 from sglang_fleet.facts.apt import AptPurgePlan
@@ -55,3 +56,8 @@ def packages_purged(owned: Sequence[str], shared: Sequence[str] = ()) -> Ops:
     names = shlex.join([*gone, *pulled_in])  # names apt printed reach the shell quoted
     yield (f"apt-mark unhold {names} >/dev/null; DEBIAN_FRONTEND=noninteractive "
            f"apt-get purge -y -q --allow-change-held-packages {names}")
+
+
+def remove_baseline() -> None:
+    """The record of the host's own packages (last: nothing is left to purge against it)."""
+    files.directory(name="Package baseline", path=paths.BASELINE_DIR, present=False)

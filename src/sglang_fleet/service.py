@@ -30,7 +30,7 @@ from sglang_fleet.render import Launch
 from sglang_fleet.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word, unit_text
 
-TEMPLATE = "templates/sglang.service.j2"
+TEMPLATE = paths.template("sglang.service.j2")
 # Starts SGLang with the keys from the environment file, in-process (server_launch.py).
 LAUNCHER = f"{paths.TOOLS}/server_launch.py"
 HERE = Path(__file__).resolve().parent
@@ -287,3 +287,9 @@ def install_service(profile: Profile, launches: list[Launch], release: Release,
                        keep=[launch.unit for launch in launches])
     for launch in launches:
         _unit(profile, launch, release, launcher, restart_if)
+
+
+@deploy("Remove the SGLang service")
+def remove_service() -> None:
+    """Every server unit, stopped, and its environment file."""
+    retire_other_units(name="Stop and remove the server units and environment files", keep=[])

@@ -16,21 +16,21 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
-from pyinfra.operations import files, server
 
 from sglang_fleet import paths
 from sglang_fleet.driver import remove_driver
+from sglang_fleet.engine import remove_engine
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import RouterConfig
 from sglang_fleet.ops import Ops
-from sglang_fleet.packages import packages_purged
+from sglang_fleet.packages import remove_baseline
 from sglang_fleet.router import remove_router
 from sglang_fleet.routerctl import RouterError
 from sglang_fleet.secretfile import secrets_absent
-from sglang_fleet.service import retire_other_units
+from sglang_fleet.service import remove_service
+from sglang_fleet.weights import remove_weights
 
 PURGEABLE = ("engine", "weights", "driver")
-ENGINE_PACKAGES = ["python3-venv"]
 
 
 def _deregister(state: object, host: object, routers: list[RouterConfig],
@@ -91,20 +91,14 @@ def teardown(purge: Purge, urls: list[str], routers: list[RouterConfig],
         out_of_routers(name="Out of the routers", routers=routers, urls=urls)
     if is_router:
         remove_router()
-    retire_other_units(name="Stop and remove the server units and environment files", keep=[])
+    remove_service()
     # At every purge level: keys, credentials, last-good copies and orphaned environment files.
     secrets_absent(name=f"Every secret file under {paths.SECRETS}")
     if purge.weights:
-        files.directory(name="Staged weights", path=paths.MODELS, present=False)
+        remove_weights()
     if purge.engine:
-        for path in (paths.ROOT, paths.CACHE, paths.STATE, paths.ROOT_CACHE):
-            files.directory(name=f"Engine {path}", path=path, present=False)
-        packages_purged(name="Engine packages", owned=[], shared=ENGINE_PACKAGES)
-        server.user(name="Service user", user=paths.USER, present=False)
-        server.group(name="Service group", group=paths.USER, present=False)
-    if purge.engine and purge.weights:
-        files.directory(name=f"Service home {paths.HOME}", path=paths.HOME, present=False)
+        remove_engine(with_home=purge.weights)
     if purge.driver:
         remove_driver()
     if purge.everything:
-        files.directory(name="Package baseline", path=paths.BASELINE_DIR, present=False)
+        remove_baseline()

@@ -22,7 +22,7 @@ from pyinfra.operations import files
 from sglang_fleet.engine import UV
 from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops, fail, run
-from sglang_fleet.paths import AWS_CREDENTIALS, HF_TOKEN, TOOLS, UV_CACHE
+from sglang_fleet.paths import AWS_CREDENTIALS, HF_TOKEN, MODELS, TOOLS, UV_CACHE
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import model_path
 from sglang_fleet.secretfile import secret_file, secrets_directory
@@ -102,3 +102,8 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
               dest=SCRIPT, mode="755")
     return [staged(name=f"Stage {source}", source=source, dest=dest,
                    endpoint=data.get("s3_endpoint_url"), token_file=token_file)]
+
+
+def remove_weights() -> None:
+    """Every staged model."""
+    files.directory(name="Staged weights", path=MODELS, present=False)
