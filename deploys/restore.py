@@ -6,11 +6,6 @@
 host already serving its last good release, apart from gating it again.
 """
 
-from pyinfra.context import host
+from sglang_fleet import converge
 
-from sglang_fleet import hostdata
-from sglang_fleet.gate import restore_last_good
-from sglang_fleet.render import render_all
-
-profile = hostdata.profile_for(host)
-restore_last_good(profile, render_all(profile))
+converge.restore()

@@ -8,11 +8,6 @@ files. Engine releases, staged weights and the driver go only when ``purge`` nam
 purge leaves the host as it was before the first deploy. Running it again changes nothing.
 """
 
-from pyinfra.context import host, inventory
+from sglang_fleet import converge
 
-from sglang_fleet import fleet
-from sglang_fleet.teardown import Purge, teardown
-
-purge = Purge.from_data(host.data, host.name)
-teardown(purge, fleet.worker_urls(host) if fleet.is_serving(host) else [], fleet.routers(inventory),
-         is_router=fleet.ROUTERS_GROUP in host.groups)
+converge.take_down()

@@ -71,19 +71,19 @@ def test_hosts_go_out_converge_and_come_back_one_at_a_time() -> None:
     router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs()
     rolled = make(router, runs)
     assert rolled()
-    assert [(d, h) for d, h, _ in runs.calls] == [("sglang.py", ["h1"]), ("sglang.py", ["h2"]),
-                                                  ("sglang.py", ["h3"])]
+    assert [(d, h) for d, h, _ in runs.calls] == [("serve", ["h1"]), ("serve", ["h2"]),
+                                                  ("serve", ["h3"])]
     assert all(data == ["sglang.memory.page_size=64"] for _, _, data in runs.calls)
     assert router.log == [(op, URLS[h][0]) for h in URLS for op in ("remove", "add")]
     assert "h3              converged" in rolled.report()
 
 
 def test_a_failure_restores_that_host_and_leaves_the_rest_untouched() -> None:
-    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs(("sglang.py", "h2"))
+    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs(("serve", "h2"))
     rolled = make(router, runs)
     assert not rolled()
     assert [(d, h) for d, h, _ in runs.calls] == [
-        ("sglang.py", ["h1"]), ("sglang.py", ["h2"]), ("restore.py", ["h2"])]
+        ("serve", ["h1"]), ("serve", ["h2"]), ("restore", ["h2"])]
     assert runs.calls[-1][2] == []  # the restore runs without the roll's data
     assert all(router.known.values()) and len(router.known) == 3
     report = rolled.report()

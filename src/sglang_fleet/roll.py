@@ -30,7 +30,7 @@ from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import render_all
 from sglang_fleet.routerctl import Router, RouterError, drained
 
-DEPLOYS = Path(__file__).resolve().parents[2] / "deploys"
+DEPLOYS = "sglang_fleet.converge"  # pyinfra runs these functions per host, from any directory
 
 
 @dataclass
@@ -192,7 +192,7 @@ def say(message: str) -> None:
 def pyinfra(inventory: str, deploy: str, hosts: list[str], data: Sequence[str]) -> int:
     """One pyinfra run limited to ``hosts`` that stops at the first error (never asks)."""
     argv = [sys.executable, "-m", "pyinfra", "-y", "--fail-percent", "0", inventory,
-            str(DEPLOYS / deploy), *(f"--limit={h}" for h in hosts),
+            f"{DEPLOYS}.{deploy}", *(f"--limit={h}" for h in hosts),
             *(f"--data={d}" for d in data)]
     return subprocess.run(argv).returncode
 
@@ -253,7 +253,7 @@ class Roll:
         self.others_healthy(names)
         self.take_out(names)
         say(f"{', '.join(names)}: converging")
-        ok = self.run(self.plan.inventory, "sglang.py", names, self.plan.data) == 0
+        ok = self.run(self.plan.inventory, "serve", names, self.plan.data) == 0
         try:
             if ok:
                 self.put_back(names, self.plan.after)
@@ -274,7 +274,7 @@ class Roll:
 
     def restore(self, names: list[str]) -> None:
         say(f"{', '.join(names)}: failed; back to the last good release")
-        back = self.run(self.plan.inventory, "restore.py", names, []) == 0
+        back = self.run(self.plan.inventory, "restore", names, []) == 0
         for name in names:
             self.outcomes[name].result = ("failed, last good release serving again" if back
                                           else "failed, last good release NOT serving")

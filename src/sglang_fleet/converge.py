@@ -1,0 +1,82 @@
+"""What each deploy does to one host, as functions pyinfra runs per host: the files under
+``deploys/`` call them, and ``sglang-fleet roll`` names them to pyinfra directly, so neither
+depends on the directory it runs from.
+
+    pyinfra -y inventories/b200.py deploys/sglang.py
+    pyinfra -y inventories/b200.py sglang_fleet.converge.serve      # the same
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+from pyinfra.api.operation import OperationMeta
+from pyinfra.context import host, inventory
+
+from sglang_fleet import fleet, hostdata, metrics_targets, preflight
+from sglang_fleet.driver import install_driver
+from sglang_fleet.engine import Release, install_engine
+from sglang_fleet.gate import restore_last_good, run_gate, smoke_test
+from sglang_fleet.gpucheck import require_gpu_health
+from sglang_fleet.render import render_all
+from sglang_fleet.router import install_router, remove_router
+from sglang_fleet.service import install_service, require_free_ports
+from sglang_fleet.teardown import Purge, teardown
+from sglang_fleet.weights import stage_weights
+
+
+def serve() -> None:
+    """preflight → driver → engine → weights → service → gate. Preflight (the profile, its
+    rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
+    port, the GPUs' health) fails before any host changes."""
+    profile = hostdata.profile_for(host)
+    launches = render_all(profile)
+    preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+    require_free_ports(launches)
+    require_gpu_health()
+    # The fleet's Prometheus targets, on this machine, once a run (prometheus_file_sd).
+    targets = host.data.get(metrics_targets.TARGETS_KEY)
+    if targets and host.name == fleet.serving_hosts(inventory)[0].name:
+        metrics_targets.write_targets(inventory, str(targets))
+    install_driver()
+    # pyinfra types a @deploy call as returning an OperationMeta; these return what they built.
+    release = cast(Release, install_engine(profile=profile))
+    weights = cast(list[OperationMeta], stage_weights(profile=profile))
+    install_service(profile=profile, launches=launches, release=release, restart_if=weights)
+    run_gate(profile=profile, launches=launches)
+
+
+def driver() -> None:
+    """The driver stage alone."""
+    hostdata.check_host(host)  # bad host data stops the run before any host changes
+    require_gpu_health()
+    install_driver()
+
+
+def router() -> None:
+    """The router on the hosts of the group ``routers``; removed from any other host."""
+    hostdata.check_host(host)
+    if fleet.ROUTERS_GROUP in host.groups:
+        install_router(config=fleet.RouterConfig.from_host(host),
+                       worker_urls=fleet.all_worker_urls(inventory))
+    else:
+        remove_router()
+
+
+def restore() -> None:
+    """The last release that passed the gate, back and gated again."""
+    profile = hostdata.profile_for(host)
+    restore_last_good(profile=profile, launches=render_all(profile))
+
+
+def smoke() -> None:
+    """A smoke generation against every server of the host, changing nothing."""
+    profile = hostdata.profile_for(host)
+    smoke_test(profile=profile, launches=render_all(profile))
+
+
+def take_down() -> None:
+    """Out of the routers, the router, the units; what ``purge`` names besides."""
+    urls = fleet.worker_urls(host) if fleet.is_serving(host) else []
+    teardown(purge=Purge.from_data(host.data, host.name), urls=urls,
+             routers=fleet.routers(inventory), is_router=fleet.ROUTERS_GROUP in host.groups)
