@@ -1,7 +1,8 @@
 """Per-release SGLang flag tables, extracted from each release's own argparse definitions.
 
-The tables are written by ``scripts/extract_flags.py``; this module reads them and rebuilds a
-parser that accepts, rejects and abbreviates exactly like ``sglang.launch_server`` of that release.
+The tables are written by ``scripts/sglang_oracle.py extract``; this module reads them and
+rebuilds a parser that accepts, rejects and abbreviates exactly like ``sglang.launch_server`` of
+that release.
 """
 
 from __future__ import annotations
@@ -73,9 +74,6 @@ class FlagTable:
             if flag.dest == dest and not flag.deprecated and flag.alias_of is None:
                 return flag.option
         return None
-
-    def defaults(self) -> dict[str, Any]:
-        return {f.dest: f.default for f in self.flags.values() if f.alias_of is None}
 
     def parse(self, argv: Sequence[str]) -> dict[str, Any]:
         """Parse like SGLang's own parser: unknown, ambiguous or mistyped flags raise ArgvError."""

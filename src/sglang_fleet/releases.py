@@ -7,7 +7,7 @@ import json
 from functools import cache
 from importlib import resources
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 DATA = resources.files("sglang_fleet") / "data"
 
@@ -28,13 +28,6 @@ def supported() -> list[str]:
     versions = _catalog()["supported"]
     assert isinstance(versions, list)
     return [str(v) for v in versions]
-
-
-def parse(version: str) -> Version | None:
-    try:
-        return Version(version)
-    except InvalidVersion:
-        return None
 
 
 def at_least(version: str, floor: str) -> bool:

@@ -26,7 +26,7 @@ from sglang_fleet.fleet import RouterConfig
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.routerctl import RouterError
 from sglang_fleet.secretfile import secret_file, secrets_directory
-from sglang_fleet.service import allowed_clients, unit_absent
+from sglang_fleet.service import allowed_clients, unit_absent, unit_running
 from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word
 
 UNIT = paths.ROUTER_UNIT
@@ -131,15 +131,13 @@ def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
               src=StringIO(env_line("SGLANG_ROUTER_WORKERS", " ".join(worker_urls)) + "\n"))
     exec_start = " ".join([*(systemd_word(w) for w in argv(config)),
                            "--worker-urls", "$SGLANG_ROUTER_WORKERS"])
-    unit = files.template(name=f"Unit {UNIT}", src=TEMPLATE, dest=paths.unit_path(UNIT), mode="644",
-                          version=config.version, env_file=ENV_FILE, workers_file=WORKERS_FILE,
-                          exec_start=exec_start, grace=GRACE,
-                          allowed=allowed_peers(worker_urls))
+    unit = files.template(name=f"Unit {UNIT}", src=TEMPLATE, dest=paths.unit_path(UNIT),
+                          mode="644", version=config.version, env_file=ENV_FILE,
+                          workers_file=WORKERS_FILE, exec_start=exec_start, grace=GRACE,
+                          allowed=allowed_peers(worker_urls), paths=paths.template_values())
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
-    changes = [unit, key, launcher]
-    systemd.service(name=f"Restart {UNIT} (its definition changed)", service=UNIT,
-                    restarted=True, _if=lambda: any(op.did_change() for op in changes))
-    systemd.service(name=f"Enable and start {UNIT}", service=UNIT, running=True, enabled=True)
+    unit_running(name=f"Enable and start {UNIT} (restarted when its definition changed)",
+                 unit=UNIT, changes=[unit, key, launcher])
     workers_in_step(name=f"Router routes to {len(worker_urls)} workers", config=config,
                     urls=worker_urls)
 
