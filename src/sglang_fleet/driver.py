@@ -185,7 +185,10 @@ def change_refused(cfg: DriverConfig, loaded: LoadedModule | None) -> str | None
 
 @operation(is_idempotent=True)
 def driver_change_allowed(cfg: DriverConfig) -> Ops:
-    """Before anything is installed: a version change that needs a forbidden reboot stops here.
+    """Stop before anything is installed when changing the driver version would need a reboot
+    that host data does not allow.
+
+    + cfg: the driver stage's validated host data (``DriverConfig.from_data``)
 
         driver_change_allowed(name="Driver change allowed", cfg=cfg)
     """
@@ -198,9 +201,12 @@ def driver_change_allowed(cfg: DriverConfig) -> Ops:
 
 @operation(is_idempotent=True)
 def driver_packages(cfg: DriverConfig) -> Ops:
-    """Install the open driver at the wanted version (unholding only to change it), then hold.
+    """Install the open driver at the wanted version (unholding only to change it), then hold
+    it. Resolved at execution time, against the repository this run has just configured.
 
-    Resolved at execution time, against the repository this run has just configured.
+    + cfg: the driver stage's validated host data; ``cfg.version`` None keeps what is installed
+
+        driver_packages(name="Open driver, branch 580", cfg=cfg)
     """
     main = cfg.packages[1]
     offered = host.get_fact(AptVersions, package=main)
@@ -230,7 +236,12 @@ def driver_packages(cfg: DriverConfig) -> Ops:
 @operation(is_idempotent=True)
 def load_driver(cfg: DriverConfig) -> Ops:
     """Reboot only when the loaded module is not the installed open driver, and only when
-    ``allow_reboot`` says so; otherwise stop with what was found."""
+    ``allow_reboot`` says so; otherwise stop with what was found.
+
+    + cfg: the driver stage's validated host data (``allow_reboot``, ``reboot_timeout``)
+
+        load_driver(name="Driver loaded", cfg=cfg)
+    """
     if not state.is_executing:
         return
     installed = _installed(cfg.packages[1])
@@ -324,7 +335,12 @@ def persistence_mode() -> Ops:
 @operation(is_idempotent=True)
 def fabric(cfg: DriverConfig) -> Ops:
     """On NVSwitch hosts (a Fabric state in nvidia-smi): the fabric manager of exactly the
-    installed driver version, NVLSM and the InfiniBand tools it needs, enabled and running."""
+    installed driver version, NVLSM and the InfiniBand tools it needs, enabled and running.
+
+    + cfg: the driver stage's validated host data
+
+        fabric(name="NVSwitch fabric", cfg=cfg)
+    """
     if not state.is_executing or host.get_fact(NvidiaFabric) is None:
         return
     driver = _installed(cfg.packages[1])
@@ -367,7 +383,12 @@ def _fabric_problem(cfg: DriverConfig) -> str | None:
 @operation(is_idempotent=True)
 def verify(cfg: DriverConfig) -> Ops:
     """GPU count, B200, memory, driver floor for the engine's CUDA, compute capability 10.0 and
-    (on NVSwitch hosts) a completed fabric; one line per host."""
+    (on NVSwitch hosts) a completed fabric; one line per host.
+
+    + cfg: the driver stage's validated host data (``gpu_count``, ``engine_cuda``)
+
+        verify(name="GPUs as expected", cfg=cfg)
+    """
     if not state.is_executing:
         return
     report = host.get_fact(NvidiaSmi)

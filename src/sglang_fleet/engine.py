@@ -83,7 +83,10 @@ def release_for(profile: Profile, find_links: str | None = None) -> Release:
 
 @operation(is_idempotent=True)
 def uv_tool() -> Ops:
-    """uv itself, from PyPI into its own venv (no installer script from outside)."""
+    """uv itself, from PyPI into its own venv (no installer script from outside).
+
+        uv_tool(name="uv 0.9.9")
+    """
     if not host.get_fact(Directory, path=paths.UV_VENV):
         yield f"python3 -m venv {paths.UV_VENV}"
         yield f"{paths.UV_VENV}/bin/pip install --quiet --cert {SYSTEM_CAS} uv=={UV_VERSION}"
@@ -107,7 +110,12 @@ def venv_install(dest: str, python: str, requirement: str, source: list[str]) ->
 
 @operation(is_idempotent=True)
 def release_dir(release: Release) -> Ops:
-    """Install the release into its directory, renamed into place when complete."""
+    """Install the release into its directory, renamed into place when complete.
+
+    + release: what defines the installation (package, version, extras, index, python)
+
+        release_dir(name="Install sglang==0.5.23", release=release_for(profile))
+    """
     source = [*(["--index-url", release.index_url] if release.index_url else []),
               *(["--find-links", release.find_links] if release.find_links else [])]
     yield from venv_install(release.dir, release.python, release.requirement, source)
@@ -123,7 +131,12 @@ def uv_ready() -> None:
 
 @operation(is_idempotent=True)
 def current_link(release: Release) -> Ops:
-    """Point ``current`` at the release (atomically) and ``previous`` at what it replaced."""
+    """Point ``current`` at the release (atomically) and ``previous`` at what it replaced.
+
+    + release: the release ``current`` must name
+
+        current_link(name="Switch current release", release=release)
+    """
     link = host.get_fact(Link, path=paths.CURRENT)
     now = str(link["link_target"]) if link else ""
     if now == release.dir:
@@ -157,7 +170,12 @@ def _linked_release(link: str) -> str | None:
 
 @operation(is_idempotent=True)
 def prune(keep: int = KEEP) -> Ops:
-    """Remove releases beyond the newest ``keep``, never current or previous."""
+    """Remove releases beyond the newest ``keep``, never current or previous.
+
+    + keep: how many of the newest complete releases to keep besides current and previous
+
+        prune(name="Keep the last 3 releases", keep=3)
+    """
     names = releases_newest_first()
     keepers = {*names[:keep], _linked_release(paths.CURRENT), _linked_release(paths.PREVIOUS)}
     gone = [name for name in names if name not in keepers]

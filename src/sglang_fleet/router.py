@@ -81,7 +81,12 @@ def allowed_peers(worker_urls: list[str]) -> list[str]:
 
 @operation(is_idempotent=True)
 def router_release(config: RouterConfig) -> Ops:
-    """sglang-router==VERSION in its own venv, renamed into place when complete."""
+    """sglang-router==VERSION in its own venv, renamed into place when complete.
+
+    + config: the router's validated host data (``RouterConfig.from_host``)
+
+        router_release(name="Install sglang-router 0.3.2", config=config)
+    """
     yield from venv_install(venv(config), "/usr/bin/python3", f"sglang-router=={config.version}",
                             [])
 
@@ -99,7 +104,14 @@ def _sync(state: object, host: object, config: RouterConfig, urls: list[str]) ->
 
 @operation(is_idempotent=True)
 def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Ops:
-    """The running router routes to exactly ``urls`` (added or removed through its API)."""
+    """The running router routes to exactly ``urls`` (added or removed through its API).
+
+    + config: the router's validated host data (its URL and admin key)
+    + urls: the workers it must route to
+    + wait: seconds to wait for the router's API to answer after a start
+
+        workers_in_step(name="Router workers", config=config, urls=["http://10.0.0.2:30000"])
+    """
     if not state.is_executing:
         return
     router = config.api()

@@ -72,7 +72,14 @@ def secrets_absent() -> Ops:
 
 @operation(is_idempotent=True)
 def secret_file(dest: str, content: str) -> Ops:
-    """Ensure ``dest`` holds ``content``, owned by root with mode 0600."""
+    """Ensure ``dest`` holds ``content``, owned by root with mode 0600; the content goes
+    through the command's standard input, never a temporary file or a command line.
+
+    + dest: the file's path, under the secrets directory
+    + content: the secret text (a newline is added when missing)
+
+        secret_file(name="AWS credentials", dest="/etc/sglang/aws-credentials", content=text)
+    """
     if not content.endswith("\n"):  # what goes through stdin ends with a newline
         content += "\n"
     current = host.get_fact(Sha256File, path=dest)

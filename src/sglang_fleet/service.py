@@ -3,7 +3,8 @@ secrets and environment in a root-only EnvironmentFile, restarted only when the 
 environment, the release or the weights changed.
 
     from sglang_fleet.service import install_service
-    changed = install_service(profile, launch, release)   # in a pyinfra deploy
+    install_service(profile=profile, launches=render_all(profile), release=release,
+                    restart_if=weights)   # in a pyinfra deploy, after the engine and weights
 """
 
 from __future__ import annotations
@@ -117,6 +118,9 @@ def stale_servers_stopped(launch: Launch, budget: int) -> Ops:
     """Stop whatever else listens on the launch's port: SIGTERM, up to ``budget`` seconds for
     its requests to drain, then SIGKILL.
 
+    + launch: the server launch whose port must be free for its own unit
+    + budget: seconds a stale server may take to drain before SIGKILL
+
         stale_servers_stopped(name="Stale servers on :30000", launch=launch, budget=600)
     """
     stale = foreign_listeners(launch)
@@ -156,8 +160,10 @@ def installed_units() -> list[str]:
 
 @operation(is_idempotent=True)
 def retire_other_units(keep: list[str]) -> Ops:
-    """Stop and remove sglang units this profile no longer runs (fewer instances); with
-    ``keep=[]`` every one of them (teardown).
+    """Stop and remove sglang units this profile no longer runs (fewer instances), with their
+    environment files.
+
+    + keep: the server units to leave alone; ``[]`` removes every one of them (teardown)
 
         retire_other_units(name="Retire units", keep=["sglang.service"])
     """
@@ -171,6 +177,8 @@ def retire_other_units(keep: list[str]) -> Ops:
 @operation(is_idempotent=True)
 def unit_absent(unit: str) -> Ops:
     """Stop, disable and remove one unit and its environment file.
+
+    + unit: the unit's name
 
         unit_absent(name="Remove the router", unit="sglang-router.service")
     """
@@ -231,6 +239,9 @@ def found_down(unit: str, condition: dict[str, str]) -> str | None:
 def unit_running(unit: str, changes: list[OperationMeta]) -> Ops:
     """Enabled and running; restarted when one of ``changes`` changed. Every start clears the
     failed state and start limit first; a unit found failed or crash-looping is said so.
+
+    + unit: the unit's name
+    + changes: operations (unit file, environment, release, ...) whose change means a restart
 
         unit_running(name="Start sglang.service", unit="sglang.service", changes=[unit_op])
     """
