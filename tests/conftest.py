@@ -7,8 +7,8 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PROFILES = sorted((ROOT / "profiles").glob("*.yaml"))
-FIELD_PROFILE = ROOT / "profiles" / "qwen3.6-27b-mtp.yaml"
+PROFILES = sorted((ROOT / "src" / "sglang_fleet" / "profiles").glob("*.yaml"))
+FIELD_PROFILE = ROOT / "src" / "sglang_fleet" / "profiles" / "qwen3.6-27b-mtp.yaml"
 
 
 @pytest.fixture

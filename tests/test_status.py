@@ -17,7 +17,7 @@ import pytest
 
 from sglang_fleet import status
 from sglang_fleet.facts import gpuhealth, units
-from tests.conftest import ROOT, wait_for_health
+from tests.conftest import FIELD_PROFILE, ROOT, wait_for_health
 
 KEY = "status-test-key-0123"
 
@@ -94,7 +94,7 @@ def inventory(tmp_path: Path, port: int, dcgm: bool = False) -> Path:
     """One serving host whose SSH port is closed (its server answers HTTP on ``port``) and a
     router that is down."""
     path = tmp_path / "fleet.py"
-    profile = ROOT / "profiles" / "qwen3.6-27b-mtp.yaml"
+    profile = FIELD_PROFILE
     path.write_text(
         f"gpus = [('gpu1', {{'ssh_hostname': '127.0.0.1', 'ssh_port': {free_port()},\n"
         f"    'sglang_profile': {str(profile)!r}, 'sglang.server.host': '127.0.0.1',\n"

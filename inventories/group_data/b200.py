@@ -8,7 +8,8 @@ from pathlib import Path
 ssh_user = "root"
 
 # The serving setup: a profile plus per-group overrides of any of its keys.
-sglang_profile = "profiles/qwen3.6-27b-mtp.yaml"
+# A shipped profile by name (`sglang-fleet check NAME` shows it), or a path to your own.
+sglang_profile = "qwen3.6-27b-mtp"
 sglang_overrides = {
     "model": {"source": "s3://models/qwen3.6-27b"},
     "memory": {"max_mamba_cache_size": 240},

@@ -11,7 +11,7 @@ from sglang_fleet.lab.state import S3_BUCKET, load
 
 _lab = load()
 
-sglang_profile = "profiles/qwen3.6-27b-mtp.yaml"
+sglang_profile = "qwen3.6-27b-mtp"  # shipped with the product
 # The API key: made by `lab up` and kept in the lab's root-only state, never in the repository.
 secrets = {"sglang-api-key": _lab.api_key(), "sglang-router-admin-key": _lab.api_key("admin")}
 # The lab's site serves plain http on the host's loopback (a B200 site uses https).

@@ -238,7 +238,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             print(f"demo: {deploy} failed (see above)", file=sys.stderr)
             return 1
     key = lab.api_key()
-    model = profile.load(root / "profiles" / "qwen3.6-27b-mtp.yaml").model.served_name
+    model = profile.load("qwen3.6-27b-mtp").model.served_name
     hosts = state.load().hosts
     targets = [(h.name, f"http://{h.address}:30000") for h in hosts]
     targets.append(("router", f"http://{hosts[0].address}:30080"))
@@ -286,14 +286,15 @@ def _parser() -> argparse.ArgumentParser:
                    f"{releases.supported()[0]} … {releases.supported()[-1]})"
 
     p = sub.add_parser("render", help="print the launch command and environment of a profile")
-    p.add_argument("profile", help="a profile YAML file, e.g. profiles/qwen3.6-27b-mtp.yaml")
+    p.add_argument("profile", help="a profile YAML file, or a shipped profile's name, e.g. "
+                   "qwen3.6-27b-mtp")
     p.add_argument("--sglang-version", help=version_help)
     p.add_argument("--format", choices=["shell", "json"], default="shell")
     p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("check", help="validate a profile and apply SGLang's startup rules")
-    p.add_argument("profile")
+    p.add_argument("profile", help="a profile YAML file, or a shipped profile's name")
     p.add_argument("--sglang-version", help=version_help)
     p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
     p.add_argument("--model-config", help="the model's config.json (or its directory)")

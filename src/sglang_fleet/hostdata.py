@@ -1,7 +1,7 @@
 """The profile a pyinfra host serves: its profile file plus overrides from host and group data.
 
     # inventories/group_data/all.py
-    sglang_profile = "profiles/qwen3.6-27b-mtp.yaml"
+    sglang_profile = "qwen3.6-27b-mtp"      # or a path to your own profile
     # inventories/group_data/b200.py
     sglang_overrides = {"memory": {"max_running_requests": 64}}
     # on the command line
@@ -210,7 +210,8 @@ def profile_for(host: Host) -> profile.Profile:
     if not isinstance(path, str) or not path.strip():
         raise InputError.one(source, PROFILE_KEY, "no serving profile for this host"
                              + (f" ({path!r} is not a path)" if path else ""),
-                             f"set {PROFILE_KEY} = 'profiles/<name>.yaml' in group data")
+                             f"set {PROFILE_KEY} = 'path/to/profile.yaml' (or a shipped profile's "
+                             f"name: {', '.join(profile.shipped())}) in group data")
     wrong = validators.text_problem(path)
     if wrong:
         raise InputError.one(source, PROFILE_KEY, wrong, "the path of a profile YAML file")

@@ -1,6 +1,6 @@
 """Serving profiles: YAML → validated, typed ``Profile``.
 
-    profile = load("profiles/qwen3.6-27b-mtp.yaml", overrides={"memory.max_running_requests": 64})
+    profile = load("qwen3.6-27b-mtp", overrides={"memory.max_running_requests": 64})
 
 Overrides come from pyinfra host or group data, as a nested mapping or dotted keys; an error in
 an override names the data source that set it, an error in the file names the file.
@@ -12,6 +12,7 @@ import datetime
 import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
@@ -352,13 +353,39 @@ def validate(data: Mapping[str, Any], located: Located,
     )
 
 
+SHIPPED = resources.files("sglang_fleet") / "profiles"
+
+
+def shipped() -> list[str]:
+    """The names of the profiles shipped with the product (``qwen3.6-27b-mtp``, ...)."""
+    return sorted(p.name.removesuffix(".yaml") for p in SHIPPED.iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+def locate(ref: str | Path) -> Path:
+    """A profile file: a path as given, or the shipped profile a bare name (no ``/``, no
+    ``.yaml``) names, found wherever the product runs from.
+
+    >>> locate("qwen3.6-27b-mtp").name, str(locate("my/own.yaml"))
+    ('qwen3.6-27b-mtp.yaml', 'my/own.yaml')
+    """
+    text = str(ref)
+    if isinstance(ref, Path) or "/" in text or text.endswith((".yaml", ".yml")):
+        return Path(ref)
+    if text not in shipped():
+        raise InputError.one(text, "profile", "neither a file path nor a shipped profile",
+                             f"give a path to a profile YAML file, or one of: "
+                             f"{', '.join(shipped())}")
+    return Path(str(SHIPPED / f"{text}.yaml"))
+
+
 def load(path: str | Path, overrides: Mapping[str, Any] | None = None,
          overrides_source: str = "host data", allow_insecure_urls: bool = False) -> Profile:
     """Read, merge and validate a profile. Raises InputError naming file, key and fix.
 
     ``allow_insecure_urls`` lets ``engine.index_url`` be plain http (host data
     ``allow_insecure_urls``, or ``--allow-insecure-urls`` for check and render)."""
-    path = Path(path)
+    path = locate(path)
     data = _read_yaml(path)
     located = Located(str(path))
     if overrides:
