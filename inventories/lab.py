@@ -6,7 +6,7 @@ Every host is in the group ``lab`` (this file's name), whose data lives in
 ``group_data/lab.py``: the one place where the lab differs from a B200 site.
 """
 
-from sglang_fleet.lab.state import load
+from sglang_fleet_lab.state import load
 
 _lab = load()
 # A lab made with --sudo-user refuses root's SSH login, as cloud images do: log in as that user

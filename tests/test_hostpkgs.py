@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet.lab import hostpkgs
+from sglang_fleet_lab import hostpkgs
 
 
 def only(*present: str):  # type: ignore[no-untyped-def]

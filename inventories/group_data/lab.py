@@ -6,8 +6,8 @@ lab's; everything the product does with them is what it does on a B200 site.
 
 import hashlib
 
-from sglang_fleet.lab.site import MODEL_PREFIX, S3_CREDENTIALS, WWW
-from sglang_fleet.lab.state import S3_BUCKET, load
+from sglang_fleet_lab.site import MODEL_PREFIX, S3_CREDENTIALS, WWW
+from sglang_fleet_lab.state import S3_BUCKET, load
 
 _lab = load()
 

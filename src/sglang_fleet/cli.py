@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 import traceback
@@ -22,6 +21,11 @@ from sglang_fleet.render import Launch, render
 
 INTERNAL_ERROR = 3
 MAX_KEY_FILE_BYTES = 4096
+# The lab's commands: its own package (a workspace member), never imported by the product's.
+LAB_PACKAGE = "lab/fleet-lab"
+LAB_COMMANDS = {"lab": "simulated B200 hosts on this machine (needs root; the lab package)",
+                "demo": "lab up, deploy, router, smoke: the whole product on lab hosts "
+                        "(the lab package)"}
 
 
 def _load(args: argparse.Namespace) -> tuple[profile.Profile, Launch]:
@@ -78,49 +82,6 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     for line in capacity.advice(cap):
         print("advice: " + line)
     return 0
-
-
-def cmd_lab_up(args: argparse.Namespace) -> int:
-    from sglang_fleet.lab import manage
-
-    if args.hosts < 1 or args.hosts > 200 or args.gpus < 1:
-        print("sglang-fleet lab up: --hosts must be 1..200 and --gpus at least 1",
-              file=sys.stderr)
-        return 2
-    if args.sudo_user and not re.fullmatch(r"[a-z_][a-z0-9_-]{0,30}", args.sudo_user):
-        print(f"sglang-fleet lab up: --sudo-user {args.sudo_user!r} is not a user name "
-              "(lower-case letters, digits, _ and -)", file=sys.stderr)
-        return 2
-    manage.up(args.hosts, args.gpus, args.hgx, args.sudo_user or "")
-    return 0
-
-
-def cmd_lab_down(args: argparse.Namespace) -> int:
-    from sglang_fleet.lab import manage
-
-    manage.down()
-    return 0
-
-
-def cmd_lab_status(args: argparse.Namespace) -> int:
-    from sglang_fleet.lab import manage
-
-    hosts = manage.status()
-    if args.json:
-        print(json.dumps(hosts, indent=2))
-    elif not hosts:
-        print("no lab (sglang-fleet lab up)")
-    for h in [] if args.json else hosts:
-        state = h["state"]  # running, stopped, or running without nspawn
-        print(f"{h['name']:<8}{h['address']:<14}{h['gpus']} GPU{'s' if h['gpus'] > 1 else ''}"
-              f"{' HGX' if h['hgx'] else ''}  {state}")
-    return 0
-
-
-def cmd_lab_ssh(args: argparse.Namespace) -> int:
-    from sglang_fleet.lab import manage
-
-    return manage.ssh(args.host, args.command)
 
 
 def api_key_from(path: str) -> str:
@@ -223,37 +184,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    """Lab up, the whole deploy, then a smoke generation against every host."""
-    import subprocess
-    from pathlib import Path
-
-    from sglang_fleet import gate_check
-    from sglang_fleet.lab import manage, state
-
-    root = Path(__file__).resolve().parents[2]
-    lab = manage.up(args.hosts, args.gpus, False)
-    for deploy in ("deploys/sglang.py", "deploys/router.py"):
-        if subprocess.run(["pyinfra", "-y", "inventories/lab.py", deploy], cwd=root).returncode:
-            print(f"demo: {deploy} failed (see above)", file=sys.stderr)
-            return 1
-    key = lab.api_key()
-    model = profile.load("qwen3.6-27b-mtp").model.served_name
-    hosts = state.load().hosts
-    targets = [(h.name, f"http://{h.address}:30000") for h in hosts]
-    targets.append(("router", f"http://{hosts[0].address}:30080"))
-    print(f"\n{'server':<8}{'answer':<24}{'TTFT':>8}{'tok/s':>8}{'accept':>8}")
-    for name, url in targets:
-        s = gate_check.smoke(url, key, model)
-        accept = f"{s['accept_length']:.2f}" if s["accept_length"] else "-"
-        print(f"{name:<8}{s['answer'][:22]!r:<24}{s['ttft_s'] * 1000:>6.0f}ms"
-              f"{s['tokens_per_s']:>8.0f}{accept:>8}")
-    print("\nnext: sglang-fleet roll inventories/lab.py --data "
-          "sglang.memory.max_running_requests=40; "
-          "sglang-fleet lab down")
-    return 0
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     """Resumable batch generation through a router or a server (see sglang_fleet.generate)."""
     from pathlib import Path
@@ -331,11 +261,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_status)
 
-    p = sub.add_parser("demo", help="lab up, deploy, router, smoke: the whole product on lab hosts")
-    p.add_argument("--hosts", type=int, default=2)
-    p.add_argument("--gpus", type=int, default=8)
-    p.set_defaults(func=cmd_demo)
-
     p = sub.add_parser("generate", help="resumable batch generation through a router or server")
     p.add_argument("input", help="JSONL of chat requests: a path or s3://bucket/key")
     p.add_argument("output", help="a directory or s3://bucket/prefix/ for shards and manifest")
@@ -352,25 +277,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON status lines instead of a bar")
     p.set_defaults(func=cmd_generate)
 
-    lab = sub.add_parser("lab", help="simulated B200 hosts on this machine (needs root)")
-    lab_sub = lab.add_subparsers(dest="lab_command", required=True)
-    p = lab_sub.add_parser("up", help="boot fresh lab hosts and the site around them")
-    p.add_argument("--hosts", type=int, default=3, help="how many hosts (default 3)")
-    p.add_argument("--gpus", type=int, default=8, help="B200s per host (default 8)")
-    p.add_argument("--hgx", action="store_true", help="hosts are HGX boards (NVSwitch fabric)")
-    p.add_argument("--sudo-user", metavar="NAME",
-                   help="refuse root's SSH login; NAME logs in by key and has passwordless sudo")
-    p.set_defaults(func=cmd_lab_up)
-    p = lab_sub.add_parser("down", help="stop every host and service, unmount everything")
-    p.set_defaults(func=cmd_lab_down)
-    p = lab_sub.add_parser("status", help="the lab's hosts")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_lab_status)
-    p = lab_sub.add_parser("ssh", help="a shell (or a command) on a lab host")
-    p.add_argument("host")
-    p.add_argument("command", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_lab_ssh)
+    for name, what in LAB_COMMANDS.items():  # listed here, parsed by the lab (run_lab)
+        sub.add_parser(name, help=what, add_help=False)
     return parser
+
+
+def run_lab(argv: list[str]) -> int:
+    """``sglang-fleet lab …`` and ``demo``: the lab package's commands, imported only for them
+    (the product does not depend on the lab); without the lab, one line on how to install it.
+
+        run_lab(["lab", "status"])  # the lab's hosts, or: the lab is not installed ...
+    """
+    try:
+        from sglang_fleet_lab import cli as lab_cli
+    except ModuleNotFoundError as exc:
+        if exc.name != "sglang_fleet_lab":  # the lab is there but broken: a bug, said as one
+            raise
+        print(f"sglang-fleet {argv[0]}: the lab is not installed; it is its own package, "
+              f"{LAB_PACKAGE}: run uv sync in a checkout (it is in the dev group), or "
+              f"pip install ./{LAB_PACKAGE}", file=sys.stderr)
+        return 2
+    return lab_cli.main(argv)
 
 
 def report_problems(problems: list[Problem]) -> None:
@@ -395,9 +322,11 @@ def report_internal_error(exc: BaseException) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    lab = bool(argv) and argv[0] in LAB_COMMANDS
+    args = None if lab else _parser().parse_args(argv)
     try:
-        code: int = args.func(args)
+        code: int = run_lab(argv) if args is None else args.func(args)
     except InputError as exc:
         report_problems(exc.problems)
         return 1

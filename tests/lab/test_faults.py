@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet.lab import hosts, state
+from sglang_fleet_lab import hosts, state
 from tests.lab.conftest import booted_lab, pyinfra, run, ssh
 
 pytestmark = pytest.mark.lab

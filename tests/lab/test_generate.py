@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet.lab.site import S3_CREDENTIALS
-from sglang_fleet.lab.state import S3_PORT, SITE_ADDRESS
+from sglang_fleet_lab.site import S3_CREDENTIALS
+from sglang_fleet_lab.state import S3_PORT, SITE_ADDRESS
 from tests.conftest import ROOT
 from tests.lab.conftest import booted_lab, pyinfra, run
 

@@ -87,8 +87,8 @@ def test_fabric_manager_of_another_version_fails(lab: None) -> None:
 def test_site_serves_wheels_and_the_model(lab: None) -> None:
     import boto3
 
-    from sglang_fleet.lab.site import S3_CREDENTIALS
-    from sglang_fleet.lab.state import load
+    from sglang_fleet_lab.site import S3_CREDENTIALS
+    from sglang_fleet_lab.state import load
 
     wheels = ssh("lab1", "curl -fsS http://127.0.0.2:8080/wheels/").stdout
     assert "sglang_sim-0.5.23-py3-none-any.whl" in wheels

@@ -9,8 +9,8 @@ import sys
 import time
 from typing import Any
 
-from sglang_fleet.lab import hostpkgs, hosts, rootfs, site
-from sglang_fleet.lab.state import Host, Lab, host_address, load
+from sglang_fleet_lab import hostpkgs, hosts, rootfs, site
+from sglang_fleet_lab.state import Host, Lab, host_address, load
 
 
 def _require_root() -> None:

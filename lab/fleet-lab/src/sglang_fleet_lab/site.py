@@ -16,11 +16,13 @@ import time
 from pathlib import Path
 
 from sglang_fleet import releases
-from sglang_fleet.lab import aptrepo
-from sglang_fleet.lab.hosts import alive
-from sglang_fleet.lab.state import HTTP_PORT, S3_BUCKET, S3_PORT, SITE_ADDRESS, STATE_DIR, Lab
+from sglang_fleet_lab import aptrepo
+from sglang_fleet_lab.hosts import alive
+from sglang_fleet_lab.state import HTTP_PORT, S3_BUCKET, S3_PORT, SITE_ADDRESS, STATE_DIR, Lab
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+# The lab runs from a checkout (a workspace member, installed editable): its model, stubs and
+# the simulator it builds sit beside it there.
+REPO_ROOT = Path(__file__).resolve().parents[4]
 MODEL_DIR = REPO_ROOT / "lab" / "models" / "qwen3.6-27b"
 MODEL_PREFIX = "qwen3.6-27b"
 SHARDS, SHARD_MB = 4, 64  # staging moves real bytes: 256 MB of generated weights

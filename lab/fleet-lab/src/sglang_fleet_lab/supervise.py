@@ -1,7 +1,7 @@
 """One lab host's supervisor: boots it with systemd-nspawn and boots it again when the guest
 reboots (nspawn exits 133), as a machine's firmware would. SIGTERM powers the guest off.
 
-    python -m sglang_fleet.lab.supervise NAME ROOT
+    python -m sglang_fleet_lab.supervise NAME ROOT
 """
 
 from __future__ import annotations

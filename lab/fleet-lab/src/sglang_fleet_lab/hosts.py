@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_fleet.lab.state import Host, Lab
-from sglang_fleet.lab.supervise import GUEST_MARK
+from sglang_fleet_lab.state import Host, Lab
+from sglang_fleet_lab.supervise import GUEST_MARK
 
 
 def _mounted(path: Path) -> bool:
@@ -91,7 +91,7 @@ def power_on(host: Host, lower: Path, lab: Lab) -> None:
 
 def boot(host: Host) -> None:
     log = (host.dir / "console.log").open("ab")
-    proc = subprocess.Popen([sys.executable, "-m", "sglang_fleet.lab.supervise", host.name,
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_fleet_lab.supervise", host.name,
                              str(host.root)], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     (host.dir / "supervisor.pid").write_text(str(proc.pid))

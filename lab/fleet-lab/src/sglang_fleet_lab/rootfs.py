@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from sglang_fleet.lab.state import CACHE_DIR
+from sglang_fleet_lab.state import CACHE_DIR
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"

@@ -12,9 +12,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_fleet.lab.state import STATE_DIR
+from sglang_fleet_lab.state import STATE_DIR
 
-STUBS = Path(__file__).resolve().parents[3] / "lab" / "nvidia"
+STUBS = Path(__file__).resolve().parents[4] / "lab" / "nvidia"  # beside this package
 BRANCH = "580"
 DRIVERS = ("580.95.05", "580.105.08")  # two releases of the branch, oldest first
 DISTRO, ARCH = "debian12", "x86_64"
