@@ -116,6 +116,7 @@ class Profile:
     parallel: Parallel
     parsers: Parsers
     server: Server
+    warmup: str = "compile"  # off | compile | full
     env: Mapping[str, str] = field(default_factory=dict)
     extra_args: tuple[str, ...] = ()
     origin: Located = field(default_factory=lambda: Located(""), compare=False)
@@ -347,6 +348,7 @@ def validate(data: Mapping[str, Any], located: Located,
         parallel=Parallel(**values["parallel"]),
         parsers=Parsers(**values["parsers"]),
         server=Server(**values["server"]),
+        warmup=values["warmup"] or "off",  # false: YAML's bare off
         env=dict(values["env"]),
         extra_args=tuple(values["extra_args"]),
         origin=located,

@@ -138,6 +138,13 @@ def _opt_str(fix: str = "", check: Check | None = None) -> Field:
 
 
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
+WARMUP_MODES = ("off", "compile", "full")
+
+
+def _warmup(value: Any) -> str | None:
+    if value is False:  # YAML reads a bare ``off`` as false
+        return None
+    return _one_of(*WARMUP_MODES)(value)
 
 SCHEMA: dict[str, dict[str, Field]] = {
     "engine": {
@@ -212,6 +219,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "admin_api_key_secret": _opt_str("e.g. sglang-admin-api-key", _secret_name),
         "metrics": Field((bool,), False),
     },
+    # What a deploy that changes the kernels does before the old server stops: nothing, the
+    # release's precompile entry point, or a whole warm-up start, on GPUs no server uses.
+    "warmup": {"*": Field((str, bool), "compile", _warmup, "off, compile or full")},
     "env": {"*": Field((dict,), {}, _env, "UPPER_CASE names with string values", item=str)},
     "extra_args": {"*": Field((list,), [], _flags, "a list of strings, e.g. ['--flag', 'value']",
                               item=str)},
