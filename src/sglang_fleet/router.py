@@ -9,7 +9,6 @@ root-only file; the running router's worker list is kept in step without a resta
 from __future__ import annotations
 
 from io import StringIO
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from pyinfra import logger
@@ -22,6 +21,7 @@ from pyinfra.operations import files, systemd
 from sglang_fleet.engine import ROOT, uv_ready, venv_install
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import RouterConfig
+from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.routerctl import RouterError
 from sglang_fleet.secretfile import secret_file, secrets_directory
@@ -30,14 +30,13 @@ from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word
 
 UNIT = "sglang-router.service"
 HOME = f"{ROOT}/router"
-LAUNCHER = f"{HOME}/launch.py"
+LAUNCHER = "start_router"  # the keys in-process (remote/start_router.py)
 ENV_FILE = env_file(UNIT)
 WORKERS_FILE = "/etc/sglang-router/workers.env"
 TEMPLATE = "templates/sglang-router.service.j2"
 CACHE_LINK = "/var/cache/sglang-router"
 CACHE_DIR = "/var/cache/private/sglang-router"
 GRACE = 60  # seconds the router gives requests in flight when it stops
-HERE = Path(__file__).resolve().parent
 
 
 def venv(config: RouterConfig) -> str:
@@ -46,7 +45,7 @@ def venv(config: RouterConfig) -> str:
 
 def argv(config: RouterConfig) -> list[str]:
     """The router's command line (the worker list comes from ``$SGLANG_ROUTER_WORKERS``)."""
-    return [f"{venv(config)}/bin/python", LAUNCHER, "launch", "--host", config.bind,
+    return [*program(f"{venv(config)}/bin/python", LAUNCHER), "launch", "--host", config.bind,
             "--port", str(config.port), "--policy", config.policy,
             "--health-check-endpoint", "/health",
             "--health-check-interval-secs", str(config.health_interval),
@@ -120,8 +119,7 @@ def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
     uv_ready()
     files.directory(name=f"Directory {HOME}", path=HOME, mode="755")
     router_release(name=f"Install sglang-router {config.version}", config=config)
-    launcher = files.put(name="Router launcher", src=str(HERE / "router_launch.py"),
-                         dest=LAUNCHER, mode="644")
+    [launcher] = upload(LAUNCHER)
     secrets_directory()
     key = secret_file(name="Router keys (root, 0600)", dest=ENV_FILE, content=env_text(config))
     files.directory(name="Router worker list directory", path=WORKERS_FILE.rsplit("/", 1)[0],
