@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import capacity, cli
+from sglang_fleet import cli
+from sglang_fleet.remote import capacity
 
 FIELD = [
     "[2026-11-30 06:29:24 TP0] Load weight end. elapsed=12.34 s, "

@@ -12,7 +12,7 @@ from sglang_sim import args as sim_args
 from sglang_sim import launch_server
 from sglang_sim.faults import Faults
 
-from sglang_fleet import capacity
+from sglang_fleet.remote import capacity
 from tests.conftest import ROOT
 
 MODEL = ROOT / "lab" / "models" / "qwen3.6-27b"

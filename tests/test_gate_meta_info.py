@@ -3,7 +3,7 @@ protocol.py); earlier releases ignore it, which the gate reports instead of prin
 
 from __future__ import annotations
 
-from sglang_fleet import gate_check
+from sglang_fleet.remote import check_server as gate_check
 
 
 def smoke(accept: float | None, meta: bool | None, version: str | None) -> dict[str, object]:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import jinja2
 import pytest
 
-from sglang_fleet import engine, paths, router, unitfile, weights
+from sglang_fleet import engine, hostcode, paths, router, unitfile, weights
 from sglang_fleet.engine import Release
 from sglang_fleet.service import restart_policy
 from sglang_fleet.unitfile import UnsafeValue, env_line, systemd_word, unit_text
@@ -141,8 +141,9 @@ def test_shell_commands_keep_each_value_one_word(fake_host: FakeHost, text: str)
     assert release.dir in words(link[-1])
     [stage] = list(weights.staged._inner(
         f"s3://b/{text}", f"/var/lib/sglang/models/{text}", text, None))
-    assert words(stage)[1:] == [f"{paths.TOOLS}/bin/python", weights.SCRIPT, f"s3://b/{text}",
-                                f"/var/lib/sglang/models/{text}", "--endpoint-url", text]
+    assert words(stage)[1:] == hostcode.program(
+        weights.TOOLS_PYTHON, weights.DOWNLOADER, f"s3://b/{text}",
+        f"/var/lib/sglang/models/{text}", "--endpoint-url", text)
 
 
 def test_systemd_reads_each_rendered_unit_back(tmp_path: Path) -> None:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from pyinfra.api.inventory import Inventory
 
-from sglang_fleet import fleet, router_launch, routerctl
+from sglang_fleet import fleet, routerctl
 from sglang_fleet.errors import InputError
+from sglang_fleet.remote import start_router
 from sglang_fleet.router import argv, env_text
 from sglang_fleet.teardown import Purge
 
@@ -52,7 +53,7 @@ def test_router_fails_closed_without_its_keys(secrets: dict[str, str], message: 
 
 def test_router_keys_reach_the_router_in_process_only() -> None:
     environ = {"SGLANG_API_KEY": "c" * 16, "SGLANG_ROUTER_ADMIN_KEY": "a" * 16, "PATH": "/bin"}
-    flags = router_launch.key_flags(environ)
+    flags = start_router.key_flags(environ)
     assert flags == ["--api-key", "c" * 16,
                      "--control-plane-api-keys", f"sglang-fleet:sglang-fleet:admin:{'a' * 16}"]
     assert environ == {"PATH": "/bin"}
@@ -65,7 +66,7 @@ def test_router_keys_reach_the_router_in_process_only() -> None:
 def test_router_command_line_never_holds_the_key() -> None:
     [config] = routers(router_policy="round_robin")
     line = argv(config)
-    assert line[2:6] == ["launch", "--host", "0.0.0.0", "--port"]
+    assert line[5:9] == ["launch", "--host", "0.0.0.0", "--port"]
     assert line[line.index("--policy") + 1] == "round_robin"
     assert not set(KEYS.values()) & set(line) and "--api-key" not in line
 

@@ -7,6 +7,7 @@ import pytest
 from sglang_fleet import profile
 from sglang_fleet.engine import Release
 from sglang_fleet.errors import InputError
+from sglang_fleet.hostcode import program
 from sglang_fleet.render import render
 from sglang_fleet.service import LAUNCHER, environment, exec_start, secret_values
 from sglang_fleet.unitfile import systemd_word
@@ -28,7 +29,7 @@ def test_systemd_words() -> None:
 def test_exec_start_runs_the_launcher_and_carries_no_key() -> None:
     launch = render(profile.load(FIELD_PROFILE))
     words = exec_start(launch, RELEASE).split()
-    assert words[:3] == [RELEASE.python_bin, LAUNCHER, "sglang.launch_server"]
+    assert words[:6] == [*program(RELEASE.python_bin, LAUNCHER), "sglang.launch_server"]
     assert "--api-key" not in words and "--admin-api-key" not in words
     assert launch.secrets == {"SGLANG_API_KEY": "sglang-api-key"}
 

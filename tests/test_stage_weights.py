@@ -1,4 +1,4 @@
-"""The weights staging script against a real S3 implementation (moto's server): one line per
+"""The host program download_model against a real S3 implementation (moto's server): one line per
 failure (what, which object, the endpoint), exit 1, no traceback; a cut download resumes."""
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.conftest import ROOT
-
-SCRIPT = ROOT / "src" / "sglang_fleet" / "stage_weights.py"
+DOWNLOADER = "sglang_fleet.remote.download_model"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "lab", "AWS_SECRET_ACCESS_KEY": "lab-secret",
                "AWS_DEFAULT_REGION": "us-east-1"}
 SHARDS = 6
@@ -63,7 +61,7 @@ def s3() -> Iterator[tuple[subprocess.Popen[bytes], str, int]]:
 
 
 def stage(url: str, dest: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(SCRIPT), "s3://models/m", str(dest),
+    return subprocess.Popen([sys.executable, "-m", DOWNLOADER, "s3://models/m", str(dest),
                              "--endpoint-url", url, "--workers", "4"],
                             env={**os.environ, **CREDENTIALS}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)

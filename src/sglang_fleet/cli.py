@@ -60,7 +60,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
     """The capacity report and advice from a startup log (journal text or plain log)."""
     from pathlib import Path
 
-    from sglang_fleet import capacity
+    from sglang_fleet.remote import capacity
 
     try:
         text = sys.stdin.read() if args.log == "-" else \
@@ -117,48 +117,48 @@ def smoke_url(url: str) -> str:
 
 def _served_model(url: str, key: str | None) -> str:
     """The first model ``url`` serves, from /v1/models; GateError saying what it answered."""
-    from sglang_fleet import gate_check
+    from sglang_fleet.remote import check_server
 
-    status, raw = gate_check.request(f"{url}/v1/models", key)
+    status, raw = check_server.request(f"{url}/v1/models", key)
     if status == 401:
-        raise gate_check.GateError(f"{url}/v1/models answered 401 (an API key is needed: "
+        raise check_server.GateError(f"{url}/v1/models answered 401 (an API key is needed: "
                                    "--api-key-file, or the key there is not this server's)")
     if status != 200:
-        raise gate_check.GateError(f"{url}/v1/models {gate_check.answered(status, raw)}")
+        raise check_server.GateError(f"{url}/v1/models {check_server.answered(status, raw)}")
     try:
         data = json.loads(raw)
     except ValueError:
-        raise gate_check.GateError(f"{url}/v1/models answered 200 but not JSON: "
+        raise check_server.GateError(f"{url}/v1/models answered 200 but not JSON: "
                                    f"{raw[:80]!r} (is it an SGLang server or router?)") from None
     models = data.get("data") if isinstance(data, dict) else None
     if not isinstance(models, list):
-        raise gate_check.GateError(f"{url}/v1/models answered JSON without a model list "
+        raise check_server.GateError(f"{url}/v1/models answered JSON without a model list "
                                    "(is it an SGLang server or router?)")
     if not models:
-        raise gate_check.GateError(f"{url}/v1/models lists no model (a router without "
+        raise check_server.GateError(f"{url}/v1/models lists no model (a router without "
                                    "healthy workers?)")
     model = models[0].get("id") if isinstance(models[0], dict) else None
     if not isinstance(model, str) or validators.text_problem(model, 256):
-        raise gate_check.GateError(f"{url}/v1/models lists a model without a usable id")
+        raise check_server.GateError(f"{url}/v1/models lists a model without a usable id")
     return model
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
     """The gate's smoke generation against a running server (or router); changes nothing."""
-    from sglang_fleet import gate_check
+    from sglang_fleet.remote import check_server
 
     url = smoke_url(args.url)
     key = api_key_from(args.api_key_file) if args.api_key_file is not None else None
     report: dict[str, object] = {"url": url, "ok": False}
     try:
         report["model"] = model = _served_model(url, key)
-        report["smoke"] = result = gate_check.smoke(url, key, model)
+        report["smoke"] = result = check_server.smoke(url, key, model)
         if not result["sane"]:
-            raise gate_check.GateError(f"smoke answer is not sane: {result['answer']!r}")
+            raise check_server.GateError(f"smoke answer is not sane: {result['answer']!r}")
         report["ok"] = True
         if not args.json:
-            print(f"{url} ({model}): " + gate_check.describe(result))
-    except gate_check.GateError as err:
+            print(f"{url} ({model}): " + check_server.describe(result))
+    except check_server.GateError as err:
         report["error"] = str(err)
         if not args.json:
             print(f"error: {err}", file=sys.stderr)

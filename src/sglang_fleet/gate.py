@@ -1,29 +1,32 @@
 """Gate stage (every run): health within the startup budget (failing fast, with this
-invocation's journal), the effective arguments against the rendered ones, a smoke generation
-and the capacity report, run on the host by ``gate_check``; a failed gate puts the last good
-unit and environment back and fails the deploy.
+invocation's journal), the effective arguments against the rendered ones, a smoke generation,
+a soak and the capacity report, run on the host by the host program ``check_server``; a failed
+gate puts the last good unit and environment back (its own operation, ``last_good_back``) and
+fails the deploy.
 
     from sglang_fleet.gate import run_gate
-    run_gate(profile, launch)      # in a pyinfra deploy, after the service stage
+    run_gate(profile, launches)    # in a pyinfra deploy, after the service stage
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
-from pyinfra.operations import files
+from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet import summary
 from sglang_fleet.errors import InputError
+from sglang_fleet.hostcode import module_file, program, upload
 from sglang_fleet.ops import Ops, fail, run
-from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, TOOLS, env_file, unit_path
+from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
 from sglang_fleet.service import (
@@ -34,7 +37,8 @@ from sglang_fleet.service import (
     unit_condition,
 )
 
-HERE = Path(__file__).resolve().parent
+CHECKER = "check_server"  # the host program (remote/check_server.py), run by the system python
+_RELEASE = re.compile(re.escape(RELEASES) + r"/[^/ ]+")
 
 
 def expectations(launch: Launch) -> dict[str, Any]:
@@ -59,12 +63,11 @@ def url(profile: Profile, launch: Launch) -> str:
 
 def _check(profile: Profile, launch: Launch, *flags: str, budget: int | None = None,
            show: bool = True, label: str = "") -> tuple[bool, list[str]]:
-    """Run gate_check on the host for one launch; show its human lines (after ``label``)."""
-    argv = ["--unit", launch.unit, "--url", url(profile, launch), "--env-file",
-            env_file(launch.unit), "--model", profile.model.served_name,
-            *(["--budget", str(budget)] if budget is not None else []), *flags]
-    command = f"PYTHONPATH={TOOLS} python3 -m sglang_fleet.gate_check {shlex.join(argv)}"
-    ok, output = run(command)
+    """Run check_server on the host for one launch; show its human lines (after ``label``)."""
+    argv = program("python3", CHECKER, "--unit", launch.unit, "--url", url(profile, launch),
+                   "--env-file", env_file(launch.unit), "--model", profile.model.served_name,
+                   *(["--budget", str(budget)] if budget is not None else []), *flags)
+    ok, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
     lines = list(output.stdout_lines)
     for line in lines if show else ():
         if not line.startswith("GATE "):
@@ -90,36 +93,80 @@ def soak_requests(data: Any, host_name: str) -> int | None:
 
 
 def _same(a: str, b: str) -> bool:
-    ok, _ = run(f"cmp -s {a} {b}")
-    return bool(ok)
+    """Both files exist and hold the same bytes (read as facts: checksums)."""
+    sums = [host.get_fact(Sha256File, path=path) for path in (a, b)]
+    return sums[0] is not None and sums[0] == sums[1]
+
+
+def _saved(unit: str) -> str:
+    return f"{LAST_GOOD}/{unit}"
+
+
+@dataclass
+class Verdict:
+    """What the gate of one unit found, for the operations after it: the operations are all
+    built before any runs, so the gate writes here when it runs and they read it then.
+
+        verdict = Verdict(); verdict.error = "soak: 3 of 32 failed"; verdict.failed()  # True
+    """
+
+    error: str | None = None
+
+    def failed(self) -> bool:
+        return self.error is not None
 
 
 @operation(is_idempotent=True)
-def gate(profile: Profile, launch: Launch, budget: int, job: str,
+def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdict,
          soak: int | None = None) -> Ops:
+    """Run the gate's checks of the launch's server on the host; when it passes, keep its unit
+    and environment as the last good release.
+
+    + profile: the profile the server was rendered from
+    + launch: the rendered server (unit, port, expected arguments)
+    + budget: seconds the server may take to become healthy
+    + job: ``COMPLETIONS,TOKENS`` for the job estimate, or empty
+    + verdict: where the result goes for ``last_good_back`` and ``gate_failed`` after it
+    + soak: concurrent requests of the soak (None: twice max running requests; 0: none)
+
+    A failed gate changes nothing here: ``last_good_back`` puts the last good release back and
+    ``gate_failed`` fails the deploy; with no last good release this operation fails at once.
+    """
     if not state.is_executing:
         return
-    unit, env, saved = launch.unit, env_file(launch.unit), f"{LAST_GOOD}/{launch.unit}"
+    unit, env, saved = launch.unit, env_file(launch.unit), _saved(launch.unit)
     ok, lines = _check(profile, launch, "--expect", json.dumps(expectations(launch)),
                        *(["--job", job] if job else []),
                        *(["--soak-requests", str(soak)] if soak is not None else []),
                        budget=budget)
     if ok:
-        if not (_same(unit_path(unit), saved) and _same(env, f"{saved}.env")):
-            yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
-                   f"cp -p {env} {saved}.env")
+        if _same(unit_path(unit), saved) and _same(env, f"{saved}.env"):
+            host.noop(f"{unit} passed the gate and is the last good release already")
+            return
+        yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
+               f"cp -p {env} {saved}.env")
         return
     error = next((json.loads(line[5:]).get("error", "gate failed") for line in lines
                   if line.startswith("GATE ")), "gate failed")
-    has_last, _ = run(f"test -f {saved}")
-    if not has_last:
+    if not host.get_fact(File, path=saved):
         yield fail(f"{error} (no earlier good release to return to)")
         return
+    verdict.error = error
     logger.warning(f"{host.print_prefix}{unit}: gate failed, putting the last good release back")
-    run(f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env} && "
-        f"systemctl daemon-reload && {start_command(unit)}")
+    host.noop(f"{unit} failed the gate: the next operation puts the last good release back")
+
+
+@operation(is_idempotent=True)
+def gate_failed(profile: Profile, launch: Launch, budget: int, verdict: Verdict) -> Ops:
+    """Fail the deploy with the gate's error and what serves after the last good release was
+    put back (its health, checked within the startup budget).
+
+    + verdict: what ``gate`` found (the operation does nothing when the gate passed)
+    """
+    if not state.is_executing or not verdict.failed():
+        return
     back, lines = _check(profile, launch, "--health-only", budget=budget, show=False)
-    yield fail(f"{error}; {what_serves(launch, back, lines)}")
+    yield fail(f"{verdict.error}; {what_serves(launch, back, lines)}")
 
 
 def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
@@ -141,25 +188,37 @@ def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
 
 @operation(is_idempotent=True)
 def smoke(profile: Profile, launch: Launch) -> Ops:
-    """The gate's smoke generation alone, with the gate tools the deploy left on the host."""
+    """The gate's smoke generation alone, with the gate's program the deploy left on the host."""
     if not state.is_executing:
         return
-    installed, _ = run(f"test -f {TOOLS}/sglang_fleet/gate_check.py")
-    if not installed:
-        yield fail(f"{TOOLS} has no gate tools: run deploys/sglang.py first")
+    if not host.get_fact(File, path=module_file(CHECKER)):
+        yield fail(f"{module_file(CHECKER)} is missing: run deploys/sglang.py first")
         return
     ok, _ = _check(profile, launch, "--smoke-only", label=f"{launch.unit}: ")
     if not ok:
         yield fail(f"{launch.unit}: smoke test failed")
+        return
+    host.noop(f"{launch.unit} answered the smoke generation")
+
+
+def _release_of(unit_file: str) -> str | None:
+    """The engine release directory a unit file runs (read as a fact)."""
+    lines = host.get_fact(FindInFile, path=unit_file, pattern=f"{RELEASES}/") or []
+    found = next((m for m in (_RELEASE.search(line) for line in lines) if m), None)
+    return found.group(0) if found else None
 
 
 @operation(is_idempotent=True)
 def last_good_back(unit: str) -> Ops:
     """Put the unit and environment that last passed the gate back, with the ``current`` link
-    on the release they run, and restart the unit if it ran something else."""
-    saved = f"{LAST_GOOD}/{unit}"
-    ok, _ = run(f"test -f {saved} -a -f {saved}.env")
-    if not ok:
+    on the release they run, and restart the unit if it ran something else.
+
+    + unit: the server unit, e.g. ``sglang.service``
+
+        last_good_back(name="Last good sglang.service", unit="sglang.service")
+    """
+    saved = _saved(unit)
+    if not (host.get_fact(File, path=saved) and host.get_fact(File, path=f"{saved}.env")):
         yield fail(f"{unit}: no release has passed the gate on this host: nothing to go back to")
         return
     if not (_same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit))):
@@ -172,11 +231,12 @@ def last_good_back(unit: str) -> Ops:
             logger.warning(f"{host.print_prefix}{down}")
         if condition.get("ActiveState") != "active":
             yield start_command(unit)
-    ok, out = run(
-        f"grep -o '{RELEASES}/[^/ ]*' {saved} | head -1; readlink {CURRENT} || true")
-    lines = [line.strip() for line in out.stdout_lines] if ok else []
-    if len(lines) == 2 and lines[0] != lines[1]:
-        yield f"ln -sfn {lines[0]} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"
+        else:
+            host.noop(f"{unit} runs its last good release")
+    release = _release_of(saved)
+    link = host.get_fact(Link, path=CURRENT)
+    if release and link and link.get("link_target") != release:
+        yield f"ln -sfn {release} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"
 
 
 @operation(is_idempotent=True)
@@ -213,13 +273,16 @@ def run_gate(profile: Profile, launches: list[Launch]) -> None:
     """Health, effective arguments, smoke generation, soak and capacity report; rollback on
     failure."""
     summary.failed_hosts_at_exit()
-    files.directory(name="Gate tools", path=f"{TOOLS}/sglang_fleet", mode="755")
-    for name in ("__init__.py", "capacity.py", "gate_check.py"):
-        files.put(name=f"Gate tool {name}", src=str(HERE / name),
-                  dest=f"{TOOLS}/sglang_fleet/{name}", mode="644")
+    upload("capacity", CHECKER)
     job = host.data.get("job_estimate", "")  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
     soak = soak_requests(host.data, host.name)
     for launch in launches:
+        verdict = Verdict()
         gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, soak, capacity",
-             profile=profile, launch=launch,
-             budget=startup_budget(), job=str(job), soak=soak)
+             profile=profile, launch=launch, budget=startup_budget(), job=str(job),
+             verdict=verdict, soak=soak)
+        last_good_back(name=f"Back to the last good {launch.unit} (only if the gate failed)",
+                       unit=launch.unit, _if=verdict.failed)
+        gate_failed(name=f"Gate of {launch.unit} failed: what serves now",
+                    profile=profile, launch=launch, budget=startup_budget(), verdict=verdict,
+                    _if=verdict.failed)

@@ -23,7 +23,7 @@ from sglang_fleet.profile import Profile
 from sglang_fleet.releases import at_least
 
 # The keys' environment variables (from the host's root-only EnvironmentFile) and the flags the
-# launcher (server_launch.py) hands them to SGLang as, in-process: never on the command line.
+# launcher (remote/start_server.py) hands them to SGLang as, in-process: never on the command line.
 KEY_FLAGS = {paths.API_KEY_VAR: ("server.api_key_secret", "--api-key"),
              paths.ADMIN_API_KEY_VAR: ("server.admin_api_key_secret", "--admin-api-key")}
 # 0.5.10 runs the overlap (spec v2) scheduler that extra_buffer needs only when this is set;

@@ -9,7 +9,6 @@ root-only file; the running router's worker list is kept in step without a resta
 from __future__ import annotations
 
 from io import StringIO
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from pyinfra import logger
@@ -23,6 +22,7 @@ from sglang_fleet import paths
 from sglang_fleet.engine import uv_ready, venv_install
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import RouterConfig
+from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.routerctl import RouterError
 from sglang_fleet.secretfile import secret_file, secrets_directory
@@ -31,14 +31,13 @@ from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word
 
 UNIT = paths.ROUTER_UNIT
 HOME = paths.ROUTER_HOME
-LAUNCHER = f"{HOME}/launch.py"
+LAUNCHER = "start_router"  # the keys in-process (remote/start_router.py)
 ENV_FILE = paths.env_file(UNIT)
 WORKERS_FILE = paths.ROUTER_WORKERS
 TEMPLATE = paths.template("sglang-router.service.j2")
 CACHE_LINK = paths.ROUTER_CACHE
 CACHE_DIR = paths.ROUTER_CACHE_PRIVATE
 GRACE = 60  # seconds the router gives requests in flight when it stops
-HERE = Path(__file__).resolve().parent
 
 
 def venv(config: RouterConfig) -> str:
@@ -47,7 +46,7 @@ def venv(config: RouterConfig) -> str:
 
 def argv(config: RouterConfig) -> list[str]:
     """The router's command line (the worker list comes from ``$SGLANG_ROUTER_WORKERS``)."""
-    return [f"{venv(config)}/bin/python", LAUNCHER, "launch", "--host", config.bind,
+    return [*program(f"{venv(config)}/bin/python", LAUNCHER), "launch", "--host", config.bind,
             "--port", str(config.port), "--policy", config.policy,
             "--health-check-endpoint", "/health",
             "--health-check-interval-secs", str(config.health_interval),
@@ -133,8 +132,7 @@ def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
     uv_ready()
     files.directory(name=f"Directory {HOME}", path=HOME, mode="755")
     router_release(name=f"Install sglang-router {config.version}", config=config)
-    launcher = files.put(name="Router launcher", src=str(HERE / "router_launch.py"),
-                         dest=LAUNCHER, mode="644")
+    [launcher] = upload(LAUNCHER)
     secrets_directory()
     key = secret_file(name="Router keys (root, 0600)", dest=ENV_FILE, content=env_text(config))
     files.directory(name="Router worker list directory", path=WORKERS_FILE.rsplit("/", 1)[0],

@@ -10,7 +10,6 @@ environment, the release or the weights changed.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from pyinfra import logger
@@ -25,6 +24,7 @@ from sglang_fleet.engine import CACHE_ENV, Release
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
 from sglang_fleet.facts.systemd import SystemdVersion, UnitCondition
+from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
@@ -32,9 +32,8 @@ from sglang_fleet.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word, unit_text
 
 TEMPLATE = paths.template("sglang.service.j2")
-# Starts SGLang with the keys from the environment file, in-process (server_launch.py).
-LAUNCHER = f"{paths.TOOLS}/server_launch.py"
-HERE = Path(__file__).resolve().parent
+# Starts SGLang with the keys from the environment file, in-process (remote/start_server.py).
+LAUNCHER = "start_server"
 # Crash loops: the automatic restarts systemd makes before it gives up (the start limit).
 # Deliberate starts clear the count first (``start_command``), so it counts crashes only.
 CRASH_RESTARTS = 5
@@ -51,7 +50,7 @@ def environment(launch: Launch, secrets: dict[str, str]) -> str:
 
 def exec_start(launch: Launch, release: Release) -> str:
     """The unit's ExecStart: the launcher, then SGLang's module and flags (no key among them)."""
-    words = (release.python_bin, LAUNCHER, *launch.argv[2:])
+    words = program(release.python_bin, LAUNCHER, *launch.argv[2:])
     return " ".join(systemd_word(w) for w in words)
 
 
@@ -292,8 +291,7 @@ def install_service(profile: Profile, launches: list[Launch], release: Release,
                     restart_if: list[OperationMeta]) -> None:
     """One unit per server instance (``parallel.instances``, each on its own GPU set)."""
     secrets_directory()
-    launcher = files.put(name="Server launcher (keys in-process, never on the command line)",
-                         src=str(HERE / "server_launch.py"), dest=LAUNCHER, mode="644")
+    [launcher] = upload(LAUNCHER)  # keys in-process, never on the command line
     retire_other_units(name="Retire units of instances no longer wanted",
                        keep=[launch.unit for launch in launches])
     for launch in launches:

@@ -1,6 +1,7 @@
 """Weights stage: the model staged once onto the host's local disk (S3 with boto3 on the host,
 the Hugging Face hub at a pinned revision, or a path already on the host), verified, renamed
-into place when complete; credentials only in root-owned 0600 files.
+into place when complete, by the host program ``download_model`` in the tools venv;
+credentials only in root-owned 0600 files.
 
     from sglang_fleet.weights import stage_weights
     stage_weights(profile)        # in a pyinfra deploy
@@ -21,14 +22,18 @@ from pyinfra.operations import files
 
 from sglang_fleet.engine import UV
 from sglang_fleet.errors import InputError
-from sglang_fleet.ops import Ops, fail, run
+from sglang_fleet.facts.python import PythonImports
+from sglang_fleet.hostcode import program, upload
+from sglang_fleet.ops import Ops, fail
 from sglang_fleet.paths import AWS_CREDENTIALS, HF_TOKEN, MODELS, TOOLS, UV_CACHE
 from sglang_fleet.profile import Profile
+from sglang_fleet.remote.download_model import MANIFEST
 from sglang_fleet.render import model_path
 from sglang_fleet.secretfile import secret_file, secrets_directory
 
-SCRIPT = f"{TOOLS}/stage_weights.py"
-MANIFEST = ".sglang-fleet-manifest.json"
+DOWNLOADER = "download_model"  # the host program (remote/download_model.py)
+TOOLS_PYTHON = f"{TOOLS}/bin/python"
+TOOLS_PACKAGES = ["boto3", "huggingface_hub"]
 
 
 # What AWS access keys and Hugging Face tokens are made of: one line, nothing an INI file or a
@@ -48,31 +53,49 @@ def credential(data: Any, key: str) -> str:
 
 @operation(is_idempotent=True)
 def tools_venv() -> Ops:
-    """boto3 and huggingface_hub for the staging script, apart from any engine release."""
-    status, _ = run(f"test -x {TOOLS}/bin/python && "
-                                       f"{TOOLS}/bin/python -c 'import boto3, huggingface_hub'")
-    if not status:
-        yield f"{UV} venv --quiet --allow-existing --python /usr/bin/python3 {TOOLS}"
-        yield (f"UV_CACHE_DIR={UV_CACHE} {UV} pip install --quiet --python {TOOLS}/bin/python "
-               "boto3 huggingface_hub")
+    """boto3 and huggingface_hub for the downloader, in a venv apart from any engine release.
+
+        tools_venv(name="Staging tools (boto3, huggingface_hub)")
+    """
+    if host.get_fact(PythonImports, python=TOOLS_PYTHON, modules=TOOLS_PACKAGES):
+        host.noop(f"{TOOLS_PYTHON} imports {', '.join(TOOLS_PACKAGES)}")
+        return
+    yield f"{UV} venv --quiet --allow-existing --python /usr/bin/python3 {TOOLS}"
+    yield (f"UV_CACHE_DIR={UV_CACHE} {UV} pip install --quiet --python {TOOLS_PYTHON} "
+           f"{shlex.join(TOOLS_PACKAGES)}")
 
 
 @operation(is_idempotent=True)
 def staged(source: str, dest: str, endpoint: str | None, token_file: str | None) -> Ops:
-    """Run the staging script unless DEST already holds a complete, verified model."""
+    """Run the downloader unless DEST already holds a complete, verified model (its manifest).
+
+    + source: ``s3://bucket/prefix`` or ``hf://org/name@revision``
+    + dest: the model's directory on the host
+    + endpoint: the S3 endpoint URL (None: AWS's)
+    + token_file: a root-only file holding the Hugging Face token (None: anonymous)
+
+        staged(name="Stage s3://m/q", source="s3://m/q", dest="/var/lib/sglang/models/q",
+               endpoint=None, token_file=None)
+    """
     if host.get_fact(File, path=f"{dest}/{MANIFEST}"):
+        host.noop(f"{dest} holds a staged model (its {MANIFEST})")
         return
-    argv = [f"{TOOLS}/bin/python", SCRIPT, source, dest]
-    argv += ["--endpoint-url", endpoint] if endpoint else []
-    argv += ["--token-file", token_file] if token_file else []
+    argv = program(TOOLS_PYTHON, DOWNLOADER, source, dest,
+                   *(["--endpoint-url", endpoint] if endpoint else []),
+                   *(["--token-file", token_file] if token_file else []))
     yield f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS} {shlex.join(argv)}"
 
 
 @operation(is_idempotent=True)
 def present(path: str) -> Ops:
-    """A host path: it must already hold a model."""
+    """A host path: it must already hold a model.
+
+        present(name="Model at /models/q", path="/models/q")
+    """
     if not host.get_fact(File, path=f"{path}/config.json"):
         yield fail(f"{path}/config.json: no model there")
+        return
+    host.noop(f"{path} holds a model (config.json)")
 
 
 @deploy("Model weights")
@@ -98,8 +121,7 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
     files.directory(name="Models directory (root's; the service only reads it)",
                     path=str(Path(dest).parent), user="root", group="root", mode="755")
     tools_venv(name="Staging tools (boto3, huggingface_hub)")
-    files.put(name="Staging script", src=str(Path(__file__).with_name("stage_weights.py")),
-              dest=SCRIPT, mode="755")
+    upload(DOWNLOADER)
     return [staged(name=f"Stage {source}", source=source, dest=dest,
                    endpoint=data.get("s3_endpoint_url"), token_file=token_file)]
 

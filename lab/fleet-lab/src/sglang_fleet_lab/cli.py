@@ -62,7 +62,8 @@ def cmd_lab_ssh(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Lab up, the whole deploy, then a smoke generation against every host."""
-    from sglang_fleet import gate_check, profile
+    from sglang_fleet import profile
+    from sglang_fleet.remote import check_server
     from sglang_fleet_lab import manage, state
     from sglang_fleet_lab.site import REPO_ROOT
 
@@ -82,7 +83,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     targets.append(("router", f"http://{hosts[0].address}:30080"))
     print(f"\n{'server':<8}{'answer':<24}{'TTFT':>8}{'tok/s':>8}{'accept':>8}")
     for name, url in targets:
-        s = gate_check.smoke(url, key, model)
+        s = check_server.smoke(url, key, model)
         accept = f"{s['accept_length']:.2f}" if s["accept_length"] else "-"
         print(f"{name:<8}{s['answer'][:22]!r:<24}{s['ttft_s'] * 1000:>6.0f}ms"
               f"{s['tokens_per_s']:>8.0f}{accept:>8}")

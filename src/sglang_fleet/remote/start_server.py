@@ -1,9 +1,11 @@
 """Start an SGLang server with its API keys from the environment (systemd's root-only
 EnvironmentFile) instead of the command line, and keep the keys out of what it prints and serves.
 
-    python server_launch.py sglang.launch_server --model-path /var/lib/sglang/models/m --port 30000
+    python -m sglang_fleet_remote.start_server sglang.launch_server \\
+        --model-path /var/lib/sglang/models/m --port 30000
 
-Runs on the serving host with the release's python; standard library only (uvicorn is the
+Runs on the serving host with the release's python (``sglang_fleet.hostcode.program``);
+standard library only (uvicorn is the
 release's own). The keys reach SGLang in-process, as the flags it reads them from (``--api-key``,
 ``--admin-api-key``): they are in this process's ``sys.argv``, which ``/proc/PID/cmdline``, ``ps``
 and ``systemctl status`` do not show (they show the argv the process was exec'd with). SGLang
@@ -98,7 +100,7 @@ def take_keys(environ: MutableMapping[str, str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str]) -> None:
     if not argv:
-        sys.exit("usage: server_launch.py MODULE [SGLang flags...]")
+        sys.exit("usage: python -m sglang_fleet_remote.start_server MODULE [SGLang flags...]")
     module, args = argv[0], argv[1:]
     flags, secrets = take_keys(os.environ)
     if secrets:

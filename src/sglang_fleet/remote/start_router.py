@@ -1,12 +1,13 @@
 """Start sglang-router with its keys from the environment (systemd's root-only EnvironmentFile)
 instead of the command line, where every user of the host could read them.
 
-    python router_launch.py launch --host 0.0.0.0 --port 30080 --worker-urls ...
+    python -m sglang_fleet_remote.start_router launch --host 0.0.0.0 --port 30080 \\
+        --worker-urls ...
 
 ``SGLANG_API_KEY`` is what clients send (``--api-key``); ``SGLANG_ROUTER_ADMIN_KEY`` is the only
 key that opens ``/workers`` (``--control-plane-api-keys``, role admin: measured on 0.3.2, the
-client key then gets 401 there). Runs on the router host with the router release's python;
-standard library plus sglang_router.
+client key then gets 401 there). Runs on the router host with the router release's python
+(``sglang_fleet.hostcode.program``); standard library plus sglang_router.
 """
 
 import os

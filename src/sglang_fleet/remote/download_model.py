@@ -1,9 +1,10 @@
-#!/usr/bin/env python3
-"""Stage model weights onto a host's local disk, once: runs ON the host (the weights stage
-uploads it), with boto3 for S3 and huggingface_hub for the hub.
+"""Download model weights onto a host's local disk, once: runs ON the host with the tools venv's
+python (the weights stage uploads it), with boto3 for S3 and huggingface_hub for the hub.
 
-    stage_weights.py s3://bucket/prefix /var/lib/sglang/models/NAME [--endpoint-url URL]
-    stage_weights.py hf://org/name@revision /var/lib/sglang/models/NAME [--token-file F]
+    python -m sglang_fleet_remote.download_model s3://bucket/prefix \\
+        /var/lib/sglang/models/NAME [--endpoint-url URL]
+    python -m sglang_fleet_remote.download_model hf://org/name@revision \\
+        /var/lib/sglang/models/NAME [--token-file F]
 
 Files land in ``DEST.partial`` and are verified (size, and the ETag's MD5 for single-part
 objects) before ``DEST.partial`` is renamed to ``DEST``: a partial model is never at DEST, and an

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The gate's checks, run ON the host after the service stage (standard library only):
 
 1. wait for /health_generate within the startup budget, but fail within seconds when the unit
@@ -9,7 +8,8 @@
    the server still the same invocation and healthy after them;
 5. the capacity report from this invocation's startup lines.
 
-    PYTHONPATH=/opt/sglang/tools python3 -m sglang_fleet.gate_check --unit sglang.service \\
+    /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
+        -m sglang_fleet_remote.check_server --unit sglang.service \\
         --url http://127.0.0.1:30000 --env-file F --model NAME --expect '{"...": ...}'
 
 Prints human lines, then one line ``GATE <json>``; exit 0 when the server passed.
@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet import capacity  # uploaded to the host with this module
+from . import capacity  # uploaded to the host with this module
 
 SMOKE_PROMPT = "What is 2+2? Answer with the number only."
 SOAK_PROMPT = "Name a colour."

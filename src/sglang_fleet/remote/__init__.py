@@ -1,0 +1,16 @@
+"""What runs ON the hosts: standard library only (or the dependencies of the venv that runs it),
+importing nothing from ``sglang_fleet`` outside this package (relative imports only), because it
+is uploaded alone. ``sglang_fleet.hostcode`` puts it on a host as the package
+``sglang_fleet_remote`` and runs each program with ``python -m``:
+
+- ``check_server``: the gate's checks of a running server (system python);
+- ``capacity``: the capacity report from a server's startup log (used by ``check_server``, and
+  by ``sglang-fleet capacity`` on this machine);
+- ``download_model``: stages model weights onto the host's disk (the tools venv: boto3,
+  huggingface_hub);
+- ``start_server``: starts SGLang with its keys in-process (the engine release's python);
+- ``start_router``: starts sglang-router with its keys in-process (the router's venv).
+
+    /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
+        -m sglang_fleet_remote.check_server --unit sglang.service ...
+"""

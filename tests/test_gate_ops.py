@@ -1,0 +1,197 @@
+"""The gate's and the weights stage's operations in pyinfra's style: facts (and what the host
+program answers) in, commands out; a host in the wanted state gets no command and a noop."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pyinfra.connectors.util import CommandOutput, OutputLine
+
+from sglang_fleet import gate, ops, profile, service, weights
+from sglang_fleet.hostcode import program
+from sglang_fleet.paths import (
+    AWS_CREDENTIALS,
+    CURRENT,
+    LAST_GOOD,
+    RELEASES,
+    TOOLS,
+    env_file,
+    unit_path,
+)
+from sglang_fleet.remote.download_model import MANIFEST
+from sglang_fleet.render import Launch, render
+from sglang_fleet.service import start_command
+from tests.conftest import FIELD_PROFILE
+from tests.test_operations import Host, commands
+
+UNIT = "sglang.service"
+SAVED = f"{LAST_GOOD}/{UNIT}"
+OLD, NEW = f"{RELEASES}/sglang-0.5.22-aaaa", f"{RELEASES}/sglang-0.5.23-bbbb"
+
+
+class GateHost(Host):
+    """A host whose gate program passes or fails with ``error``."""
+
+    def __init__(self, facts: dict[str, Any], error: str | None = None,
+                 shell: dict[str, list[str]] | None = None) -> None:
+        super().__init__(facts, shell)
+        self.error = error
+        self.ran: list[str] = []
+
+    def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
+        if "sglang_fleet_remote.check_server" not in command:
+            return super().run_shell_command(command, **kwargs)
+        self.ran.append(command)
+        result = {"ok": self.error is None, "error": self.error,
+                  "serving": {"version": "0.5.22", "model_path": "/m"}}
+        lines = ["health: /health_generate 200", f"GATE {json.dumps(result)}"]
+        return self.error is None, CommandOutput([OutputLine("stdout", x) for x in lines])
+
+
+class Executing:
+    is_executing = True
+
+
+def sums(**by_path: str | None) -> Callable[..., str | None]:
+    """A Sha256File fact: the checksum of each path given, None for any other."""
+    return lambda path: by_path.get(path)
+
+
+def files(*present: str) -> Callable[..., dict[str, Any] | None]:
+    return lambda path: {"mode": 600} if path in present else None
+
+
+@pytest.fixture
+def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
+    monkeypatch.setattr(gate, "state", Executing())
+    monkeypatch.setattr(gate, "logger", type("L", (), {"warning": print, "info": print})())
+
+    def install(fake: Host) -> Host:
+        for module in (gate, ops, service, weights):
+            monkeypatch.setattr(module, "host", fake, raising=False)
+        return fake
+
+    return install
+
+
+@pytest.fixture(scope="module")
+def launch() -> Launch:
+    return render(profile.load(FIELD_PROFILE))
+
+
+def run_gate(launch: Launch, verdict: gate.Verdict) -> list[Any]:
+    return commands(gate.gate, profile.load(FIELD_PROFILE), launch, 60, "", verdict)
+
+
+def test_a_passing_gate_keeps_its_release_as_the_last_good_once(
+        use: Callable[[Host], Host], launch: Launch) -> None:
+    env = env_file(UNIT)
+    use(GateHost({"Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1", env: "e",
+                                        f"{SAVED}.env": "e"})}))
+    verdict = gate.Verdict()
+    assert run_gate(launch, verdict) == [
+        f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(UNIT)} {SAVED} && "
+        f"cp -p {env} {SAVED}.env"]
+    assert not verdict.failed()
+    fake = use(GateHost({"Sha256File": sums(**{unit_path(UNIT): "u", SAVED: "u", env: "e",
+                                               f"{SAVED}.env": "e"})}))
+    assert run_gate(launch, verdict) == []
+    assert fake.noops == [f"{UNIT} passed the gate and is the last good release already"]
+
+
+def test_the_gate_runs_check_server_with_the_system_python(
+        use: Callable[[Host], Host], launch: Launch) -> None:
+    fake = use(GateHost({"Sha256File": sums()}))
+    run_gate(launch, gate.Verdict())
+    [command] = fake.ran  # type: ignore[attr-defined]
+    assert shlex.split(command)[:5] == program("python3", "check_server")
+
+
+def test_a_failed_gate_leaves_the_restore_to_the_next_operation(
+        use: Callable[[Host], Host], launch: Launch) -> None:
+    fake = use(GateHost({"File": files(SAVED)}, error="soak: 3 of 32 failed"))
+    verdict = gate.Verdict()
+    assert run_gate(launch, verdict) == []
+    assert verdict.failed() and verdict.error == "soak: 3 of 32 failed"
+    assert "the next operation puts the last good release back" in fake.noops[0]
+
+
+def test_a_failed_gate_without_a_last_good_release_fails_at_once(
+        use: Callable[[Host], Host], launch: Launch) -> None:
+    use(GateHost({"File": files()}, error="sglang.service failed to start: boom"))
+    verdict = gate.Verdict()
+    [command] = run_gate(launch, verdict)
+    assert "error: sglang.service failed to start: boom (no earlier good release to return " \
+           "to)" in shlex.split(command)[1]
+    assert not verdict.failed()
+
+
+def test_gate_failed_says_what_serves_after_the_restore(
+        use: Callable[[Host], Host], launch: Launch) -> None:
+    use(GateHost({"PortListeners": []}))
+    assert commands(gate.gate_failed, profile.load(FIELD_PROFILE), launch, 60,
+                    gate.Verdict()) == []
+    [command] = commands(gate.gate_failed, profile.load(FIELD_PROFILE), launch, 60,
+                         gate.Verdict("soak: 3 of 32 failed"))
+    assert ("error: soak: 3 of 32 failed; the last good release serves again (sglang.service "
+            "alone on port 30000, /health_generate 200, /server_info: SGLang 0.5.22") in command
+
+
+def test_last_good_back_restores_the_unit_and_the_current_link(
+        use: Callable[[Host], Host]) -> None:
+    env = env_file(UNIT)
+    facts = {"File": files(SAVED, f"{SAVED}.env"),
+             "Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1", env: "e",
+                                   f"{SAVED}.env": "e"}),
+             "FindInFile": [f"ExecStart=/usr/bin/env PYTHONPATH=x {OLD}/bin/python -m y"],
+             "Link": {"link_target": NEW}}
+    use(Host(facts))
+    assert commands(gate.last_good_back, UNIT) == [
+        f"cp -p {SAVED} {unit_path(UNIT)} && cp -p {SAVED}.env {env} && "
+        f"systemctl daemon-reload && {start_command(UNIT)}",
+        f"ln -sfn {OLD} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"]
+
+
+def test_last_good_back_starts_only_a_stopped_unit(use: Callable[[Host], Host]) -> None:
+    env = env_file(UNIT)
+    facts = {"File": files(SAVED, f"{SAVED}.env"),
+             "Sha256File": sums(**{unit_path(UNIT): "u", SAVED: "u", env: "e",
+                                   f"{SAVED}.env": "e"}),
+             "FindInFile": [f"ExecStart={OLD}/bin/python"], "Link": {"link_target": OLD}}
+    fake = use(Host({**facts, "UnitCondition": {"ActiveState": "active"}}))
+    assert commands(gate.last_good_back, UNIT) == []
+    assert fake.noops == [f"{UNIT} runs its last good release"]
+    use(Host({**facts, "UnitCondition": {"ActiveState": "failed", "Result": "exit-code"}}))
+    assert commands(gate.last_good_back, UNIT) == [start_command(UNIT)]
+    use(Host({"File": files(SAVED)}))
+    [command] = commands(gate.last_good_back, UNIT)
+    assert "nothing to go back to" in command
+
+
+def test_tools_venv_installs_only_what_does_not_import(use: Callable[[Host], Host]) -> None:
+    fake = use(Host({"PythonImports": True}))
+    assert commands(weights.tools_venv) == []
+    assert fake.noops == [f"{weights.TOOLS_PYTHON} imports boto3, huggingface_hub"]
+    use(Host({"PythonImports": False}))
+    venv, install = commands(weights.tools_venv)
+    assert venv.endswith(f"venv --quiet --allow-existing --python /usr/bin/python3 "
+                         f"{TOOLS}")
+    assert install.endswith(f"--python {weights.TOOLS_PYTHON} boto3 huggingface_hub")
+
+
+def test_staged_runs_the_downloader_unless_the_manifest_is_there(
+        use: Callable[[Host], Host]) -> None:
+    dest = "/var/lib/sglang/models/q"
+    fake = use(Host({"File": files(f"{dest}/{MANIFEST}")}))
+    assert commands(weights.staged, "s3://m/q", dest, None, None) == []
+    assert fake.noops == [f"{dest} holds a staged model (its {MANIFEST})"]
+    use(Host({"File": files()}))
+    [command] = commands(weights.staged, "s3://m/q", dest, "http://s3:9000", None)
+    assert shlex.split(command) == [
+        f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS}",
+        *program(weights.TOOLS_PYTHON, "download_model", "s3://m/q", dest, "--endpoint-url",
+                 "http://s3:9000")]
