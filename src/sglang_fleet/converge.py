@@ -20,13 +20,14 @@ from sglang_fleet.gate import restore_last_good, run_gate, smoke_test
 from sglang_fleet.gpucheck import require_gpu_health
 from sglang_fleet.render import render_all
 from sglang_fleet.router import install_router, remove_router
-from sglang_fleet.service import install_service, require_free_ports
+from sglang_fleet.service import install_service, require_free_ports, startup_budget
 from sglang_fleet.teardown import Purge, teardown
+from sglang_fleet.warmup import warm_caches
 from sglang_fleet.weights import stage_weights
 
 
 def serve() -> None:
-    """preflight → driver → engine → weights → service → gate. Preflight (the profile, its
+    """preflight → driver → engine → weights → warm-up → service → gate. Preflight (the profile, its
     rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
     port, the GPUs' health) fails before any host changes."""
     profile = hostdata.profile_for(host)
@@ -42,8 +43,20 @@ def serve() -> None:
     # pyinfra types a @deploy call as returning an OperationMeta; these return what they built.
     release = cast(Release, install_engine(profile=profile))
     weights = cast(list[OperationMeta], stage_weights(profile=profile))
+    warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
     install_service(profile=profile, launches=launches, release=release, restart_if=weights)
     run_gate(profile=profile, launches=launches)
+
+
+def prepare() -> None:
+    """What a roll does on every host while it still serves: the engine release and the
+    weights staged, the caches warmed; nothing restarts (the driver waits for the cutover)."""
+    profile = hostdata.profile_for(host)
+    launches = render_all(profile)
+    preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+    release = cast(Release, install_engine(profile=profile))
+    stage_weights(profile=profile)
+    warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
 
 
 def driver() -> None:

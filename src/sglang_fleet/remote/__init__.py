@@ -9,7 +9,9 @@ is uploaded alone. ``sglang_fleet.hostcode`` puts it on a host as the package
 - ``download_model``: stages model weights onto the host's disk (the tools venv: boto3,
   huggingface_hub);
 - ``start_server``: starts SGLang with its keys in-process (the engine release's python);
-- ``start_router``: starts sglang-router with its keys in-process (the router's venv).
+- ``start_router``: starts sglang-router with its keys in-process (the router's venv);
+- ``warm_caches``: fills a release's kernel caches before a restart (system python, as the
+  service user).
 
     /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
         -m sglang_fleet_remote.check_server --unit sglang.service ...

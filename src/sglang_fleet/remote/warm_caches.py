@@ -1,0 +1,153 @@
+"""Fill a release's kernel caches while the old server still serves (standard library only),
+run as the service user on GPUs no server uses, with the service's cache environment:
+
+- ``compile``: the release's own precompile entry point (``sglang.compile_deep_gemm``: it starts
+  a server with the same arguments, sends it a request that compiles every DeepGEMM kernel the
+  model needs, and exits);
+- ``full``: a warm-up start of the new release itself (every JIT cache: DeepGEMM, flashinfer,
+  triton, torch inductor, ...), one generation, then a clean stop.
+
+    /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
+        -m sglang_fleet_remote.warm_caches --mode compile --python /opt/.../bin/python \\
+        --module sglang.compile_deep_gemm --port 31000 --timeout 1800 -- --model-path ... --tp 1
+
+Prints the child's output prefixed ``warm-up:``, then one line ``WARMUP <json>``; exit 0 when
+the caches were filled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import IO, Any
+
+TAIL = 20  # lines of the child's output shown when it fails
+PROMPT = "What is 2+2? Answer with the number only."
+
+
+def child_argv(args: argparse.Namespace) -> list[str]:
+    """The entry point with the server's own flags, on a loopback port of its own (no key: the
+    warm-up server answers only this host)."""
+    flags = [*args.flags, "--host", "127.0.0.1", "--port", str(args.port)]
+    if args.mode == "compile":
+        flags += ["--timeout", str(args.timeout)]
+    return [args.python, "-m", args.module, *flags]
+
+
+def _relay(stream: IO[str], tail: list[str]) -> None:
+    for line in stream:
+        line = line.rstrip("\n")
+        tail.append(line)
+        del tail[:-TAIL]
+        print(f"warm-up: {line[:240]}", flush=True)
+
+
+def _get(url: str, timeout: float) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return int(resp.status)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def _generate(base: str) -> None:
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16}
+    req = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        resp.read()
+
+
+def serve_once(proc: subprocess.Popen[str], port: int, deadline: float) -> str | None:
+    """Full warm-up: wait for the server to answer /health_generate, generate once, stop it.
+    Returns what went wrong, or None."""
+    base = f"http://127.0.0.1:{port}"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"the warm-up server exited with status {proc.returncode} before it was ready"
+        if _get(f"{base}/health_generate", 10) == 200:
+            try:
+                _generate(base)
+            except (urllib.error.URLError, OSError) as err:
+                return f"the warm-up generation failed: {err}"
+            return None
+        time.sleep(1)
+    return "the warm-up server was not ready within the budget"
+
+
+def stop(proc: subprocess.Popen[str], grace: float = 60) -> None:
+    """SIGTERM to the whole process group (SGLang's schedulers too), SIGKILL after ``grace``."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def warm(args: argparse.Namespace) -> dict[str, Any]:
+    argv = child_argv(args)
+    tic = time.monotonic()
+    deadline = tic + args.timeout
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    tail: list[str] = []
+    assert proc.stdout is not None
+    relay = threading.Thread(target=_relay, args=(proc.stdout, tail), daemon=True)
+    relay.start()
+    try:
+        if args.mode == "full":
+            error = serve_once(proc, args.port, deadline)
+        else:
+            try:
+                code = proc.wait(max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = None
+            error = None if code == 0 else (
+                "the precompile did not finish within the budget" if code is None
+                else f"the precompile exited with status {code}")
+    finally:
+        stop(proc)
+        relay.join(5)
+    result: dict[str, Any] = {"mode": args.mode, "seconds": round(time.monotonic() - tic, 1),
+                              "ok": error is None}
+    if error:
+        result["error"] = error
+        result["tail"] = tail[-TAIL:]
+    return result
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="warm_caches")
+    p.add_argument("--mode", choices=("compile", "full"), required=True)
+    p.add_argument("--python", required=True, help="the release's python")
+    p.add_argument("--module", required=True, help="the entry point, run as python -m MODULE")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("flags", nargs=argparse.REMAINDER, help="-- then the server's flags")
+    args = p.parse_args(argv)
+    args.flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    result = warm(parse(sys.argv[1:] if argv is None else argv))
+    print("WARMUP " + json.dumps(result), flush=True)
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

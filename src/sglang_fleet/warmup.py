@@ -1,0 +1,194 @@
+"""Warm-up stage: when a deploy is about to restart a server onto other kernels (another
+release, model or flags), fill the new release's compile caches first, while the old server
+still serves, so the restart pays only loading and graph capture (profile ``warmup``):
+
+- ``compile`` (default): the release's own precompile entry point (``<package>.compile_deep_gemm``,
+  beside its launcher), where the release ships one;
+- ``full``: a warm-up start of the new release itself, one generation, then a stop;
+- ``off``: nothing.
+
+It runs on GPUs no server of the profile uses (``parallel.instances`` x tp x dp from GPU 0 up),
+as the service user with the service's cache environment; a host without such GPUs is said so
+and the restart pays the compile.
+
+    from sglang_fleet.warmup import warm_caches
+    warm_caches(profile=profile, launches=launches, release=release)   # before the service
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from typing import Any
+
+from pyinfra import logger
+from pyinfra.api.deploy import deploy
+from pyinfra.api.operation import operation
+from pyinfra.context import host, state
+from pyinfra.facts.files import File, FindFiles
+
+from sglang_fleet import paths
+from sglang_fleet.engine import CACHE_ENV, Release
+from sglang_fleet.facts.nvidia import NvidiaSmi
+from sglang_fleet.facts.ports import PortListeners
+from sglang_fleet.facts.units import UnitStates
+from sglang_fleet.hostcode import program, upload
+from sglang_fleet.ops import Ops, run
+from sglang_fleet.profile import Profile
+from sglang_fleet.render import Launch
+
+PROGRAM = "warm_caches"
+PRECOMPILE = "compile_deep_gemm"  # beside the launcher: sglang.compile_deep_gemm
+PORT_OFFSET = 1000  # warm-up servers listen on the server's port + this (+ a few if taken)
+MARKS = f"{paths.CACHE}/warm"  # one empty file per warmed release, flags and environment
+
+
+def spare_gpus(profile: Profile, gpu_count: int) -> list[int]:
+    """GPUs of the host no server of the profile uses, as many as one instance needs (none if
+    too few).
+
+    >>> from sglang_fleet.profile import load
+    >>> spare_gpus(load("qwen3.6-27b-mtp"), 8)
+    [1]
+    """
+    size = profile.parallel.gpus_per_instance
+    first = profile.parallel.instances * size
+    return list(range(first, first + size)) if first + size <= gpu_count else []
+
+
+def precompile_module(launch: Launch) -> str:
+    """The release's precompile entry point, in the launcher's package.
+
+    >>> precompile_module(Launch("0.5.23", ("python", "-m", "sglang.launch_server"), {}))
+    'sglang.compile_deep_gemm'
+    """
+    return f"{launch.argv[2].rpartition('.')[0]}.{PRECOMPILE}"
+
+
+def warm_key(launch: Launch, release: Release, mode: str) -> str:
+    """What a warm cache holds kernels for: the release, the server's flags (port and host
+    aside: they compile nothing) and its environment."""
+    flags = list(launch.argv[3:])
+    for name in ("--port", "--host"):
+        if name in flags:
+            i = flags.index(name)
+            del flags[i:i + 2]
+    env = {k: v for k, v in launch.env.items() if k != "CUDA_VISIBLE_DEVICES"}  # per instance
+    what = {"release": release.id, "flags": flags, "env": env, "mode": mode}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def unchanged_kernels(launch: Launch, release: Release) -> bool:
+    """The unit runs this release with these flags already: nothing new to compile."""
+    unit = (host.get_fact(UnitStates, units=[launch.unit]) or {}).get(launch.unit)
+    if unit is None or unit.active != "active" or unit.release != release.id:
+        return False
+    module = launch.argv[2]
+    running = list(unit.argv)
+    return module in running and running[running.index(module) + 1:] == list(launch.argv[3:])
+
+
+def free_port(start: int) -> int:
+    """The first port from ``start`` nothing listens on."""
+    for port in range(start, start + 20):
+        if not host.get_fact(PortListeners, port=port):
+            return port
+    return start
+
+
+def warm_command(profile: Profile, launch: Launch, release: Release, gpus: list[int],
+                 port: int, module: str, budget: int) -> str:
+    """A transient unit, as the service user with the service's cache environment and the
+    spare GPUs, that runs the host program and hands back its output."""
+    env = {**CACHE_ENV, **launch.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    run = ["systemd-run", "--quiet", "--wait", "--pipe", "--collect",
+           f"--unit=sglang-warmup-{launch.instance}", f"--uid={paths.USER}",
+           f"--gid={paths.USER}", f"--working-directory={paths.STATE}",
+           f"--property=RuntimeMaxSec={budget + 120}",
+           *(f"--setenv={k}={v}" for k, v in sorted(env.items()))]
+    words = program("/usr/bin/python3", PROGRAM, "--mode", profile.warmup, "--python",
+                    release.python_bin, "--module", module, "--port", str(port),
+                    "--timeout", str(budget), "--", *launch.argv[3:])
+    return shlex.join([*run, *words])
+
+
+def _report(lines: list[str]) -> dict[str, Any]:
+    """The host program's ``WARMUP <json>`` line (an error when it printed none)."""
+    for line in reversed(lines):
+        if line.startswith("WARMUP "):
+            try:
+                found = json.loads(line[7:])
+            except ValueError:
+                break
+            if isinstance(found, dict):
+                return found
+    return {"ok": False, "error": "the warm-up printed no result", "tail": lines[-10:]}
+
+
+@operation(is_idempotent=True)
+def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: int) -> Ops:
+    """Before the restart that moves a running server onto other kernels: its caches filled on
+    spare GPUs while it still serves.
+
+    + profile: the validated profile (``warmup``, ``parallel``)
+    + launch: the server launch about to be (re)started
+    + release: the engine release it will run
+    + budget: seconds the warm-up may take (``startup_budget_seconds``)
+
+        caches_warmed(name="Warm caches of sglang.service", profile=profile, launch=launch,
+                      release=release, budget=1800)
+    """
+    if not state.is_executing:
+        return
+    if unchanged_kernels(launch, release):
+        host.noop(f"{launch.unit} runs this release with these flags: nothing to compile")
+        return
+    units = host.get_fact(UnitStates, units=[launch.unit]) or {}
+    if launch.unit not in units or units[launch.unit].active != "active":
+        host.noop(f"{launch.unit} is not serving: its own start fills the caches")
+        return
+    mark = f"{MARKS}/{warm_key(launch, release, profile.warmup)}"
+    if host.get_fact(File, path=mark):
+        host.noop(f"the caches are warm for {release.id} with these flags")
+        return
+    report = host.get_fact(NvidiaSmi)
+    gpus = spare_gpus(profile, len(report.gpus) if report.ok else 0)
+    if not gpus:
+        logger.warning(f"{host.print_prefix}warm-up skipped: no GPUs beside the servers' "
+                       f"(parallel.instances x tp x dp); {launch.unit}'s restart compiles")
+        return
+    module = launch.argv[2]
+    if profile.warmup == "compile":
+        module = precompile_module(launch)
+        if not host.get_fact(FindFiles, path=release.dir, fname=f"{PRECOMPILE}.py"):
+            logger.warning(f"{host.print_prefix}warm-up skipped: {release.id} has no "
+                           f"{module}; {launch.unit}'s restart compiles (warmup: full "
+                           "warms with a whole start)")
+            return
+    port = free_port(launch.port + PORT_OFFSET)
+    where = f"GPU {','.join(map(str, gpus))}, port {port}"
+    # The warm-up itself, not a read of state: it runs here so its outcome decides what follows.
+    _, output = run(warm_command(profile, launch, release, gpus, port, module, budget))
+    result = _report(list(output.stdout_lines))
+    if not result.get("ok"):
+        for line in result.get("tail") or []:
+            logger.warning(f"{host.print_prefix}warm-up: {line}")
+        logger.warning(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on "
+                       f"{where} failed: {result.get('error')}; {launch.unit}'s restart "
+                       "compiles")
+        return
+    logger.info(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on {where}: "
+                f"{result.get('seconds')} s while {launch.unit} served")
+    yield f"install -d -m 755 {MARKS} && touch {shlex.quote(mark)}"
+
+
+@deploy("Warm-up")
+def warm_caches(profile: Profile, launches: list[Launch], release: Release, budget: int) -> None:
+    """Each server's caches, warmed before the service stage restarts it."""
+    if profile.warmup == "off":
+        return
+    upload(PROGRAM)
+    for launch in launches:
+        caches_warmed(name=f"Warm caches of {launch.unit} ({profile.warmup})", profile=profile,
+                      launch=launch, release=release, budget=budget)
