@@ -54,7 +54,7 @@ def prepare() -> None:
     profile = hostdata.profile_for(host)
     launches = render_all(profile)
     preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
-    release = cast(Release, install_engine(profile=profile))
+    release = cast(Release, install_engine(profile=profile, switch=False))
     stage_weights(profile=profile)
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
 

@@ -186,7 +186,9 @@ def prune(keep: int = KEEP) -> Ops:
 
 
 @deploy("Engine release")
-def install_engine(profile: Profile) -> Release:
+def install_engine(profile: Profile, switch: bool = True) -> Release:
+    """The release installed; ``current`` switched to it and old releases pruned unless
+    ``switch`` is False (a roll's preparation, while the old release still serves)."""
     # engine_find_links and engine.index_url were checked (https) with the host's data.
     release = release_for(profile, host.data.get("engine_find_links"))
     server.user(name="Service user", user=paths.USER, system=True, home=paths.STATE,
@@ -205,8 +207,9 @@ def install_engine(profile: Profile) -> Release:
     files.directory(name="No root cache among the service's", path=f"{paths.CACHE}/uv",
                     present=False)
     release_dir(name=f"Install {release.requirement} into {release.id}", release=release)
-    current_link(name="Switch current release", release=release)
-    prune(name=f"Keep the last {KEEP} releases")
+    if switch:
+        current_link(name="Switch current release", release=release)
+        prune(name=f"Keep the last {KEEP} releases")
     return release
 
 
