@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -50,3 +51,10 @@ def wait_for_health(url: str, seconds: float = 30) -> None:
                 return
         except httpx.HTTPError:
             time.sleep(0.1)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, on the loopback."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,13 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, wait_for_health
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.conftest import ROOT, free_port, wait_for_health
 
 
 @pytest.fixture(scope="module")

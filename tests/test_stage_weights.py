@@ -15,18 +15,14 @@ from pathlib import Path
 import boto3
 import pytest
 
+from tests.conftest import free_port
+
 DOWNLOADER = "sglang_fleet.remote.download_model"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "lab", "AWS_SECRET_ACCESS_KEY": "lab-secret",
                "AWS_DEFAULT_REGION": "us-east-1"}
 SHARDS = 6
 SHARD_BYTES = 24 << 20
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def moto_server(port: int) -> subprocess.Popen[bytes]:

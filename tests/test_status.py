@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,15 +16,10 @@ import pytest
 
 from sglang_fleet import status
 from sglang_fleet.facts import gpuhealth, units
-from tests.conftest import FIELD_PROFILE, ROOT, wait_for_health
+from tests.conftest import FIELD_PROFILE, ROOT, free_port, wait_for_health
 
 KEY = "status-test-key-0123"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
