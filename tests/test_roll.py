@@ -71,7 +71,8 @@ def test_hosts_go_out_converge_and_come_back_one_at_a_time() -> None:
     router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs()
     rolled = make(router, runs)
     assert rolled()
-    assert [(d, h) for d, h, _ in runs.calls] == [("serve", ["h1"]), ("serve", ["h2"]),
+    assert [(d, h) for d, h, _ in runs.calls] == [("prepare", ["h1", "h2", "h3"]),
+                                                  ("serve", ["h1"]), ("serve", ["h2"]),
                                                   ("serve", ["h3"])]
     assert all(data == ["sglang.memory.page_size=64"] for _, _, data in runs.calls)
     assert router.log == [(op, URLS[h][0]) for h in URLS for op in ("remove", "add")]
@@ -83,7 +84,8 @@ def test_a_failure_restores_that_host_and_leaves_the_rest_untouched() -> None:
     rolled = make(router, runs)
     assert not rolled()
     assert [(d, h) for d, h, _ in runs.calls] == [
-        ("serve", ["h1"]), ("serve", ["h2"]), ("restore", ["h2"])]
+        ("prepare", ["h1", "h2", "h3"]), ("serve", ["h1"]), ("serve", ["h2"]),
+        ("restore", ["h2"])]
     assert runs.calls[-1][2] == []  # the restore runs without the roll's data
     assert all(router.known.values()) and len(router.known) == 3
     report = rolled.report()
@@ -96,13 +98,21 @@ def test_no_host_leaves_while_another_is_unhealthy() -> None:
                                "http://h3:30000": False}), Runs()
     with pytest.raises(RouterError, match=r"h3 .* is not healthy"):
         make(router, runs)()
-    assert runs.calls == [] and router.log == []
+    assert [d for d, _, _ in runs.calls] == ["prepare"] and router.log == []
 
 
 def test_batches_of_two() -> None:
     router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs()
     assert make(router, runs, batch=2)()
-    assert [h for _, h, _ in runs.calls] == [["h1", "h2"], ["h3"]]
+    assert [h for _, h, _ in runs.calls] == [["h1", "h2", "h3"], ["h1", "h2"], ["h3"]]
+
+
+def test_a_failed_preparation_takes_no_host_out() -> None:
+    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs(("prepare", "h2"))
+    rolled = make(router, runs)
+    assert not rolled()
+    assert [d for d, _, _ in runs.calls] == ["prepare"] and router.log == []
+    assert "h1              not touched: preparing failed" in rolled.report()
 
 
 def test_bad_input_is_named() -> None:
