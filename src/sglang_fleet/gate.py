@@ -217,7 +217,7 @@ def run_gate(profile: Profile, launches: list[Launch]) -> None:
     failure."""
     summary.failed_hosts_at_exit()
     files.directory(name="Gate tools", path=f"{TOOLS}/sglang_fleet", mode="755")
-    for name in ("__init__.py", "capacity.py", "gate_check.py"):
+    for name in ("__init__.py", "capacity.py", "gate_check.py", "readiness.py"):
         files.put(name=f"Gate tool {name}", src=str(HERE / name),
                   dest=f"{TOOLS}/sglang_fleet/{name}", mode="644")
     job = host.data.get("job_estimate", "")  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
