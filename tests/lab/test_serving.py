@@ -73,7 +73,7 @@ def ready_in_parts(host: str, out: str) -> None:
     assert found, out[-3000:]
     total, weights, kv, graphs, ready, first = (float(x) for x in found.groups())
     assert weights >= 2.0 and graphs >= 1.5 and first < 30
-    assert abs(total - (weights + kv + graphs + ready)) <= 0.2
+    assert abs(total - (weights + kv + graphs + ready)) <= 0.3  # five roundings to 0.1 s
     model = server_info(host)["served_model_name"]
     check = ssh(host, f"PYTHONPATH={TOOLS} python3 -m sglang_fleet.gate_check --unit "
                       f"sglang.service --url http://127.0.0.{10 + int(host[-1])}:30000 "
