@@ -137,3 +137,49 @@ def test_every_hosts_change_is_checked_before_any_host_is_touched() -> None:
     assert result.stderr.count("error:") == 1
     assert "fix: set speculative.num_draft_tokens: 4" in result.stderr
     assert "roll:" not in result.stdout and "Traceback" not in result.stderr
+
+
+class Clock:
+    """time.monotonic for the roll: a deploy takes 40 s, a router's health wait 5 s."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_the_table_shows_each_hosts_seconds_out_of_the_router(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(roll, "time", SimpleNamespace(monotonic=clock.monotonic,
+                                                       strftime=lambda f: "00:00:00"))
+
+    class SlowRouter(FakeRouter):
+        def wait_healthy(self, url: str, timeout: float) -> None:
+            clock.now += 5
+            super().wait_healthy(url, timeout)
+
+    class SlowRuns(Runs):
+        def __call__(self, inventory: str, deploy: str, hosts: list[str], data: Any) -> int:
+            clock.now += 40
+            return super().__call__(inventory, deploy, hosts, data)
+
+    router, runs = SlowRouter({u[0]: True for u in URLS.values()}), SlowRuns(("serve", "h2"))
+    rolled = make(router, runs)
+    assert not rolled()
+    report = rolled.report().splitlines()
+    assert report[0].endswith("out of router (s)")
+    assert report[1].split()[-1] == "45"  # deploy 40 s + seen healthy 5 s
+    assert report[2].split()[-1] == "85"  # failed deploy, restore, then healthy
+    assert report[3].split()[-1] == "-"  # never taken out
+
+
+def test_a_host_the_restore_did_not_bring_back_is_still_out() -> None:
+    router = FakeRouter({u[0]: True for u in URLS.values()})
+    rolled = make(router, Runs())
+    # the preparation passes; the deploy and the restore fail
+    rolled.run = lambda inventory, deploy, hosts, data: int(deploy != "prepare")
+    assert not rolled()
+    assert rolled.outcomes["h1"].still_out and rolled.outcomes["h1"].out_text().endswith("still")
+    assert rolled.outcomes["h2"].out_seconds is None

@@ -273,7 +273,7 @@ def run_gate(profile: Profile, launches: list[Launch]) -> None:
     """Health, effective arguments, smoke generation, soak and capacity report; rollback on
     failure."""
     summary.failed_hosts_at_exit()
-    upload("capacity", CHECKER)
+    upload("capacity", "readiness", CHECKER)
     job = host.data.get("job_estimate", "")  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
     soak = soak_requests(host.data, host.name)
     for launch in launches:

@@ -40,7 +40,18 @@ class Outcome:
     host: str
     result: str = "untouched"
     seconds: float = 0.0
+    out_seconds: float | None = None  # out of the routers: taken out until seen healthy again
+    still_out: bool = False  # the roll ended with the host out of the routers
     notes: list[str] = field(default_factory=list)
+
+    def out_text(self) -> str:
+        """The seconds out of the routers for the table: "-" for a host never taken out.
+
+            Outcome("h1", out_seconds=41.6).out_text()   # '42'
+        """
+        if self.out_seconds is None:
+            return "-"
+        return f"{self.out_seconds:.0f}" + (" still" if self.still_out else "")
 
 
 @dataclass
@@ -206,9 +217,22 @@ class Roll:
         self.run = run
         self.outcomes = {h.name: Outcome(h.name) for b in plan.batches for h in b}
         self.serving = dict(plan.before)  # host -> the URLs it serves at now
+        self.out_since: dict[str, float] = {}  # host -> when it left the routers
+
+    def left(self, name: str) -> None:
+        """The host leaves the routers now (its first removal): its time out starts."""
+        self.out_since.setdefault(name, time.monotonic())
+
+    def back(self, name: str, still_out: bool = False) -> None:
+        """The host is healthy in every router again (or the batch ends with it out)."""
+        since = self.out_since.pop(name, None)
+        if since is not None:
+            self.outcomes[name].out_seconds = time.monotonic() - since
+            self.outcomes[name].still_out = still_out
 
     def take_out(self, names: list[str]) -> None:
         for name in names:
+            self.left(name)
             for router in self.plan.routers:
                 for url in self.serving.get(name, []):
                     if router.remove(url):
@@ -234,6 +258,9 @@ class Roll:
                     router.add(url)
                     router.wait_healthy(url, self.health_timeout)
                     say(f"{name}: {url} healthy in {router.url}")
+            self.back(name)
+            say(f"{name}: out of the router{'s' if len(self.plan.routers) > 1 else ''} for "
+                f"{self.outcomes[name].out_text()} s")
 
     def others_healthy(self, names: list[str]) -> None:
         """Every other host must be serving before this batch leaves: capacity stays N - K."""
@@ -270,6 +297,7 @@ class Roll:
             self.restore(names)
         for name in names:
             self.outcomes[name].seconds = time.monotonic() - tic
+            self.back(name, still_out=True)  # only if no put_back brought it back
         return ok
 
     def restore(self, names: list[str]) -> None:
@@ -303,9 +331,10 @@ class Roll:
         return all(self.batch(hosts) for hosts in self.plan.batches)  # stops at a failure
 
     def report(self) -> str:
-        rows = [f"{'host':<16}{'result':<44}{'seconds':>8}"]
+        rows = [f"{'host':<16}{'result':<44}{'seconds':>8}{'out of router (s)':>20}"]
         for outcome in self.outcomes.values():
-            rows.append(f"{outcome.host:<16}{outcome.result:<44}{outcome.seconds:>8.0f}")
+            rows.append(f"{outcome.host:<16}{outcome.result:<44}{outcome.seconds:>8.0f}"
+                        f"{outcome.out_text():>20}")
             rows += [f"{'':<16}{note}" for note in outcome.notes]
         return "\n".join(rows)
 

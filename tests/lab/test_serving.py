@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from sglang_fleet.hostcode import program
 from tests.lab.conftest import booted_lab, pyinfra, run, ssh
 
 pytestmark = pytest.mark.lab
@@ -57,8 +59,33 @@ def test_fresh_hosts_converge_and_pass_the_gate(lab: None) -> None:
         assert re.search(rf"\[{host}\] capacity: KV tokens \d+, mamba slots \d+ .*max running "
                          r"requests \d+, GPU memory free", out)
         assert f"[{host}] advice: max running requests" in out
+        ready_in_parts(host, out)
     staged = ssh("lab1", "ls /var/lib/sglang/models/lab-models--qwen3.6-27b").stdout.split()
     assert "config.json" in staged and len([f for f in staged if f.endswith(".safetensors")]) == 4
+
+
+def ready_in_parts(host: str, out: str) -> None:
+    """The gate's time to ready, from the journal: the simulator loads its weights in 2 s
+    (SGLANG_SIM_LOAD_SECONDS) and captures three graphs of 0.5 s (target verify, draft decode,
+    draft extend); the same parts in the gate's JSON (its GATE line, run again on the host)."""
+    found = re.search(rf"\[{host}\] ready in (\d+\.\d) s: start→weights (\d+\.\d) s, "
+                      r"→KV\+mamba (\d+\.\d) s, →graphs (\d+\.\d) s, →ready (\d+\.\d) s, "
+                      r"→first generation (\d+\.\d) s", out)
+    assert found, out[-3000:]
+    total, weights, kv, graphs, ready, first = (float(x) for x in found.groups())
+    assert weights >= 2.0 and graphs >= 1.5 and first < 30
+    assert abs(total - (weights + kv + graphs + ready)) <= 0.3  # five roundings to 0.1 s
+    model = server_info(host)["served_model_name"]
+    check = ssh(host, shlex.join(program(
+        "python3", "check_server", "--unit", "sglang.service", "--url",
+        f"http://127.0.0.{10 + int(host[-1])}:30000", "--env-file", "/etc/sglang/sglang.env",
+        "--model", str(model), "--soak-requests", "0")))
+    gate = json.loads(next(line[5:] for line in check.stdout.splitlines()
+                           if line.startswith("GATE ")))
+    parts = {p["part"]: p["seconds"] for p in gate["time_to_ready"]["parts"]}
+    assert gate["time_to_ready"]["seconds"] == pytest.approx(total, abs=0.06)
+    assert parts["weights"] == pytest.approx(weights, abs=0.06)
+    assert parts["first_generation"] == pytest.approx(first, abs=0.06)  # the first gate's
 
 
 def test_second_run_changes_nothing(lab: None) -> None:

@@ -73,6 +73,7 @@ class Launcher:
         log = self.tmp / f"sim-{port}.log"
         full_env = {**os.environ, "PATH": f"{self.gpu_bin}:{os.environ['PATH']}",
                     "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_DRAIN_POLL_SECONDS": "0.2",
+                    "SGLANG_SIM_CAPTURE_SECONDS": "0.05",
                     **(env or {})}
         argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(model),
                 "--host", "127.0.0.1", "--port", str(port), *flags]
@@ -103,7 +104,8 @@ class Launcher:
             timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """Run to exit (for launches that must fail)."""
         full_env = {**os.environ, "PATH": f"{self.gpu_bin}:{os.environ['PATH']}",
-                    "SGLANG_SIM_LOAD_SECONDS": "0.1", **(env or {})}
+                    "SGLANG_SIM_LOAD_SECONDS": "0.1", "SGLANG_SIM_CAPTURE_SECONDS": "0.05",
+                    **(env or {})}
         argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(MODEL),
                 "--host", "127.0.0.1", "--port", str(free_port()), *flags]
         return subprocess.run(argv, capture_output=True, text=True, env=full_env,

@@ -70,6 +70,14 @@ LINES = [
     ("max_running_requests is capped", "mem_cache/kv_cache_configurator.py",
      "max_running_requests is capped to %d"),
     ("The server is fired up", "entrypoints/http_server.py", "The server is fired up"),
+    ("Capture target verify CUDA graph begin.",
+     "model_executor/model_runner_components/cuda_graph_setup.py", "num_tokens_per_req="),
+    ("Capture target verify CUDA graph end.",
+     "model_executor/model_runner_components/cuda_graph_setup.py", " end. bs="),
+    ("Capture draft decode CUDA graph begin.", "speculative/eagle_worker_v2.py",
+     "Capture draft decode CUDA graph begin. "),
+    ("Capture draft extend CUDA graph end.", "speculative/eagle_worker_v2.py",
+     "Capture draft extend CUDA graph end. "),
     ("SIGTERM received.", "managers/tokenizer_manager.py", "SIGTERM received. "),
     ("Gracefully exiting...", "managers/tokenizer_manager.py", "Gracefully exiting... "),
     ("Max running requests is reset to 48", "arg_groups/speculative_hook.py",
@@ -102,6 +110,20 @@ def test_log_lines_match_sglang_format_strings(sims: Launcher, srt: Path) -> Non
         regexes = _format_regexes(srt, file, marker)
         for line in ours:
             assert any(re.fullmatch(rx, line, re.S) for rx in regexes), (line, regexes)
+
+
+def test_prefill_batch_line_is_sglangs(field_sim: Sim, srt: Path) -> None:
+    """SGLang builds the line in pieces (msg += ...): its first piece, then the graph and
+    throughput pieces, in order."""
+    field_sim.client().post("/v1/chat/completions", json=CHAT)
+    lines = [_message(line) for line in field_sim.output().splitlines()
+             if "Prefill batch" in line]
+    path = srt / "managers" / "scheduler_components" / "metrics_reporter.py"
+    head = _format_regexes(srt, str(path.relative_to(srt)), "#pending-token: ")[0]
+    assert lines and all(re.match(head + r"cuda graph: (True|False), input throughput "
+                                  r"\(token/s\): \d+\.\d\d$", line) for line in lines), lines
+    assert '"{self._graph_backend_label}: {can_run_cuda_graph}, "' in \
+        path.read_text().replace("f\"", "\"")
 
 
 def _fields(srt: Path, cls: str) -> set[str]:

@@ -189,3 +189,50 @@ def test_slot_sizing_keeps_one_back_from_0_5_17(sims: Launcher) -> None:
         slots[release] = int(m.group(1))
         sim.stop()
     assert slots["0.5.16"] == slots["0.5.17"] + 1
+
+
+def test_graph_capture_lines_follow_the_release(sims: Launcher) -> None:
+    """Target capture after its memory pool, the draft's after the draft's pool, then ready;
+    each release era in its own words (see sglang_sim.graphs)."""
+    words = {"0.5.10": ["Capture cuda graph end. Time elapsed: ",
+                        "Capture draft cuda graph end. Time elapsed: ",
+                        "Capture draft extend cuda graph end. Time elapsed: "],
+             "0.5.14": ["Capture target verify CUDA graph begin. backend=full, "
+                        "num_tokens_per_bs=4, bs=[1, 2, ",
+                        "Capture draft decode CUDA graph end. elapsed="],
+             "0.5.23": ["Capture target verify CUDA graph begin. backend=full, "
+                        "num_tokens_per_req=4, avail mem=",
+                        "Capture target verify CUDA graph end. bs=[1, 2, ",
+                        "Capture draft extend CUDA graph end. elapsed="]}
+    for release, expected in words.items():
+        sim = sims.start(*MTP, "--disable-radix-cache", env={"SGLANG_SIM_VERSION": release})
+        log = sim.output()
+        for text in expected:
+            assert text in log, (release, text)
+        assert log.count("graph end.") == 3, release
+        pools = [i for i in range(len(log)) if log.startswith("Memory pool end.", i)]
+        capture = log.index("graph begin.")
+        assert pools[0] < capture < pools[1] < log.rindex("graph end.") < \
+            log.index("max_total_num_tokens=") < log.index("fired up and ready to roll")
+        sim.stop()
+
+
+def test_no_graphs_with_disable_cuda_graph(sims: Launcher) -> None:
+    sim = sims.start("--disable-cuda-graph", env={"SGLANG_SIM_VERSION": "0.5.13"})
+    assert "Capture" not in sim.output()
+    sim.stop()
+
+
+def test_each_prefill_batch_is_logged_the_warmup_before_ready(sims: Launcher) -> None:
+    sim = sims.start(*MTP)
+    with sim.client() as c:
+        assert c.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4}).status_code == 200
+    sim.stop()
+    log = sim.output()
+    ready = log.index("fired up and ready to roll")
+    batches = [i for i in range(len(log)) if log.startswith("Prefill batch, #new-seq: 1, ", i)]
+    assert len(batches) == 2 and batches[0] < ready < batches[1]
+    assert "full token usage: 0.00, mamba usage: 0.00, #running-req: 1, #queue-req: 0, " \
+           "#pending-token: 0, cuda graph: False" in log

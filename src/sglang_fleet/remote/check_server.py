@@ -6,7 +6,8 @@
 3. a smoke generation through /v1/chat/completions that copes with reasoning models;
 4. a soak: twice max running requests (or ``--soak-requests``) at once, every one answered,
    the server still the same invocation and healthy after them;
-5. the capacity report from this invocation's startup lines.
+5. the capacity report from this invocation's startup lines, and its time to ready in parts
+   (process start, weights, KV and mamba, graphs, ready, first generation; see readiness).
 
     /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
         -m sglang_fleet_remote.check_server --unit sglang.service \\
@@ -31,7 +32,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import capacity  # uploaded to the host with this module
+from . import capacity, readiness  # uploaded to the host with this module
 
 SMOKE_PROMPT = "What is 2+2? Answer with the number only."
 SOAK_PROMPT = "Name a colour."
@@ -66,6 +67,23 @@ def journal(invocation: str, lines: int = 40) -> list[str]:
     out = subprocess.run(["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat",
                           "--no-pager"], capture_output=True, text=True).stdout
     return out.splitlines()[-lines:] if lines else out.splitlines()
+
+
+def time_to_ready(invocation: str, tries: int = 5) -> readiness.Timing:
+    """This invocation's time to ready, in parts, from its journal at journald's own time:
+    the unit's lines and systemd's "Started" message for it (PID 1 logs that with the
+    invocation as INVOCATION_ID). Read again for a moment while the first generation's line
+    (the smoke's, just answered) is not in the journal yet."""
+    argv = ["journalctl", "-o", "json", "--no-pager", f"_SYSTEMD_INVOCATION_ID={invocation}",
+            "+", f"INVOCATION_ID={invocation}"]
+    timing = readiness.Timing()
+    for _ in range(tries):
+        out = subprocess.run(argv, capture_output=True, text=True).stdout
+        timing = readiness.parse(readiness.entries(out.splitlines()))
+        if "first_generation" in timing.marks or "ready" not in timing.marks:
+            break
+        time.sleep(0.5)
+    return timing
 
 
 # What urllib raises when a peer is not an HTTP server (an SSH banner, a closed connection, a
@@ -380,6 +398,9 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if not s["sane"]:
         raise GateError(f"smoke answer is not sane: {s['answer']!r}")
     print(describe(s))
+    timing = time_to_ready(invocation)
+    print(readiness.describe(timing))
+    result["time_to_ready"] = readiness.as_json(timing)
     cap = capacity.parse(journal(invocation, 0), info.get("version"))
     mrr = info.get("max_running_requests")
     run_soak(args, key, invocation, cap.max_running_requests

@@ -20,7 +20,7 @@ import os
 import random
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from sglang_sim import logs
@@ -121,6 +121,8 @@ class Engine:
         self.rids: list[str] = []  # requests not finished yet, as the tokenizer manager tracks
         self.stats = Stats()
         self.crash_after: int | None = None  # SGLANG_SIM_CRASH_AFTER, set by the launcher
+        # The release's "Prefill batch" line (prompt tokens, running, queued), set by the launcher
+        self.prefill_line: Callable[[int, int, int], str] | None = None
 
     def step(self) -> None:
         """One scheduler iteration: where a faulted scheduler dies, taking every running and
@@ -176,6 +178,9 @@ class Engine:
             self.queued -= 1
         self.running += 1
         self.step()
+        if self.prefill_line:  # the scheduler logs every prefill batch (here: one request)
+            logging.getLogger(logs.SCHEDULER).info(
+                self.prefill_line(prompt_tokens, self.running, self.queued))
         try:
             await asyncio.sleep(prompt_tokens / self.prefill_rate)
             first = True

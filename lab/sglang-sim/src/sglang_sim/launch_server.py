@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import shlex
@@ -23,7 +24,7 @@ import uvicorn
 
 from sglang_sim import args as args_mod
 from sglang_sim import gpus as gpus_mod
-from sglang_sim import logs, memory, model, rules, server
+from sglang_sim import graphs, logs, memory, model, rules, server
 from sglang_sim.engine import Engine
 from sglang_sim.faults import Faults
 from sglang_sim.state import State
@@ -69,9 +70,10 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
     if shape.is_hybrid:
         _log_mamba(scheduler, plan, faults, args.speculative_algorithm is not None)
     scheduler.info(f"Memory pool end. avail mem={plan.pool_end_avail_gb:.2f} GB")
+    graphs.capture_target(scheduler, args, plan, rel)  # the target's runner, then the draft's
     available = plan.available_gpu_mem_gb
     if args.speculative_algorithm is not None:
-        available -= _log_draft_worker(scheduler, plan, rel, shape)
+        available -= _log_draft_worker(scheduler, plan, rel, shape, args)
     scheduler.info(
         f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={plan.chunked_prefill_size}, "
         f"max_prefill_tokens={plan.max_prefill_tokens}, "
@@ -81,6 +83,7 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
                     args.speculative_num_draft_tokens or 1, args.reasoning_parser is not None,
                     args.random_seed or 0)
     engine.crash_after = faults.crash_after
+    engine.prefill_line = functools.partial(graphs.prefill_line, rel, shape.is_hybrid)
     command = "python -m sglang.launch_server " + shlex.join(sys.argv[1:])
     return State(args=args, release=release, launch_command=command, shape=shape, memory=plan,
                  engine=engine, faults=faults, startup_time=started)
@@ -144,7 +147,7 @@ DRAFT_ARCH = {"Qwen3NextForCausalLM": "Qwen3NextForCausalLMMTP"}
 
 
 def _log_draft_worker(scheduler: logging.Logger, plan: memory.MemoryPlan, rel: tuple[int, ...],
-                      shape: model.ModelShape) -> float:
+                      shape: model.ModelShape, args: Namespace) -> float:
     """The speculative draft worker's own model runner lines, after the target's: one MTP layer
     of weights and a one-layer KV pool of the same tokens. Returns the GB it takes."""
     arch = DRAFT_ARCH.get(shape.architecture, "Qwen3_5ForCausalLMMTP")
@@ -156,6 +159,7 @@ def _log_draft_worker(scheduler: logging.Logger, plan: memory.MemoryPlan, rel: t
                    f"mem usage={weight_gb:.2f} GB.")
     _log_kv(scheduler, rel, shape.dtype, plan.kv_tokens, k_gb, v_gb)
     scheduler.info(f"Memory pool end. avail mem={avail - k_gb - v_gb:.2f} GB")
+    graphs.capture_draft(scheduler, args, plan, rel, avail - k_gb - v_gb)
     return weight_gb + k_gb + v_gb
 
 
