@@ -1,6 +1,7 @@
 """Faults a deploy must recover from, on lab hosts: a unit whose start limit was spent by
-restarts, a server that dies under its first real batch, and a guest whose nspawn process was
-killed. (Every fault, timed, is in ``bench/faults.py``.)"""
+restarts, a server that dies under its first real batch, a clean stop that must not count as a
+failure, and a guest whose nspawn process was killed. (Every fault, timed, is in
+``bench/faults.py``.)"""
 
 from __future__ import annotations
 
@@ -81,6 +82,54 @@ def test_a_server_that_dies_under_its_first_batch_fails_the_gate(lab: None) -> N
     assert time.monotonic() - tic < 120
     assert health() == "200" and unit("MainPID") != before
     assert "SGLANG_SIM_CRASH_AFTER" not in ssh("lab1", "cat /etc/sglang/sglang.env").stdout
+
+
+# A clean stop leaves sglang.service inactive, not failed, whichever way the release ends: 0.5.19+
+# exit 0 after draining, 0.5.10 - 0.5.18 SIGKILL their own process tree (the unit's
+# SuccessExitStatus=SIGKILL). The simulator imitates the older ending with SGLANG_SIM_VERSION,
+# set here by a drop-in on the host.
+DROP_IN = "/etc/systemd/system/sglang.service.d/zz-sim-release.conf"
+
+
+def wait_serving(timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code = ssh("lab1", "curl -s -o /dev/null -w '%{http_code}' "
+                         "http://127.0.0.11:30000/health").stdout.strip()
+        if code == "200":
+            return
+        time.sleep(2)
+    raise AssertionError("sglang.service did not turn healthy:\n"
+                         + ssh("lab1", "journalctl -u sglang -n 30 -o cat").stdout)
+
+
+def stop_and_check() -> None:
+    ssh("lab1", "systemctl stop sglang.service")
+    assert unit("ActiveState") == "inactive", ssh("lab1", "systemctl status sglang").stdout
+    assert unit("Result") == "success"
+    log = ssh("lab1", "journalctl -u sglang -o cat -n 200").stdout
+    assert "Draining requests and shutting down..." in log
+    assert "Gracefully exiting... Remaining number of requests 0." in log
+
+
+def test_stop_after_exit_0(lab: None) -> None:
+    result = pyinfra("deploys/sglang.py", "--limit", "lab1")
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    wait_serving()
+    stop_and_check()
+    assert unit("ExecMainStatus") == "0"
+
+
+def test_stop_after_sigkill_of_its_own_tree(lab: None) -> None:
+    ssh("lab1", f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '[Service]\\n"
+              f"Environment=SGLANG_SIM_VERSION=0.5.18\\n' > {DROP_IN} && systemctl daemon-reload"
+              " && systemctl start sglang.service")
+    try:
+        wait_serving()
+        stop_and_check()
+        assert unit("ExecMainCode") == "2" and unit("ExecMainStatus") == "9"  # killed, SIGKILL
+    finally:
+        ssh("lab1", f"rm -f {DROP_IN} && systemctl daemon-reload")
 
 
 def test_a_guest_whose_nspawn_was_killed_is_reported_and_stopped(lab: None) -> None:
