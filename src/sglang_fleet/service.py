@@ -18,6 +18,7 @@ from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host, state
 from pyinfra.operations import files, systemd
 
+from sglang_fleet.caches import cache_env
 from sglang_fleet.engine import CACHE, CACHE_ENV, STATE, TOOLS, USER, Release
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
@@ -40,8 +41,9 @@ RESTART_STEPS_SINCE = 254  # the systemd release with RestartSteps and RestartMa
 
 
 def environment(launch: Launch, secrets: dict[str, str]) -> str:
-    """The EnvironmentFile: caches, the profile's env and the secrets' values."""
-    env = {**CACHE_ENV, **launch.env, **secrets}
+    """The EnvironmentFile: caches (the release's own, caches.py), the profile's env and the
+    secrets' values."""
+    env = {**CACHE_ENV, **cache_env(launch.version), **launch.env, **secrets}
     return "# Managed by sglang-fleet (root, 0600): holds secrets.\n" + "".join(
         f"{env_line(k, v)}\n" for k, v in sorted(env.items()))
 
