@@ -101,7 +101,8 @@ CACHES: tuple[Cache, ...] = (
          _sg("0.5.19", ENV, 1078), _sg("0.5.19", DG_WRAPPER, 46),
          _sg("0.5.23", ENV, 1373), _sg("0.5.23", DG_WRAPPER, 51),
          # DeepGEMM itself (compiled): bundled in sglang-kernel 0.4.1 (0.5.10), then its own
-         # wheel, sgl-deep-gemm; 0.2.x spells its variables "DG_" + "JIT_CACHE_DIR".
+         # wheel, sgl-deep-gemm. 0.2.x's binary holds "JIT_CACHE_DIR" beside "not home.empty()"
+         # and its other JIT_* settings without the DG_ prefix (added at run time, we infer).
          Where("sglang-kernel", "0.4.1", "deep_gemm/deep_gemm_cpp.abi3.so", 0, "DG_JIT_CACHE_DIR"),
          Where("sgl-deep-gemm", "0.1.2", "deep_gemm/_C.so", 0, "DG_JIT_CACHE_DIR"),
          Where("sgl-deep-gemm", "0.2.3.post2", "deep_gemm/_C.so", 0, "JIT_CACHE_DIR"))),
