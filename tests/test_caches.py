@@ -18,7 +18,15 @@ from pathlib import Path
 import pytest
 
 from sglang_fleet import caches, releases
-from sglang_fleet.caches import CACHES, PER_RELEASE, SHARED, Where, cache_env, caches_for
+from sglang_fleet.caches import (
+    CACHES,
+    PER_RELEASE,
+    SHARED,
+    Where,
+    cache_env,
+    caches_for,
+    precompile_module,
+)
 from sglang_fleet.engine import CACHE
 from sglang_fleet.render import Launch
 from sglang_fleet.service import environment
@@ -159,6 +167,8 @@ def test_each_release_reads_the_variables_its_env_names(version: str) -> None:
         else:
             present = re.search(rf"\b{c.variable}\b", sglang_text(version)) is not None
             assert (c.variable in named) == present, (c.variable, version, present)
+    ships = (sglang_source(version) / "sglang" / "compile_deep_gemm.py").is_file()
+    assert (precompile_module(version) is not None) == ships, version
 
 
 @pytest.mark.oracle

@@ -249,3 +249,20 @@ def cache_env(version: str, root: str = CACHE) -> dict[str, str]:
     """
     release_key(version)  # a clear error before any comparison of versions
     return {c.variable: cache_dir(c, version, root) for c in caches_for(version)}
+
+
+# ``python -m sglang.compile_deep_gemm <launch_server flags> [--timeout S]`` (default 3600 s):
+# shipped by every supported release (sglang/compile_deep_gemm.py, 0.5.10 - 0.5.23). It starts a
+# server without CUDA graphs on --port, sends one generation and kills it: the DeepGEMM cache
+# (SGLANG_DG_CACHE_DIR) is filled for that model and TP size. It needs the model's GPU memory and
+# a free port, so beside a running server it fits only on spare GPUs.
+PRECOMPILE_MODULE = "sglang.compile_deep_gemm"
+PRECOMPILE_SINCE = "0.5.10"
+
+
+def precompile_module(version: str) -> str | None:
+    """The module that fills ``version``'s DeepGEMM cache without serving, if it ships one.
+
+        precompile_module("0.5.23")   # 'sglang.compile_deep_gemm'
+    """
+    return PRECOMPILE_MODULE if releases.at_least(version, PRECOMPILE_SINCE) else None
