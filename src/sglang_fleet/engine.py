@@ -31,18 +31,6 @@ UV = f"UV_NATIVE_TLS=1 {paths.UV_VENV}/bin/uv"
 UV_VERSION = "0.9.9"
 KEEP = 3
 ENGINE_PACKAGES = ["python3-venv"]  # what uv's venvs need from the host
-# Where SGLang, torch, triton, flashinfer and Hugging Face write; the service may write there.
-CACHE_ENV = {
-    "HOME": paths.STATE,
-    "XDG_CACHE_HOME": paths.CACHE,
-    "HF_HOME": f"{paths.CACHE}/huggingface",
-    "TRITON_CACHE_DIR": f"{paths.CACHE}/triton",
-    "TORCHINDUCTOR_CACHE_DIR": f"{paths.CACHE}/torchinductor",
-    "TORCH_EXTENSIONS_DIR": f"{paths.CACHE}/torch_extensions",
-    "FLASHINFER_WORKSPACE_BASE": f"{paths.CACHE}/flashinfer",
-    "CUDA_CACHE_PATH": f"{paths.CACHE}/nv",
-    "OUTLINES_CACHE_DIR": f"{paths.CACHE}/outlines",
-}
 
 
 @dataclass(frozen=True)

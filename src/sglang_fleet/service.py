@@ -20,7 +20,8 @@ from pyinfra.facts.files import File, FindFiles
 from pyinfra.operations import files, systemd
 
 from sglang_fleet import paths
-from sglang_fleet.engine import CACHE_ENV, Release
+from sglang_fleet.caches import cache_env
+from sglang_fleet.engine import Release
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
 from sglang_fleet.facts.systemd import SystemdVersion, UnitCondition
@@ -41,9 +42,16 @@ RESTART_STEPS_SINCE = 254  # the systemd release with RestartSteps and RestartMa
 
 
 
+def service_env(launch: Launch) -> dict[str, str]:
+    """What every process of the release's server sees: its home, and every compile cache
+    under /var/cache/sglang (``caches``)."""
+    return {"HOME": paths.STATE, **cache_env(launch.version)}
+
+
 def environment(launch: Launch, secrets: dict[str, str]) -> str:
-    """The EnvironmentFile: caches, the profile's env and the secrets' values."""
-    env = {**CACHE_ENV, **launch.env, **secrets}
+    """The EnvironmentFile: caches (the release's own, caches.py), the profile's env and the
+    secrets' values."""
+    env = {**service_env(launch), **launch.env, **secrets}
     return "# Managed by sglang-fleet (root, 0600): holds secrets.\n" + "".join(
         f"{env_line(k, v)}\n" for k, v in sorted(env.items()))
 

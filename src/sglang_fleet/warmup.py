@@ -28,8 +28,8 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindFiles
 
-from sglang_fleet import paths
-from sglang_fleet.engine import CACHE_ENV, Release
+from sglang_fleet import caches, paths
+from sglang_fleet.engine import Release
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.ports import PortListeners
 from sglang_fleet.facts.units import UnitStates
@@ -37,9 +37,10 @@ from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops, run
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
+from sglang_fleet.service import service_env
 
 PROGRAM = "warm_caches"
-PRECOMPILE = "compile_deep_gemm"  # beside the launcher: sglang.compile_deep_gemm
+PRECOMPILE = caches.PRECOMPILE_MODULE.rpartition(".")[2]  # beside the launcher's module
 PORT_OFFSET = 1000  # warm-up servers listen on the server's port + this (+ a few if taken)
 MARKS = f"{paths.CACHE}/warm"  # one empty file per warmed release, flags and environment
 
@@ -101,7 +102,7 @@ def warm_command(profile: Profile, launch: Launch, release: Release, gpus: list[
                  port: int, module: str, budget: int) -> str:
     """A transient unit, as the service user with the service's cache environment and the
     spare GPUs, that runs the host program and hands back its output."""
-    env = {**CACHE_ENV, **launch.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+    env = {**service_env(launch), **launch.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
     run = ["systemd-run", "--quiet", "--wait", "--pipe", "--collect",
            f"--unit=sglang-warmup-{launch.instance}", f"--uid={paths.USER}",
            f"--gid={paths.USER}", f"--working-directory={paths.STATE}",
@@ -161,7 +162,8 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
     module = launch.argv[2]
     if profile.warmup == "compile":
         module = precompile_module(launch)
-        if not host.get_fact(FindFiles, path=release.dir, fname=f"{PRECOMPILE}.py"):
+        if caches.precompile_module(launch.version) is None or \
+                not host.get_fact(FindFiles, path=release.dir, fname=f"{PRECOMPILE}.py"):
             logger.warning(f"{host.print_prefix}warm-up skipped: {release.id} has no "
                            f"{module}; {launch.unit}'s restart compiles (warmup: full "
                            "warms with a whole start)")

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 import uvicorn
 
 from sglang_sim import args as args_mod
+from sglang_sim import deep_gemm, graphs, logs, memory, model, rules, server
 from sglang_sim import gpus as gpus_mod
-from sglang_sim import graphs, logs, memory, model, rules, server
 from sglang_sim.engine import Engine
 from sglang_sim.faults import Faults
 from sglang_sim.state import State
@@ -79,6 +79,7 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
         f"max_prefill_tokens={plan.max_prefill_tokens}, "
         f"max_running_requests={plan.max_running_requests}, context_len={plan.context_len}, "
         f"available_gpu_mem={available:.2f} GB")
+    deep_gemm.warmup(args, release, shape, gpus[0].name, available, scheduler)
     engine = Engine(plan.max_running_requests, args.speculative_algorithm is not None,
                     args.speculative_num_draft_tokens or 1, args.reasoning_parser is not None,
                     args.random_seed or 0)
