@@ -283,6 +283,6 @@ def run_gate(profile: Profile, launches: list[Launch]) -> None:
              verdict=verdict, soak=soak)
         last_good_back(name=f"Back to the last good {launch.unit} (only if the gate failed)",
                        unit=launch.unit, _if=verdict.failed)
-        gate_failed(name=f"Gate of {launch.unit} failed: what serves now",
+        gate_failed(name=f"Gate verdict on {launch.unit} (if it failed: what serves now)",
                     profile=profile, launch=launch, budget=startup_budget(), verdict=verdict,
                     _if=verdict.failed)
