@@ -414,3 +414,85 @@ def test_a_second_run_on_the_same_output_is_refused(sims: Sims, tmp_path: Path) 
         first.wait()
     assert second.returncode == 1
     assert "another sglang-fleet generate is writing here" in second.stderr
+
+
+# ---- the HTTP pool against a raw loopback server (answers written byte for byte) ------------
+async def raw_server(answers: list[bytes]) -> tuple[asyncio.Server, str, list[int]]:
+    """A server that reads one request per answer and writes that answer verbatim; the
+    answer b"" closes the connection without a word, b"hang" never answers. Returns the
+    server, its URL, and the number of connections it accepted (in a list, updated live)."""
+    accepted = [0]
+    pending = list(answers)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted[0] += 1
+        while pending:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = [int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")]
+            await reader.readexactly(length[0] if length else 0)
+            answer = pending.pop(0)
+            if answer == b"hang":
+                await asyncio.sleep(30)
+            if not answer:
+                break
+            writer.write(answer)
+            await writer.drain()
+            if b"Connection: close" in answer:
+                break
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}", accepted
+
+
+OK_JSON = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{"a": 1}'
+CHUNKED = (b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n"
+           b"4\r\nbusy\r\n0\r\n\r\n")
+CLOSING = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end"
+
+
+def test_pool_keeps_connections_alive_and_reads_every_framing() -> None:
+    """Content-Length and chunked answers reuse one connection; an answer that runs to the
+    close is read whole and its connection is not reused."""
+    from sglang_fleet.generate.client import Pool
+
+    async def scenario() -> tuple[list[tuple[int, bytes]], int]:
+        server, url, accepted = await raw_server([OK_JSON, CHUNKED, CLOSING, OK_JSON])
+        pool = Pool({"Content-Type": "application/json"}, timeout=5)
+        got = []
+        for method in ("POST", "GET", "GET", "GET"):
+            response = await pool.request(method, f"{url}/v1/x?y=1",
+                                          b"{}" if method == "POST" else None)
+            got.append((response.status_code, response.content))
+        await pool.aclose()
+        server.close()
+        return got, accepted[0]
+
+    got, connections = asyncio.run(scenario())
+    assert got == [(200, b'{"a": 1}'), (503, b"busy"), (200, b"to the end"), (200, b'{"a": 1}')]
+    assert connections == 2
+
+
+def test_pool_turns_network_faults_into_httpx_errors() -> None:
+    """What the retry loop catches: a refused connection, a connection dropped before the
+    answer, and an answer that never comes are httpx errors, and the pool recovers."""
+    from sglang_fleet.generate.client import Pool
+
+    async def scenario() -> list[str]:
+        server, url, _ = await raw_server([b"", b"hang", OK_JSON])
+        pool = Pool({}, timeout=0.5)
+        seen = []
+        for target in (f"http://127.0.0.1:{free_port()}", url, url, url):
+            try:
+                response = await pool.request("POST", f"{target}/v1/x", b"{}")
+                seen.append(str(response.status_code))
+            except httpx.HTTPError as exc:
+                seen.append(type(exc).__name__)
+        await pool.aclose()
+        server.close()
+        return seen
+
+    assert asyncio.run(scenario()) == ["ConnectError", "RemoteProtocolError", "ReadTimeout",
+                                       "200"]
