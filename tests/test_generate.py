@@ -496,3 +496,51 @@ def test_pool_turns_network_faults_into_httpx_errors() -> None:
 
     assert asyncio.run(scenario()) == ["ConnectError", "RemoteProtocolError", "ReadTimeout",
                                        "200"]
+
+
+def test_retry_failures_sends_only_failed_lines_each_id_once(sims: Sims, tmp_path: Path) -> None:
+    """--retry-failures on a finished job: the line that failed on 503s gets its record in
+    retry-001.jsonl; a repeated id and bad lines fail again (never a second record); a round
+    committed just before a kill is found again; a second round sends what is still failed."""
+    url = sims.start("--max-running-requests", "8")
+    proxy = FaultyProxy(url, every_503=10**9, every_drop=10**9, always="always-503")
+    bad = ['{"id": "r1", "messages": [{"role": "user", "content": "again"}]}',  # repeated id
+           'not json', '{"id": "stuck", "messages": [{"role": "user", "content": "always-503"}]}']
+    inp = write_input(tmp_path / "in.jsonl", 6, extra=bad)
+    out = tmp_path / "out"
+    args = (str(inp), str(out), "--retries", "1", "--shard-size", "4")
+    refused = subprocess.run(cli(*args, "--url", url, "--retry-failures"), capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 1 and "no finished job to retry" in refused.stderr
+    try:
+        first = subprocess.run(cli(*args, "--url", proxy.url), capture_output=True, text=True,
+                               timeout=120)
+    finally:
+        proxy.close()
+    assert first.returncode == 103, first.stderr
+    again = subprocess.run(cli(*args, "--url", url, "--retry-failures"), capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 102, again.stderr
+    assert [r["id"] for r in map(json.loads, (out / "retry-001.jsonl").read_text()
+                                 .splitlines())] == ["stuck"]
+    fails = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert sorted((f["id"], f["line"]) for f in fails) == [("line-8", 8), ("r1", 7)]
+    ids = [r["id"] for r in records(out)] + ["stuck"]
+    assert sorted(ids) == sorted([f"r{i}" for i in range(6)] + ["stuck"])
+    manifest = check_manifest(out, 7)
+    assert manifest["failures"] == 2
+    assert [(e["name"], e["records"], e["failures"]) for e in manifest["retries"]] == [
+        ("retry-001.jsonl", 1, 2)]
+    # killed after committing round 2, before its manifest: the round is read back
+    third = subprocess.run(cli(*args, "--url", url, "--retry-failures"), capture_output=True,
+                           text=True, timeout=120)
+    assert third.returncode == 102, third.stderr
+    assert (out / "retry-002.jsonl").read_bytes() == b""
+    (out / "manifest.json").write_text(json.dumps(manifest))  # as before round 2's entry
+    fourth = subprocess.run(cli(*args, "--url", url, "--retry-failures"), capture_output=True,
+                            text=True, timeout=120)
+    assert fourth.returncode == 102, fourth.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(e["name"], e["records"], e["failures"]) for e in manifest["retries"]] == [
+        ("retry-001.jsonl", 1, 2), ("retry-002.jsonl", 0, 2), ("retry-003.jsonl", 0, 2)]
+    assert manifest["records"] == 7 and manifest["complete"] is True
