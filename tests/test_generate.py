@@ -359,8 +359,15 @@ def test_s3_input_and_output(sims: Sims, tmp_path: Path, s3_server: str, s3: Any
         assert hashlib.sha256(data).hexdigest() == entry["sha256"]
         ids += [json.loads(line)["id"] for line in data.splitlines()]
     assert sorted(ids) == sorted(f"r{i}" for i in range(500))
+    # a run killed mid-multipart leaves an upload that never became an object
+    for key in ("run-1/shard-000009.jsonl", "run-1/deeper/other-job.jsonl"):
+        upload = s3.create_multipart_upload(Bucket="jobs", Key=key)
+        s3.upload_part(Bucket="jobs", Key=key, UploadId=upload["UploadId"], PartNumber=1,
+                       Body=b"partial")
     again, stats = generate(*args, shard_size=120, s3_endpoint=s3_server)
     assert stats.shards_written == 0 and again["skipped"] == 500 and again["done"] == 0
+    left = s3.list_multipart_uploads(Bucket="jobs", Prefix="run-1/").get("Uploads", [])
+    assert [u["Key"] for u in left] == ["run-1/deeper/other-job.jsonl"]
 
 
 def test_large_shard_goes_up_as_one_multipart_object(
