@@ -70,7 +70,8 @@ class Pool:
                 raise httpx.UnsupportedProtocol(f"{url}: not an http:// or https:// URL")
             port = parts.port or (443 if parts.scheme == "https" else 80)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            found = ((parts.scheme, parts.hostname, port), parts.netloc.encode(), path.encode())
+            host = parts.netloc.rpartition("@")[2]  # never user:password in a header
+            found = ((parts.scheme, parts.hostname, port), host.encode(), path.encode())
             if len(self.targets) < 64:  # a handful of URLs in a job (its router, its workers)
                 self.targets[url] = found
         return found
