@@ -128,6 +128,12 @@ def _entry(index: int, size: int, records: int, failures: int, data_sha: str,
             "failures": failures, "bytes": nbytes, "sha256": data_sha}
 
 
+def _round_entry(round_: int, records: int, failures: int, data_sha: str,
+                 nbytes: int) -> dict[str, Any]:
+    return {"name": retry_name(round_), "round": round_, "records": records,
+            "failures": failures, "bytes": nbytes, "sha256": data_sha}
+
+
 def dump_line(data: dict[str, Any]) -> bytes:
     """One JSONL line, compact UTF-8 (orjson: a tenth of json's CPU; json for what orjson
     refuses, e.g. an integer beyond 64 bits in an answer).
@@ -195,10 +201,9 @@ class Job:
             if round_ is not None and round_ not in self.rounds:
                 data = self.store.get_bytes(name) or b""
                 fails = self.store.get_bytes(retry_failures_name(round_)) or b""
-                self.rounds[round_] = {**_entry(0, 0, data.count(b"\n"), fails.count(b"\n"),
-                                                hashlib.sha256(data).hexdigest(), len(data)),
-                                       "name": name, "round": round_}
-                del self.rounds[round_]["first_line"]
+                self.rounds[round_] = _round_entry(round_, data.count(b"\n"),
+                                                   fails.count(b"\n"),
+                                                   hashlib.sha256(data).hexdigest(), len(data))
         for name in names:
             round_ = shard_index(name, "retry-failures-")
             if round_ is not None and round_ not in self.rounds:
@@ -285,13 +290,11 @@ class Job:
                 shard.fail_path.unlink()
             nbytes = shard.out_path.stat().st_size
             await asyncio.to_thread(self.store.put_file, shard.out_path, out_name)
-            entry = _entry(shard.index, self.size, shard.records, shard.failures,
-                           shard.digest.hexdigest(), nbytes)
+            counts = (shard.records, shard.failures, shard.digest.hexdigest(), nbytes)
             if shard.round:
-                del entry["first_line"]
-                self.rounds[shard.round] = {**entry, "name": out_name, "round": shard.round}
+                self.rounds[shard.round] = _round_entry(shard.round, *counts)
             else:
-                self.done[shard.index] = entry
+                self.done[shard.index] = _entry(shard.index, self.size, *counts)
             self.stats.shards_written += 1
             # a retry round runs on a finished job, which stays finished if this run is killed
             await self.write_manifest(complete=bool(shard.round))
