@@ -359,8 +359,15 @@ def test_s3_input_and_output(sims: Sims, tmp_path: Path, s3_server: str, s3: Any
         assert hashlib.sha256(data).hexdigest() == entry["sha256"]
         ids += [json.loads(line)["id"] for line in data.splitlines()]
     assert sorted(ids) == sorted(f"r{i}" for i in range(500))
+    # a run killed mid-multipart leaves an upload that never became an object
+    for key in ("run-1/shard-000009.jsonl", "run-1/deeper/other-job.jsonl"):
+        upload = s3.create_multipart_upload(Bucket="jobs", Key=key)
+        s3.upload_part(Bucket="jobs", Key=key, UploadId=upload["UploadId"], PartNumber=1,
+                       Body=b"partial")
     again, stats = generate(*args, shard_size=120, s3_endpoint=s3_server)
     assert stats.shards_written == 0 and again["skipped"] == 500 and again["done"] == 0
+    left = s3.list_multipart_uploads(Bucket="jobs", Prefix="run-1/").get("Uploads", [])
+    assert [u["Key"] for u in left] == ["run-1/deeper/other-job.jsonl"]
 
 
 def test_large_shard_goes_up_as_one_multipart_object(
@@ -414,3 +421,133 @@ def test_a_second_run_on_the_same_output_is_refused(sims: Sims, tmp_path: Path) 
         first.wait()
     assert second.returncode == 1
     assert "another sglang-fleet generate is writing here" in second.stderr
+
+
+# ---- the HTTP pool against a raw loopback server (answers written byte for byte) ------------
+async def raw_server(answers: list[bytes]) -> tuple[asyncio.Server, str, list[int]]:
+    """A server that reads one request per answer and writes that answer verbatim; the
+    answer b"" closes the connection without a word, b"hang" never answers. Returns the
+    server, its URL, and the number of connections it accepted (in a list, updated live)."""
+    accepted = [0]
+    pending = list(answers)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted[0] += 1
+        while pending:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = [int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:")]
+            await reader.readexactly(length[0] if length else 0)
+            answer = pending.pop(0)
+            if answer == b"hang":
+                await asyncio.sleep(30)
+            if not answer:
+                break
+            writer.write(answer)
+            await writer.drain()
+            if b"Connection: close" in answer:
+                break
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}", accepted
+
+
+OK_JSON = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{"a": 1}'
+CHUNKED = (b"HTTP/1.1 503 Service Unavailable\r\nTransfer-Encoding: chunked\r\n\r\n"
+           b"4\r\nbusy\r\n0\r\n\r\n")
+CLOSING = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end"
+
+
+def test_pool_keeps_connections_alive_and_reads_every_framing() -> None:
+    """Content-Length and chunked answers reuse one connection; an answer that runs to the
+    close is read whole and its connection is not reused."""
+    from sglang_fleet.generate.client import Pool
+
+    async def scenario() -> tuple[list[tuple[int, bytes]], int]:
+        server, url, accepted = await raw_server([OK_JSON, CHUNKED, CLOSING, OK_JSON])
+        pool = Pool({"Content-Type": "application/json"}, timeout=5)
+        got = []
+        for method in ("POST", "GET", "GET", "GET"):
+            response = await pool.request(method, f"{url}/v1/x?y=1",
+                                          b"{}" if method == "POST" else None)
+            got.append((response.status_code, response.content))
+        await pool.aclose()
+        server.close()
+        return got, accepted[0]
+
+    got, connections = asyncio.run(scenario())
+    assert got == [(200, b'{"a": 1}'), (503, b"busy"), (200, b"to the end"), (200, b'{"a": 1}')]
+    assert connections == 2
+
+
+def test_pool_turns_network_faults_into_httpx_errors() -> None:
+    """What the retry loop catches: a refused connection, a connection dropped before the
+    answer, and an answer that never comes are httpx errors, and the pool recovers."""
+    from sglang_fleet.generate.client import Pool
+
+    async def scenario() -> list[str]:
+        server, url, _ = await raw_server([b"", b"hang", OK_JSON])
+        pool = Pool({}, timeout=0.5)
+        seen = []
+        for target in (f"http://127.0.0.1:{free_port()}", url, url, url):
+            try:
+                response = await pool.request("POST", f"{target}/v1/x", b"{}")
+                seen.append(str(response.status_code))
+            except httpx.HTTPError as exc:
+                seen.append(type(exc).__name__)
+        await pool.aclose()
+        server.close()
+        return seen
+
+    assert asyncio.run(scenario()) == ["ConnectError", "RemoteProtocolError", "ReadTimeout",
+                                       "200"]
+
+
+def test_retry_failures_sends_only_failed_lines_each_id_once(sims: Sims, tmp_path: Path) -> None:
+    """--retry-failures on a finished job: the line that failed on 503s gets its record in
+    retry-001.jsonl; a repeated id and bad lines fail again (never a second record); a round
+    committed just before a kill is found again; a second round sends what is still failed."""
+    url = sims.start("--max-running-requests", "8")
+    proxy = FaultyProxy(url, every_503=10**9, every_drop=10**9, always="always-503")
+    bad = ['{"id": "r1", "messages": [{"role": "user", "content": "again"}]}',  # repeated id
+           'not json', '{"id": "stuck", "messages": [{"role": "user", "content": "always-503"}]}']
+    inp = write_input(tmp_path / "in.jsonl", 6, extra=bad)
+    out = tmp_path / "out"
+    args = (str(inp), str(out), "--retries", "1", "--shard-size", "4")
+    refused = subprocess.run(cli(*args, "--url", url, "--retry-failures"), capture_output=True,
+                             text=True, timeout=60)
+    assert refused.returncode == 1 and "no finished job to retry" in refused.stderr
+    try:
+        first = subprocess.run(cli(*args, "--url", proxy.url), capture_output=True, text=True,
+                               timeout=120)
+    finally:
+        proxy.close()
+    assert first.returncode == 103, first.stderr
+    again = subprocess.run(cli(*args, "--url", url, "--retry-failures"), capture_output=True,
+                           text=True, timeout=120)
+    assert again.returncode == 102, again.stderr
+    assert [r["id"] for r in map(json.loads, (out / "retry-001.jsonl").read_text()
+                                 .splitlines())] == ["stuck"]
+    fails = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert sorted((f["id"], f["line"]) for f in fails) == [("line-8", 8), ("r1", 7)]
+    ids = [r["id"] for r in records(out)] + ["stuck"]
+    assert sorted(ids) == sorted([f"r{i}" for i in range(6)] + ["stuck"])
+    manifest = check_manifest(out, 7)
+    assert manifest["failures"] == 2
+    assert [(e["name"], e["records"], e["failures"]) for e in manifest["retries"]] == [
+        ("retry-001.jsonl", 1, 2)]
+    # killed after committing round 2, before its manifest: the round is read back
+    third = subprocess.run(cli(*args, "--url", url, "--retry-failures"), capture_output=True,
+                           text=True, timeout=120)
+    assert third.returncode == 102, third.stderr
+    assert (out / "retry-002.jsonl").read_bytes() == b""
+    (out / "manifest.json").write_text(json.dumps(manifest))  # as before round 2's entry
+    fourth = subprocess.run(cli(*args, "--url", url, "--retry-failures"), capture_output=True,
+                            text=True, timeout=120)
+    assert fourth.returncode == 102, fourth.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [(e["name"], e["records"], e["failures"]) for e in manifest["retries"]] == [
+        ("retry-001.jsonl", 1, 2), ("retry-002.jsonl", 0, 2), ("retry-003.jsonl", 0, 2)]
+    assert manifest["records"] == 7 and manifest["complete"] is True

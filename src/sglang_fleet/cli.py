@@ -195,7 +195,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         key = Path(args.api_key_file).read_text().strip() if args.api_key_file else None
         return run(Options(args.input, args.output, args.url.rstrip("/"), key, args.model,
                            args.concurrency, args.shard_size, args.retries, args.timeout,
-                           json_status=args.json, s3_endpoint=args.s3_endpoint))
+                           json_status=args.json, s3_endpoint=args.s3_endpoint,
+                           retry_failures=args.retry_failures))
     except OSError as exc:
         print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -275,6 +276,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=3600, help="seconds per request (3600)")
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: boto3's, AWS_ENDPOINT_URL)")
     p.add_argument("--json", action="store_true", help="JSON status lines instead of a bar")
+    p.add_argument("--retry-failures", action="store_true",
+                   help="on a finished job: send its failed lines again (a new retry-RRR shard)")
     p.set_defaults(func=cmd_generate)
 
     for name, what in LAB_COMMANDS.items():  # listed here, parsed by the lab (run_lab)

@@ -10,6 +10,11 @@ On-disk state (the output location holds all of it, so the same command resumes)
 - ``manifest.json``: the job (input, shard size) and each committed shard's counts and sha256,
   rewritten after each commit; a shard committed just before a kill is added back from the shard
   itself. ``failures.jsonl`` gathers every shard's failures when the input is done.
+- ``retry-RRR.jsonl`` and ``retry-failures-RRR.jsonl``: round R of ``--retry-failures`` (a
+  finished job only): the lines still failed after the previous round (or the shards) are sent
+  again; their records go to the round's file, those failing again to its failures file, which
+  is then the job's ``failures.jsonl``. A round is committed like a shard, so an id still lands
+  in exactly one records file.
 
 Lines of the same shard are answered in any order; an id appears in exactly one shard, and a
 repeated id in the input goes to the failures file instead of being written twice.
@@ -22,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import httpx
+import orjson
 
 from sglang_fleet.generate import capacity
 from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete
@@ -46,6 +52,7 @@ from sglang_fleet.generate.store import Store, open_store
 MANIFEST = "manifest.json"
 FAILURES = "failures.jsonl"
 MAX_OPEN_SHARDS = 64
+T = TypeVar("T")
 
 
 @dataclass
@@ -64,6 +71,7 @@ class Options:
     refresh_s: float = 10.0
     json_status: bool = False
     s3_endpoint: str | None = None
+    retry_failures: bool = False
 
 
 def shard_name(index: int) -> str:
@@ -72,6 +80,14 @@ def shard_name(index: int) -> str:
 
 def failures_name(index: int) -> str:
     return f"failures-{index:06d}.jsonl"
+
+
+def retry_name(round_: int) -> str:
+    return f"retry-{round_:03d}.jsonl"
+
+
+def retry_failures_name(round_: int) -> str:
+    return f"retry-failures-{round_:03d}.jsonl"
 
 
 def shard_index(name: str, prefix: str) -> int | None:
@@ -96,12 +112,38 @@ class Shard:
     failures: int = 0
     read_all: bool = False
     digest: Any = field(default_factory=hashlib.sha256)
+    round: int = 0  # a --retry-failures round's file, not an input range's shard
+
+    @property
+    def names(self) -> tuple[str, str]:
+        """(records file, failures file) on the output."""
+        if self.round:
+            return retry_name(self.round), retry_failures_name(self.round)
+        return shard_name(self.index), failures_name(self.index)
 
 
 def _entry(index: int, size: int, records: int, failures: int, data_sha: str,
            nbytes: int) -> dict[str, Any]:
     return {"name": shard_name(index), "first_line": index * size + 1, "records": records,
             "failures": failures, "bytes": nbytes, "sha256": data_sha}
+
+
+def _round_entry(round_: int, records: int, failures: int, data_sha: str,
+                 nbytes: int) -> dict[str, Any]:
+    return {"name": retry_name(round_), "round": round_, "records": records,
+            "failures": failures, "bytes": nbytes, "sha256": data_sha}
+
+
+def dump_line(data: dict[str, Any]) -> bytes:
+    """One JSONL line, compact UTF-8 (orjson: a tenth of json's CPU; json for what orjson
+    refuses, e.g. an integer beyond 64 bits in an answer).
+
+    Example: dump_line({"id": "é", "n": None}) == '{"id":"é","n":null}\n'.encode()
+    """
+    try:
+        return orjson.dumps(data, option=orjson.OPT_APPEND_NEWLINE)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 class Job:
@@ -114,6 +156,7 @@ class Job:
         self.size = opts.shard_size
         self.manifest: dict[str, Any] = {}
         self.done: dict[int, dict[str, Any]] = {}
+        self.rounds: dict[int, dict[str, Any]] = {}  # --retry-failures rounds committed
         self.open: dict[int, Shard] = {}
         self.seen: set[int] = set()
         self.stats = Stats()
@@ -143,9 +186,34 @@ class Job:
             index = shard_index(name, "failures-")
             if index is not None and index not in self.done:
                 self.store.delete(name)
+        self.load_rounds(names)
         self.stats.shards_skipped = len(self.done)
-        self.stats.skipped = sum(e["records"] for e in self.done.values())
-        self.stats.earlier_failed = sum(e["failures"] for e in self.done.values())
+        self.stats.skipped = sum(e["records"] for e in [*self.done.values(),
+                                                        *self.rounds.values()])
+        self.stats.earlier_failed = self.outstanding()
+
+    def load_rounds(self, names: set[str]) -> None:
+        """Retry rounds from the manifest, plus one committed just before a kill; a round's
+        failures file without its records file is from a killed run."""
+        self.rounds = {int(e["round"]): e for e in self.manifest.get("retries", [])}
+        for name in names:
+            round_ = shard_index(name, "retry-")
+            if round_ is not None and round_ not in self.rounds:
+                data = self.store.get_bytes(name) or b""
+                fails = self.store.get_bytes(retry_failures_name(round_)) or b""
+                self.rounds[round_] = _round_entry(round_, data.count(b"\n"),
+                                                   fails.count(b"\n"),
+                                                   hashlib.sha256(data).hexdigest(), len(data))
+        for name in names:
+            round_ = shard_index(name, "retry-failures-")
+            if round_ is not None and round_ not in self.rounds:
+                self.store.delete(name)
+
+    def outstanding(self) -> int:
+        """Lines without a record: the last retry round's failures, else the shards'."""
+        if self.rounds:
+            return int(self.rounds[max(self.rounds)]["failures"])
+        return sum(int(e["failures"]) for e in self.done.values())
 
     def _check_same_job(self) -> None:
         where = f"{self.store.location}/{MANIFEST}"
@@ -168,9 +236,12 @@ class Job:
     async def write_manifest(self, complete: bool) -> None:
         self.manifest = {"version": 1, "input": self.opts.input, "url": self.opts.url,
                          "shard_size": self.size, "complete": complete,
-                         "records": sum(e["records"] for e in self.done.values()),
-                         "failures": sum(e["failures"] for e in self.done.values()),
+                         "records": sum(e["records"] for e in self.done.values())
+                         + sum(e["records"] for e in self.rounds.values()),
+                         "failures": self.outstanding(),
                          "shards": [self.done[i] for i in sorted(self.done)]}
+        if self.rounds:
+            self.manifest["retries"] = [self.rounds[r] for r in sorted(self.rounds)]
         data = json.dumps(self.manifest, indent=1).encode()
         await asyncio.to_thread(self.store.put_bytes, data, MANIFEST)
 
@@ -204,29 +275,33 @@ class Job:
         try:
             await self._write_shard(shard)
         except Exception as exc:  # S3 or disk refused: stop; a rerun redoes only this shard
-            raise GenerateError(f"{self.store.location}: cannot write {shard_name(shard.index)}"
+            raise GenerateError(f"{self.store.location}: cannot write {shard.names[0]}"
                                 f": {exc}; run the same command again to resume") from None
 
     async def _write_shard(self, shard: Shard) -> None:
         """Failures first, then the shard (the commit), then the manifest."""
         shard.out.close()
         shard.fail.close()
+        out_name, fail_name = shard.names
         async with self.commit_lock:
             if shard.failures:
-                await asyncio.to_thread(self.store.put_file, shard.fail_path,
-                                        failures_name(shard.index))
+                await asyncio.to_thread(self.store.put_file, shard.fail_path, fail_name)
             else:
                 shard.fail_path.unlink()
             nbytes = shard.out_path.stat().st_size
-            await asyncio.to_thread(self.store.put_file, shard.out_path, shard_name(shard.index))
-            self.done[shard.index] = _entry(shard.index, self.size, shard.records,
-                                            shard.failures, shard.digest.hexdigest(), nbytes)
+            await asyncio.to_thread(self.store.put_file, shard.out_path, out_name)
+            counts = (shard.records, shard.failures, shard.digest.hexdigest(), nbytes)
+            if shard.round:
+                self.rounds[shard.round] = _round_entry(shard.round, *counts)
+            else:
+                self.done[shard.index] = _entry(shard.index, self.size, *counts)
             self.stats.shards_written += 1
-            await self.write_manifest(complete=False)
+            # a retry round runs on a finished job, which stays finished if this run is killed
+            await self.write_manifest(complete=bool(shard.round))
 
     # ---- requests --------------------------------------------------------------------------
     def record_line(self, shard: Shard, data: dict[str, Any], ok: bool) -> None:
-        line = json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        line = dump_line(data)
         if ok:
             shard.out.write(line)
             shard.digest.update(line)
@@ -236,21 +311,21 @@ class Job:
             shard.failures += 1
 
     async def handle(self, http: Pool, shard: Shard, item: Any,
-                     nbytes: int) -> None:
+                     nbytes: int, lineno: int) -> None:
         try:
             outcome = await complete(http, self.limiter, self.opts.url, item, self.opts.retries)
         except Exception as exc:  # a bug must not leave the shard open forever
             outcome = Outcome(None, f"internal error: {exc!r}", 1)
-        self.finish(shard, item.id, item.sha256, outcome, nbytes)
+        self.finish(shard, item.id, item.sha256, outcome, nbytes, lineno)
         self.window.release()
 
     def finish(self, shard: Shard, ident: str, sha: str | None, outcome: Outcome,
-               nbytes: int) -> None:
+               nbytes: int, lineno: int) -> None:
         if outcome.record is not None:
             self.record_line(shard, outcome.record, True)
-        else:
-            self.record_line(shard, {"id": ident, "request_sha256": sha, "error": outcome.error,
-                                     "tries": outcome.tries}, False)
+        else:  # the line number lets --retry-failures find the request again
+            self.record_line(shard, {"id": ident, "line": lineno + 1, "request_sha256": sha,
+                                     "error": outcome.error, "tries": outcome.tries}, False)
         usage = outcome.record.get("usage") if outcome.record else None
         self.stats.add(usage, nbytes, outcome.tries, outcome.record is not None)
         shard.pending -= 1
@@ -266,27 +341,28 @@ class Job:
         return True
 
     async def dispatch(self, http: Pool, lineno: int, raw: bytes,
-                       tasks: set[asyncio.Task[None]]) -> None:
-        """Start one line's request (or fail it at once: bad line, repeated id)."""
-        shard = self.shard(lineno // self.size)
+                       tasks: set[asyncio.Task[None]], into: Shard | None = None) -> None:
+        """Start one line's request (or fail it at once: bad line, repeated id), for its
+        shard or ``into`` a retry round."""
+        shard = into or self.shard(lineno // self.size)
         shard.pending += 1
         try:
             item = parse_line(lineno, raw, self.opts.input, self.opts.model)
         except LineError as exc:
             ident = line_id(lineno, raw)  # the line's own id when it has one
             self.first_sight(ident)
-            self.finish(shard, ident, None, Outcome(None, str(exc), 1), len(raw))
+            self.finish(shard, ident, None, Outcome(None, str(exc), 1), len(raw), lineno)
             return
         if not self.first_sight(item.id):
             self.finish(shard, item.id, item.sha256, Outcome(
                 None, f"{self.opts.input} line {lineno + 1}: id {item.id!r} appears earlier "
-                "in the input; ids must be unique", 1), len(raw))
+                "in the input; ids must be unique", 1), len(raw), lineno)
             return
         while len(self.open) > MAX_OPEN_SHARDS:  # one slow line holds its shard open
             self.shard_closed.clear()
             await self.shard_closed.wait()
         await self.window.acquire()
-        task = asyncio.create_task(self.handle(http, shard, item, len(raw)))
+        task = asyncio.create_task(self.handle(http, shard, item, len(raw), lineno))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
@@ -316,6 +392,56 @@ class Job:
                     raise self.errors[0]
         if current in self.open:
             self.close_reading(self.open[current])
+
+    # ---- --retry-failures -------------------------------------------------------------------
+    async def failed_lines(self) -> set[int]:
+        """Line numbers (from 0) of the lines still without a record: the last round's
+        failures, else every shard's. Example: {41, 977} after two lines failed."""
+        where = self.store.location.rstrip("/")
+        if not self.manifest.get("complete"):
+            raise GenerateError(f"{where}: no finished job to retry (no complete manifest); "
+                                "run the same command without --retry-failures first")
+        if self.rounds:
+            last = max(self.rounds)
+            names = [retry_failures_name(last)] if self.rounds[last]["failures"] else []
+        else:
+            names = [failures_name(i) for i, e in sorted(self.done.items()) if e["failures"]]
+        lines: set[int] = set()
+        for name in names:
+            data = await asyncio.to_thread(self.store.get_bytes, name) or b""
+            for raw in data.splitlines():
+                line = orjson.loads(raw).get("line")
+                if not isinstance(line, int):
+                    raise GenerateError(f"{where}/{name}: a failure without its line number "
+                                        "(written by an older version); start a new job "
+                                        "with the failed ids")
+                lines.add(line - 1)
+        return lines
+
+    def retry_shard(self) -> Shard:
+        """The next round's file, open among the shards (index -R: no input range)."""
+        round_ = max(self.rounds, default=0) + 1
+        out_path = self.store.spool / f"{retry_name(round_)}.part"
+        fail_path = self.store.spool / f"{retry_failures_name(round_)}.part"
+        shard = Shard(-round_, out_path.open("wb"), fail_path.open("wb"), out_path, fail_path,
+                      round=round_)
+        self.open[shard.index] = shard
+        return shard
+
+    async def feed_retry(self, http: Pool, batches: Iterator[list[tuple[int, bytes]]],
+                         tasks: set[asyncio.Task[None]], lines: set[int]) -> None:
+        """Send the failed ``lines`` again; every other line only marks its id as seen, so a
+        repeated id fails again rather than being written twice."""
+        shard = self.retry_shard()
+        while (batch := await asyncio.to_thread(next, batches, None)) is not None:
+            for lineno, raw in batch:
+                if lineno in lines:
+                    await self.dispatch(http, lineno, raw, tasks, into=shard)
+                else:
+                    self.skip(lineno, raw)
+                if self.errors:
+                    raise self.errors[0]
+        self.close_reading(shard)
 
     # ---- fleet and display -----------------------------------------------------------------
     async def follow_fleet(self, http: Pool) -> None:
@@ -365,17 +491,25 @@ class Job:
 
     # ---- the run ---------------------------------------------------------------------------
     async def gather_failures(self) -> str | None:
-        """``failures.jsonl``: every shard's failures, rewritten whole at the end of the input."""
-        parts = [i for i, e in sorted(self.done.items()) if e["failures"]]
-        if not parts:
+        """``failures.jsonl``: every shard's failures, rewritten whole at the end of the input
+        (after a retry round: that round's failures, or none)."""
+        if self.rounds:
+            last = max(self.rounds)
+            names = [retry_failures_name(last)] if self.rounds[last]["failures"] else []
+        else:
+            names = [failures_name(i) for i, e in sorted(self.done.items()) if e["failures"]]
+        if not names:
+            if self.rounds:  # every line has a record now: no stale list of failures
+                await asyncio.to_thread(self.store.delete, FAILURES)
             return None
-        chunks = [await asyncio.to_thread(self.store.get_bytes, failures_name(i)) for i in parts]
+        chunks = [await asyncio.to_thread(self.store.get_bytes, name) for name in names]
         await asyncio.to_thread(self.store.put_bytes, b"".join(c or b"" for c in chunks),
                                 FAILURES)
         return f"{self.store.location.rstrip('/')}/{FAILURES}"
 
     async def run(self) -> dict[str, Any]:
         await asyncio.to_thread(self.load_state)
+        lines = await self.failed_lines() if self.opts.retry_failures else None
         try:
             self.stats.total_bytes = input_size(self.opts.input, self.s3)
         except Exception:  # no size (S3 HEAD refused, a pipe): no ETA, nothing else changes
@@ -394,7 +528,10 @@ class Job:
                           asyncio.create_task(self.ticker())]
             tasks: set[asyncio.Task[None]] = set()
             try:
-                await self.feed(http, read_batches(stream), tasks)
+                if lines is None:
+                    await self.feed(http, read_batches(stream), tasks)
+                elif lines:  # nothing failed: nothing to send, no empty round
+                    await self.feed_retry(http, read_batches(stream), tasks, lines)
                 while tasks or self.commits:
                     await asyncio.gather(*tasks, *self.commits)
                 if self.errors:
@@ -442,10 +579,21 @@ async def run_job(opts: Options) -> tuple[dict[str, Any], Stats]:
     return summary, job.stats
 
 
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run on uvloop where it is installed: its loop and sockets cost a fraction of
+    asyncio's CPU per request (bench/generate.py), which keeps the client off the critical path."""
+    try:
+        import uvloop
+    except ImportError:  # not on this platform: the standard loop works, only slower
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
 def run(opts: Options) -> int:
     """The command: run the job, print the final table (or a JSON line); the exit status is 0
     when every line has a record, else 100 + the number of failed lines (at most 255)."""
-    summary, stats = asyncio.run(run_job(opts))
+    summary, stats = run_loop(run_job(opts))
     if opts.json_status:
         print(json.dumps({"event": "done", **summary}), flush=True)
     else:

@@ -114,6 +114,22 @@ class S3Store:
             s3.head_bucket(Bucket=self.bucket)
         except Exception as exc:
             raise GenerateError(f"{url}: cannot use bucket {self.bucket!r}: {exc}") from None
+        self.abort_stale_uploads()
+
+    def abort_stale_uploads(self) -> None:
+        """Abort the multipart uploads a killed run left under the prefix: they never became
+        objects, but S3 keeps (and bills) their parts. One job writes a prefix, so none of
+        them is live; a deeper prefix is another job's and is left alone."""
+        try:
+            pages = self.s3.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=self.prefix)
+            for page in pages:
+                for upload in page.get("Uploads", []):
+                    if "/" not in upload["Key"][len(self.prefix):]:
+                        self.s3.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
+                                                       UploadId=upload["UploadId"])
+        except Exception:  # no permission to list or abort: the job itself is unaffected
+            pass
 
     def names(self) -> set[str]:
         found: set[str] = set()
