@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from sglang_fleet import releases
 from sglang_fleet.hostcode import program
 from tests.lab.conftest import booted_lab, pyinfra, run, ssh
 
@@ -175,3 +176,28 @@ def test_smoke_deploy_changes_nothing(lab: None) -> None:
     for host in HOSTS:
         assert re.search(rf"\[{host}\] sglang\.service: smoke: '4\..*', TTFT \d+ ms", out)
     assert changed_ops(out) == 0
+
+
+def test_a_new_release_is_warmed_while_the_old_one_serves(lab: None) -> None:
+    """A release whose cold DeepGEMM compile costs 8 s: the deploy compiles it on a spare GPU
+    while the old release serves, so the restart onto it compiles nothing."""
+    other = releases.supported()[-2]  # the lab's wheelhouse holds it beside the pinned one
+    jit = "sglang.env.SGLANG_SIM_JIT_SECONDS=8"
+    code, out = deploy(jit, limit="lab1")  # the pinned release, now with DeepGEMM kernels
+    assert code == 0, out[-4000:]
+    pid = main_pid("lab1")
+    code, out = deploy(jit, f"sglang.engine.version={other}", limit="lab1")
+    assert code == 0, out[-4000:]
+    warmed = re.search(rf"\[lab1\] warm-up \(compile\) of sglang-sim-{re.escape(other)}-\w+ on "
+                       r"GPU 1, port 31000: ([\d.]+) s while sglang\.service served", out)
+    assert warmed and float(warmed.group(1)) >= 8, out[-4000:]
+    ready = re.search(r"\[lab1\] ready in ([\d.]+) s", out)
+    assert ready and float(ready.group(1)) < 8, out[-4000:]  # the restart compiled nothing
+    assert main_pid("lab1") != pid and server_info("lab1")["version"] == other
+    journal = ssh("lab1", "journalctl -u sglang -o cat _SYSTEMD_INVOCATION_ID=$(systemctl "
+                          "show -p InvocationID --value sglang.service)").stdout
+    assert "Try DeepGEMM JIT Compiling" not in journal and "fired up" in journal
+    code, out = deploy(jit, f"sglang.engine.version={other}", limit="lab1")
+    assert code == 0 and "warm-up (compile)" not in out  # nothing new: no warm-up
+    code, out = deploy(limit="lab1")  # back to the pinned release for what follows
+    assert code == 0, out[-4000:]
