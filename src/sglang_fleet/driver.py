@@ -26,7 +26,7 @@ from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, Uptime
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import apt, files, systemd
 
-from sglang_fleet import paths, summary
+from sglang_fleet import fleet, paths, summary, validators
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import (
     AptVersions,
@@ -36,8 +36,10 @@ from sglang_fleet.facts.nvidia import (
     NvidiaModule,
     NvidiaSmi,
 )
+from sglang_fleet.metrics_targets import DCGM_EXPORTER_PORT
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.packages import packages_baseline, packages_purged
+from sglang_fleet.service import unit_running
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING = "cuda-keyring_1.1-1_all.deb"
@@ -122,9 +124,9 @@ class DriverConfig:
 
     @property
     def extras(self) -> list[str]:
-        """The CUDA toolkit and DCGM, when host data asks for them."""
+        """The CUDA toolkit, and DCGM with its Prometheus exporter, when host data asks."""
         return ([f"cuda-toolkit-{self.cuda_toolkit}"] if self.cuda_toolkit else []) + \
-            (["datacenter-gpu-manager-4-cuda13"] if self.dcgm else [])
+            (DCGM_PACKAGES if self.dcgm else [])
 
     @property
     def packages(self) -> list[str]:
@@ -132,6 +134,29 @@ class DriverConfig:
         return [f"nvidia-open-{self.branch}", f"nvidia-driver-{self.branch}-open"]
 
 
+# DCGM and NVIDIA's exporter of its fields for Prometheus (:9400), both from NVIDIA's repository
+# (the exporter's package and unit: NVIDIA/dcgm-exporter packaging/ and hack/package/).
+DCGM_PACKAGES = ["datacenter-gpu-manager-4-cuda13", "datacenter-gpu-manager-exporter"]
+DCGM_EXPORTER_UNIT = "nvidia-dcgm-exporter.service"
+DCGM_EXPORTER_DROP_IN = f"{paths.UNITS}/{DCGM_EXPORTER_UNIT}.d/sglang-fleet.conf"
+
+
+def dcgm_exporter_listen() -> OperationMeta:
+    """The exporter on the host's own address (the one the fleet's Prometheus targets name),
+    not on every interface: a drop-in setting the address its ``-a`` flag reads from the
+    environment (``DCGM_EXPORTER_LISTEN``)."""
+    where = fleet.address(host)
+    wrong = validators.host_problem(where)
+    if wrong:
+        raise InputError.one(f"pyinfra data of {host.name}", "sglang_address", wrong,
+                             "give the host's IP address or DNS name")
+    listen = f"[{where}]" if ":" in where else where
+    files.directory(name="DCGM exporter drop-in directory",
+                    path=DCGM_EXPORTER_DROP_IN.rsplit("/", 1)[0], mode="755")
+    return files.put(name=f"DCGM exporter on {listen}:{DCGM_EXPORTER_PORT}", mode="644",
+                     dest=DCGM_EXPORTER_DROP_IN,
+                     src=StringIO("# Managed by sglang-fleet\n[Service]\nEnvironment="
+                                  f"DCGM_EXPORTER_LISTEN={listen}:{DCGM_EXPORTER_PORT}\n"))
 SUPPORTED = ("ubuntu2204", "ubuntu2404", "debian12")
 ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}
 
@@ -457,6 +482,10 @@ def install_driver() -> None:
         apt.packages(name="CUDA toolkit and DCGM", packages=cfg.extras)
     if cfg.dcgm:
         systemd.service(name="DCGM", service="nvidia-dcgm", running=True, enabled=True)
+        listen = dcgm_exporter_listen()
+        systemd.daemon_reload(name="Reload systemd", _if=listen.did_change)
+        unit_running(name="DCGM exporter (restarted when its address changed)",
+                     unit=DCGM_EXPORTER_UNIT, changes=[listen])
     load_driver(name="Loaded driver is the installed one", cfg=cfg)
     persistence_mode(name="Persistence mode")
     fabric(name="NVSwitch fabric (fabric manager, NVLSM)", cfg=cfg)
@@ -497,5 +526,7 @@ def remove_driver() -> None:
         *cfg.packages, "nvidia-fabricmanager", f"nvidia-driver-pinning-{cfg.branch}", "nvlsm",
         *cfg.extras, "cuda-keyring"], shared=[f"linux-headers-{host.get_fact(KernelVersion)}"])
     files.file(name="Unattended-upgrades exclusion", path=APT_NO_UPGRADE, present=False)
+    files.directory(name="DCGM exporter drop-in", path=DCGM_EXPORTER_DROP_IN.rsplit("/", 1)[0],
+                    present=False)
     files.directory(name="Downloaded keyring package", path=paths.KEYRING_DIR, present=False)
     apt.update(name="Forget the NVIDIA repository", _if=purged.did_change)

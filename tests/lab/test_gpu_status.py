@@ -1,6 +1,6 @@
 """A deployed lab host (reached as a sudo user) seen by ``sglang-fleet status``, then a GPU
 that logged a fatal Xid: the deploy refuses the host before any change, and
-``gpu_health_ignore`` lets it through."""
+``gpu_health_ignore`` lets it through; then DCGM and its Prometheus exporter."""
 
 from __future__ import annotations
 
@@ -86,3 +86,25 @@ def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Pa
     assert main_pid() == pid  # nothing changed, nothing restarted
     jobs = {g["labels"]["job"]: g["targets"] for g in json.loads(targets.read_text())}
     assert jobs == {"sglang": ["127.0.0.11:30000"], "sglang-router": ["127.0.0.11:29000"]}
+
+
+def test_dcgm_and_its_exporter_serve_every_gpu(deployed: None, tmp_path: Path) -> None:
+    pid = main_pid()
+    targets = tmp_path / "fleet.json"
+    result = pyinfra("deploys/sglang.py", "--data", "install_dcgm=true", "--data",
+                     'gpu_health_ignore=["xid-79"]', "--data", f"prometheus_file_sd={targets}")
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-5000:]
+    assert main_pid() == pid  # the driver stage's DCGM: the server is untouched
+    for unit in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
+        assert ssh("lab1", f"systemctl is-active {unit}").stdout.strip() == "active"
+    jobs = {g["labels"]["job"]: g["targets"] for g in json.loads(targets.read_text())}
+    assert jobs["dcgm"] == ["127.0.0.11:9400"]
+    metrics = httpx.get("http://127.0.0.11:9400/metrics", timeout=10).text
+    temps = [line for line in metrics.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
+    gpus = int(ssh("lab1", "nvidia-smi -L | wc -l").stdout)
+    assert len(temps) == gpus and 'Hostname="lab1"' in temps[0] and 'gpu="0"' in temps[0]
+    again = pyinfra("deploys/sglang.py", "--data", "install_dcgm=true", "--data",
+                    'gpu_health_ignore=["xid-79"]')
+    total = next(line for line in again.stdout.splitlines() if "Grand total" in line).split()
+    assert again.returncode == 0 and total[3] == "-", again.stdout[-3000:]  # nothing changed

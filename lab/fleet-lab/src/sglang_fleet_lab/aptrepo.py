@@ -43,6 +43,22 @@ class Deb:
     description: str = "lab stand-in"
 
 
+# The exporter's package as NVIDIA builds it (NVIDIA/dcgm-exporter packaging/): its unit runs
+# /usr/bin/dcgm-exporter with the default counters file; these are a few of its fields.
+DCGM_EXPORTER_UNIT = ("[Unit]\nDescription=NVIDIA DCGM-exporter service\n"
+                      "Wants=nvidia-dcgm.service\nAfter=nvidia-dcgm.service\n\n[Service]\nUser=root\n"
+                      "ExecStart=/usr/bin/dcgm-exporter -f "
+                      "/etc/dcgm-exporter/default-counters.csv\nRestart=on-abort\n\n"
+                      "[Install]\nWantedBy=multi-user.target\n")
+DCGM_COUNTERS = ("# DCGM FIELD, Prometheus metric type, help message\n"
+                 "DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).\n"
+                 "DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).\n"
+                 "DCGM_FI_DEV_GPU_UTIL, gauge, GPU utilization (in %).\n"
+                 "DCGM_FI_DEV_XID_ERRORS, gauge, Value of the last XID error encountered.\n"
+                 "DCGM_FI_DEV_FB_FREE, gauge, Framebuffer memory free (in MiB).\n"
+                 "DCGM_FI_DEV_FB_USED, gauge, Framebuffer memory used (in MiB).\n")
+
+
 def _daemon_unit(description: str, name: str, version: str) -> str:
     return (f"[Unit]\nDescription={description}\nAfter=lab-nvidia-module.service\n\n"
             f"[Service]\nType=forking\nPIDFile=/run/lab-nvidia/{name}.pid\n"
@@ -102,6 +118,12 @@ def packages(kernel: str) -> list[Deb]:
             files={"lib/systemd/system/nvidia-dcgm.service":
                    _daemon_unit("NVIDIA DCGM service", "nv-hostengine", "4.4.1"),
                    "usr/bin/dcgmi": "#!/bin/sh\necho 'Successfully ran diagnostic.'\n"}),
+        Deb("datacenter-gpu-manager-exporter", "4.5.2-4.8.1-1",
+            description="NVIDIA DCGM Exporter", postinst=RELOAD,
+            prerm=disable("nvidia-dcgm-exporter.service"),
+            files={"usr/bin/dcgm-exporter": STUBS / "dcgm-exporter",
+                   "etc/dcgm-exporter/default-counters.csv": DCGM_COUNTERS,
+                   "lib/systemd/system/nvidia-dcgm-exporter.service": DCGM_EXPORTER_UNIT}),
         Deb("cuda-toolkit-12-9", "12.9.1-1", description="CUDA Toolkit 12.9",
             files={"usr/local/cuda-12.9/bin/nvcc":
                    "#!/bin/sh\necho 'Cuda compilation tools, release 12.9, V12.9.86'\n"}),
