@@ -24,6 +24,7 @@ from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet import summary
 from sglang_fleet.errors import InputError
+from sglang_fleet.fleet import ANY_ADDRESS
 from sglang_fleet.hostcode import module_file, program, upload
 from sglang_fleet.ops import Ops, fail, run
 from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
@@ -57,8 +58,10 @@ def expectations(launch: Launch) -> dict[str, Any]:
 
 
 def url(profile: Profile, launch: Launch) -> str:
+    """Where the gate on the host reaches the server: its loopback when it listens on any
+    address (the same set ``fleet`` uses for the address routers reach)."""
     address = profile.server.host
-    return f"http://{'127.0.0.1' if address in ('0.0.0.0', '::') else address}:{launch.port}"
+    return f"http://{'127.0.0.1' if address in ANY_ADDRESS else address}:{launch.port}"
 
 
 def _check(profile: Profile, launch: Launch, *flags: str, budget: int | None = None,
