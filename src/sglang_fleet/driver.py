@@ -350,6 +350,10 @@ def _wait_back(host_: Any, uptime_before: float, timeout: int, delay: int, inter
 
 @operation(is_idempotent=True)
 def persistence_mode() -> Ops:
+    """Persistence mode on every GPU (the driver stays initialised between processes).
+
+        persistence_mode(name="Persistence mode")
+    """
     report = host.get_fact(NvidiaSmi)
     if not state.is_executing or not report.ok:
         return

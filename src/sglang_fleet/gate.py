@@ -134,6 +134,9 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdi
 
     A failed gate changes nothing here: ``last_good_back`` puts the last good release back and
     ``gate_failed`` fails the deploy; with no last good release this operation fails at once.
+
+        gate(name="Gate sglang.service", profile=profile, launch=launch, budget=1800, job="",
+             verdict=Verdict())
     """
     if not state.is_executing:
         return
@@ -164,7 +167,13 @@ def gate_failed(profile: Profile, launch: Launch, budget: int, verdict: Verdict)
     """Fail the deploy with the gate's error and what serves after the last good release was
     put back (its health, checked within the startup budget).
 
+    + profile: the profile the server was rendered from
+    + launch: the rendered server
+    + budget: seconds the restored server may take to become healthy
     + verdict: what ``gate`` found (the operation does nothing when the gate passed)
+
+        gate_failed(name="Gate verdict", profile=profile, launch=launch, budget=1800,
+                    verdict=verdict)
     """
     if not state.is_executing or not verdict.failed():
         return
@@ -191,7 +200,13 @@ def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
 
 @operation(is_idempotent=True)
 def smoke(profile: Profile, launch: Launch) -> Ops:
-    """The gate's smoke generation alone, with the gate's program the deploy left on the host."""
+    """The gate's smoke generation alone, with the gate's program the deploy left on the host.
+
+    + profile: the profile the server was rendered from (its served model name)
+    + launch: the rendered server
+
+        smoke(name="Smoke sglang.service", profile=profile, launch=launch)
+    """
     if not state.is_executing:
         return
     if not host.get_fact(File, path=module_file(CHECKER)):
@@ -244,7 +259,14 @@ def last_good_back(unit: str) -> Ops:
 
 @operation(is_idempotent=True)
 def regate(profile: Profile, launch: Launch, budget: int) -> Ops:
-    """Health (within the startup budget) and a smoke generation of what serves now."""
+    """Health (within the startup budget) and a smoke generation of what serves now.
+
+    + profile: the profile the server was rendered from
+    + launch: the rendered server
+    + budget: seconds the server may take to become healthy
+
+        regate(name="Gate sglang.service again", profile=profile, launch=launch, budget=1800)
+    """
     if not state.is_executing:
         return
     for check in ("--health-only", "--smoke-only"):

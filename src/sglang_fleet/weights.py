@@ -90,6 +90,8 @@ def staged(source: str, dest: str, endpoint: str | None, token_file: str | None)
 def present(path: str) -> Ops:
     """A host path: it must already hold a model.
 
+    + path: the model's directory on the host
+
         present(name="Model at /models/q", path="/models/q")
     """
     if not host.get_fact(File, path=f"{path}/config.json"):
