@@ -91,7 +91,7 @@ def main() -> int:
     p.add_argument("--jit-seconds", type=float, default=120)
     args = p.parse_args()
     other = releases.supported()[-2]
-    jit = f"sglang.env.SGLANG_SIM_JIT_SECONDS={args.jit_seconds:g}"
+    jit = f"sglang.env.SGLANG_SIM_JIT_SECONDS=\"{args.jit_seconds:g}\""
     sh("uv", "run", "sglang-fleet", "lab", "up", "--hosts", str(HOSTS), timeout=1800)
     try:
         for deploy in ("deploys/sglang.py", "deploys/router.py"):

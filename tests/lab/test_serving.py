@@ -182,7 +182,7 @@ def test_a_new_release_is_warmed_while_the_old_one_serves(lab: None) -> None:
     """A release whose cold DeepGEMM compile costs 8 s: the deploy compiles it on a spare GPU
     while the old release serves, so the restart onto it compiles nothing."""
     other = releases.supported()[-2]  # the lab's wheelhouse holds it beside the pinned one
-    jit = "sglang.env.SGLANG_SIM_JIT_SECONDS=8"
+    jit = "sglang.env.SGLANG_SIM_JIT_SECONDS=\"8\""
     code, out = deploy(jit, limit="lab1")  # the pinned release, now with DeepGEMM kernels
     assert code == 0, out[-4000:]
     pid = main_pid("lab1")
