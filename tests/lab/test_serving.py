@@ -194,9 +194,6 @@ def test_a_new_release_is_warmed_while_the_old_one_serves(lab: None) -> None:
     ready = re.search(r"\[lab1\] ready in ([\d.]+) s", out)
     assert ready and float(ready.group(1)) < 8, out[-4000:]  # the restart compiled nothing
     assert main_pid("lab1") != pid and server_info("lab1")["version"] == other
-    journal = ssh("lab1", "journalctl -u sglang -o cat _SYSTEMD_INVOCATION_ID=$(systemctl "
-                          "show -p InvocationID --value sglang.service)").stdout
-    assert "Try DeepGEMM JIT Compiling" not in journal and "fired up" in journal
     code, out = deploy(jit, f"sglang.engine.version={other}", limit="lab1")
     assert code == 0 and "warm-up (compile)" not in out  # nothing new: no warm-up
     code, out = deploy(limit="lab1")  # back to the pinned release for what follows
