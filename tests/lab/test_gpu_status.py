@@ -106,5 +106,7 @@ def test_dcgm_and_its_exporter_serve_every_gpu(deployed: None, tmp_path: Path) -
     assert len(temps) == gpus and 'Hostname="lab1"' in temps[0] and 'gpu="0"' in temps[0]
     again = pyinfra("deploys/sglang.py", "--data", "install_dcgm=true", "--data",
                     'gpu_health_ignore=["xid-79"]')
-    total = next(line for line in again.stdout.splitlines() if "Grand total" in line).split()
-    assert again.returncode == 0 and total[3] == "-", again.stdout[-3000:]  # nothing changed
+    out = again.stdout + again.stderr
+    assert again.returncode == 0, out[-3000:]
+    total = next(line for line in out.splitlines() if "Grand total" in line).split()
+    assert total[3] == "-", out[-3000:]  # nothing changed
