@@ -31,6 +31,16 @@ def moto_server(port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H",
                              "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+    try:
+        _seed(port)
+    except BaseException:  # a server that could not be seeded must not outlive the test
+        proc.kill()
+        proc.wait()
+        raise
+    return proc
+
+
+def _seed(port: int) -> None:
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -44,7 +54,6 @@ def moto_server(port: int) -> subprocess.Popen[bytes]:
     client.put_object(Bucket="models", Key="m/config.json", Body=b'{"model_type": "x"}')
     for i in range(SHARDS):
         client.put_object(Bucket="models", Key=f"m/shard-{i}.bin", Body=bytes([i]) * SHARD_BYTES)
-    return proc
 
 
 @pytest.fixture
