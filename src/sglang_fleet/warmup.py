@@ -32,7 +32,7 @@ from sglang_fleet import caches, paths
 from sglang_fleet.engine import Release
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.ports import PortListeners
-from sglang_fleet.facts.units import UnitStates
+from sglang_fleet.facts.units import UnitState, UnitStates
 from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops, run
 from sglang_fleet.profile import Profile
@@ -80,10 +80,9 @@ def warm_key(launch: Launch, release: Release, mode: str) -> str:
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def unchanged_kernels(launch: Launch, release: Release) -> bool:
+def unchanged_kernels(unit: UnitState, launch: Launch, release: Release) -> bool:
     """The unit runs this release with these flags already: nothing new to compile."""
-    unit = (host.get_fact(UnitStates, units=[launch.unit]) or {}).get(launch.unit)
-    if unit is None or unit.active != "active" or unit.release != release.id:
+    if unit.release != release.id:
         return False
     module = launch.argv[2]
     running = list(unit.argv)
@@ -142,12 +141,12 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
     """
     if not state.is_executing:
         return
-    if unchanged_kernels(launch, release):
-        host.noop(f"{launch.unit} runs this release with these flags: nothing to compile")
-        return
-    units = host.get_fact(UnitStates, units=[launch.unit]) or {}
-    if launch.unit not in units or units[launch.unit].active != "active":
+    unit = (host.get_fact(UnitStates, units=[launch.unit]) or {}).get(launch.unit)
+    if unit is None or unit.active != "active":
         host.noop(f"{launch.unit} is not serving: its own start fills the caches")
+        return
+    if unchanged_kernels(unit, launch, release):
+        host.noop(f"{launch.unit} runs this release with these flags: nothing to compile")
         return
     mark = f"{MARKS}/{warm_key(launch, release, profile.warmup)}"
     if host.get_fact(File, path=mark):
