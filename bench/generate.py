@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,16 +25,10 @@ import time
 from pathlib import Path
 
 import httpx
+from simserver import free_port, start_sim
 
-REPO = Path(__file__).resolve().parent.parent
 GOAL_RATE = 1000
 GOAL_RSS_MB = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait(url: str) -> None:
@@ -47,22 +40,6 @@ def wait(url: str) -> None:
         except httpx.HTTPError:
             time.sleep(0.1)
     raise SystemExit(f"{url} did not answer")
-
-
-def start_sim(port: int, workdir: Path, max_running: int) -> subprocess.Popen[bytes]:
-    smi = workdir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
-    smi.chmod(0o755)
-    env = {**os.environ, "PATH": f"{workdir}:{os.environ['PATH']}",
-           "SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_DECODE_STEPS_PER_SECOND": "1000000",
-           "SGLANG_SIM_PREFILL_TOKENS_PER_SECOND": "1000000000"}
-    argv = [sys.executable, "-m", "sglang_sim.launch_server",
-            "--model-path", str(REPO / "lab" / "models" / "qwen3.6-27b"),
-            "--host", "127.0.0.1", "--port", str(port),
-            "--max-running-requests", str(max_running), "--reasoning-parser", "qwen3"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    wait(f"http://127.0.0.1:{port}/health")
-    return proc
 
 
 def start_s3(port: int) -> subprocess.Popen[bytes]:
@@ -121,7 +98,8 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        procs = [start_sim(sim_port, work, args.max_running), start_s3(s3_port)]
+        procs = [start_sim(sim_port, work, "--max-running-requests", str(args.max_running),
+                           "--reasoning-parser", "qwen3"), start_s3(s3_port)]
         try:
             import boto3
 

@@ -15,16 +15,13 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
+from simserver import free_port, start_sim
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET_RPS = 2000
 LUA = """wrk.method = "POST"
 wrk.body = '{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":%d}'
@@ -32,34 +29,6 @@ wrk.headers["Content-Type"] = "application/json"
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_sim(port: int, workdir: Path) -> subprocess.Popen[bytes]:
-    smi = workdir / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
-    smi.chmod(0o755)
-    env = {**os.environ, "PATH": f"{workdir}:{os.environ['PATH']}",
-           "SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_DECODE_STEPS_PER_SECOND": "1000000",
-           "SGLANG_SIM_PREFILL_TOKENS_PER_SECOND": "1000000000"}
-    argv = [sys.executable, "-m", "sglang_sim.launch_server",
-            "--model-path", str(REPO / "lab" / "models" / "qwen3.6-27b"),
-            "--host", "127.0.0.1", "--port", str(port), "--max-running-requests", "256",
-            "--speculative-algorithm", "NEXTN", "--mamba-radix-cache-strategy", "extra_buffer",
-            "--reasoning-parser", "qwen3", "--enable-metrics"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("the simulator did not become healthy")
 
 
 def wrk(url: str, seconds: int, connections: int, script: Path | None) -> tuple[float, str, str]:
@@ -86,7 +55,10 @@ def main() -> int:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        proc = start_sim(port, workdir)
+        proc = start_sim(port, workdir, "--max-running-requests", "256",
+                         "--speculative-algorithm", "NEXTN",
+                         "--mamba-radix-cache-strategy", "extra_buffer",
+                         "--reasoning-parser", "qwen3", "--enable-metrics")
         try:
             rows = []
             for name, path, tokens in (("chat, 4 tokens", "/v1/chat/completions", 4),
