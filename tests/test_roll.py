@@ -3,13 +3,15 @@ are exercised under load in tests/lab/test_fleet.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections.abc import Callable, Sequence
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
-from sglang_fleet import roll
+from sglang_fleet import cutover, fleet, roll
 from sglang_fleet.errors import InputError
 from sglang_fleet.routerctl import RouterError
 from tests.conftest import ROOT
@@ -41,15 +43,45 @@ class FakeRouter:
             raise RouterError(f"{url} not healthy")
 
 
-class Runs:
-    """pyinfra runs, recorded; ``fail`` names the (deploy, host) that fails."""
+class Started:
+    """A started run: its work happens when the roll waits for it."""
 
-    def __init__(self, fail: tuple[str, str] | None = None) -> None:
+    def __init__(self, work: Callable[[], int]) -> None:
+        self.work = work
+
+    def running(self) -> bool:
+        return False
+
+    def wait(self) -> int:
+        return self.work()
+
+
+class Runs:
+    """pyinfra runs, recorded when started; ``fail`` names the (deploy, host) that fails. A
+    serve or restore run restarts each host's server (unless ``restarts`` is False), which
+    waits for the host's turn and takes it out of the routers, through the deploy's own code
+    (``cutover``) and the roll's handoff."""
+
+    def __init__(self, fail: tuple[str, str] | None = None, restarts: bool = True) -> None:
         self.fail = fail
+        self.restarts = restarts
         self.calls: list[tuple[str, list[str], list[str]]] = []
 
-    def __call__(self, inventory: str, deploy: str, hosts: list[str], data: Any) -> int:
+    def __call__(self, inventory: str, deploy: str, hosts: list[str], data: Sequence[str],
+                 env: dict[str, str]) -> Started:
         self.calls.append((deploy, hosts, list(data)))
+        return Started(lambda: self.work(deploy, hosts, env))
+
+    def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
+        if deploy in ("serve", "restore") and self.restarts:
+            os.environ.update(env)  # as the run's process would have it
+            try:
+                for name in hosts:
+                    if not cutover._leave(SimpleNamespace(inventory=None),
+                                          SimpleNamespace(name=name, print_prefix="")):
+                        return 1  # no turn or go: the roll stopped before it
+            finally:
+                del os.environ[cutover.ENV]
         return 1 if self.fail and (deploy, self.fail[1]) == self.fail and \
             self.fail[1] in hosts else 0
 
@@ -62,56 +94,70 @@ def make(router: FakeRouter, runs: Runs, batch: int = 1) -> roll.Roll:
     return roll.Roll(plan, drain_timeout=1, health_timeout=1, run=runs)
 
 
-@pytest.fixture(autouse=True)
-def instant_drain(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(roll, "drained", lambda url, timeout: (True, 0))
+@pytest.fixture
+def router(monkeypatch: pytest.MonkeyPatch) -> FakeRouter:
+    """Every host healthy in one router, which the runs find in the inventory; drains end at
+    once."""
+    fake = FakeRouter({u[0]: True for u in URLS.values()})
+    monkeypatch.setattr(fleet, "routers", lambda inventory: [
+        SimpleNamespace(api=lambda: fake)])
+    monkeypatch.setattr(cutover, "drained", lambda url, timeout: (True, 0))
+    return fake
 
 
-def test_hosts_go_out_converge_and_come_back_one_at_a_time() -> None:
-    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs()
+def test_hosts_go_out_converge_and_come_back_one_at_a_time(router: FakeRouter) -> None:
+    runs = Runs()
     rolled = make(router, runs)
     assert rolled()
-    assert [(d, h) for d, h, _ in runs.calls] == [("prepare", ["h1", "h2", "h3"]),
-                                                  ("serve", ["h1"]), ("serve", ["h2"]),
-                                                  ("serve", ["h3"])]
+    # the first batch prepares in its own run beside the others' preparation
+    assert [(d, h) for d, h, _ in runs.calls] == [("serve", ["h1"]), ("prepare", ["h2", "h3"]),
+                                                  ("serve", ["h2"]), ("serve", ["h3"])]
     assert all(data == ["sglang.memory.page_size=64"] for _, _, data in runs.calls)
     assert router.log == [(op, URLS[h][0]) for h in URLS for op in ("remove", "add")]
     assert "h3              converged" in rolled.report()
 
 
-def test_a_failure_restores_that_host_and_leaves_the_rest_untouched() -> None:
-    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs(("serve", "h2"))
+def test_a_failure_restores_that_host_and_leaves_the_rest_untouched(router: FakeRouter) -> None:
+    runs = Runs(("serve", "h2"))
     rolled = make(router, runs)
     assert not rolled()
+    # h3's run started with h2's turn and stopped before its own
     assert [(d, h) for d, h, _ in runs.calls] == [
-        ("prepare", ["h1", "h2", "h3"]), ("serve", ["h1"]), ("serve", ["h2"]),
-        ("restore", ["h2"])]
+        ("serve", ["h1"]), ("prepare", ["h2", "h3"]), ("serve", ["h2"]),
+        ("serve", ["h3"]), ("restore", ["h2"])]
     assert runs.calls[-1][2] == []  # the restore runs without the roll's data
+    assert ("remove", "http://h3:30000") not in router.log
     assert all(router.known.values()) and len(router.known) == 3
     report = rolled.report()
     assert "h2              failed, last good release serving again" in report
     assert "h3              untouched" in report
 
 
-def test_no_host_leaves_while_another_is_unhealthy() -> None:
-    router, runs = FakeRouter({"http://h1:30000": True, "http://h2:30000": True,
-                               "http://h3:30000": False}), Runs()
+def test_no_host_leaves_while_another_is_unhealthy(router: FakeRouter) -> None:
+    router.known["http://h3:30000"] = False
+    runs = Runs()
     with pytest.raises(RouterError, match=r"h3 .* is not healthy"):
         make(router, runs)()
-    assert [d for d, _, _ in runs.calls] == ["prepare"] and router.log == []
+    # h1's run was started (and prepared) but never given its turn
+    assert [(d, h) for d, h, _ in runs.calls] == [("serve", ["h1"]), ("prepare", ["h2", "h3"]),
+                                                  ("serve", ["h2"])]
+    assert router.log == []
 
 
-def test_batches_of_two() -> None:
-    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs()
+def test_batches_of_two(router: FakeRouter) -> None:
+    runs = Runs()
     assert make(router, runs, batch=2)()
-    assert [h for _, h, _ in runs.calls] == [["h1", "h2", "h3"], ["h1", "h2"], ["h3"]]
+    assert [(d, h) for d, h, _ in runs.calls] == [("serve", ["h1", "h2"]), ("prepare", ["h3"]),
+                                                  ("serve", ["h3"])]
+    assert [op for op, _ in router.log] == ["remove", "remove", "add", "add", "remove", "add"]
 
 
-def test_a_failed_preparation_takes_no_host_out() -> None:
-    router, runs = FakeRouter({u[0]: True for u in URLS.values()}), Runs(("prepare", "h2"))
+def test_a_failed_preparation_takes_no_host_out(router: FakeRouter) -> None:
+    runs = Runs(("prepare", "h2"))
     rolled = make(router, runs)
     assert not rolled()
-    assert [d for d, _, _ in runs.calls] == ["prepare"] and router.log == []
+    # the first batch's run, prepared, never had its turn
+    assert [d for d, _, _ in runs.calls] == ["serve", "prepare"] and router.log == []
     assert "h1              not touched: preparing failed" in rolled.report()
 
 
@@ -140,46 +186,85 @@ def test_every_hosts_change_is_checked_before_any_host_is_touched() -> None:
 
 
 class Clock:
-    """time.monotonic for the roll: a deploy takes 40 s, a router's health wait 5 s."""
+    """The roll's and the cutover's time: a deploy works 10 s in the router, then 30 s out of
+    it (restart and gate); a router's health wait takes 5 s."""
 
     def __init__(self) -> None:
         self.now = 1000.0
 
-    def monotonic(self) -> float:
+    def time(self) -> float:
         return self.now
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        fake = SimpleNamespace(monotonic=self.time, time=self.time,
+                               strftime=lambda f: "00:00:00")
+        monkeypatch.setattr(roll, "time", fake)
+        monkeypatch.setattr(cutover, "time", fake)
 
 
 def test_the_table_shows_each_hosts_seconds_out_of_the_router(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, router: FakeRouter) -> None:
     clock = Clock()
-    monkeypatch.setattr(roll, "time", SimpleNamespace(monotonic=clock.monotonic,
-                                                       strftime=lambda f: "00:00:00"))
+    clock.install(monkeypatch)
 
-    class SlowRouter(FakeRouter):
-        def wait_healthy(self, url: str, timeout: float) -> None:
-            clock.now += 5
-            super().wait_healthy(url, timeout)
+    def wait_healthy(url: str, timeout: float) -> None:
+        clock.now += 5
 
     class SlowRuns(Runs):
-        def __call__(self, inventory: str, deploy: str, hosts: list[str], data: Any) -> int:
-            clock.now += 40
-            return super().__call__(inventory, deploy, hosts, data)
+        def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
+            clock.now += 10  # facts, uploads, unit files: still in the router
+            status = super().work(deploy, hosts, env)
+            clock.now += 30  # restart and gate
+            return status
 
-    router, runs = SlowRouter({u[0]: True for u in URLS.values()}), SlowRuns(("serve", "h2"))
-    rolled = make(router, runs)
+    monkeypatch.setattr(router, "wait_healthy", wait_healthy)
+    rolled = make(router, SlowRuns(("serve", "h2")))
     assert not rolled()
     report = rolled.report().splitlines()
     assert report[0].endswith("out of router (s)")
-    assert report[1].split()[-1] == "45"  # deploy 40 s + seen healthy 5 s
-    assert report[2].split()[-1] == "85"  # failed deploy, restore, then healthy
+    assert report[1].split()[-1] == "35"  # out at its restart: 30 s, seen healthy 5 s
+    assert report[2].split()[-1] == "75"  # failed: 30 s, the restore 40 s, healthy 5 s
     assert report[3].split()[-1] == "-"  # never taken out
 
 
-def test_a_host_the_restore_did_not_bring_back_is_still_out() -> None:
-    router = FakeRouter({u[0]: True for u in URLS.values()})
-    rolled = make(router, Runs())
-    # the preparation passes; the deploy and the restore fail
-    rolled.run = lambda inventory, deploy, hosts, data: int(deploy != "prepare")
+def test_a_host_whose_run_restarts_nothing_never_leaves_the_router(router: FakeRouter) -> None:
+    rolled = make(router, Runs(restarts=False))
+    assert rolled()
+    assert [op for op, _ in router.log] == ["add"] * 3  # registered already: a no-op
+    assert all(o.out_seconds is None and o.result == "converged"
+               for o in rolled.outcomes.values())
+
+
+def test_a_host_the_restore_did_not_bring_back_is_still_out(router: FakeRouter) -> None:
+    class Failing(Runs):
+        def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
+            super().work(deploy, hosts, env)
+            return int(deploy != "prepare")  # the preparation passes; deploy and restore fail
+
+    rolled = make(router, Failing())
     assert not rolled()
     assert rolled.outcomes["h1"].still_out and rolled.outcomes["h1"].out_text().endswith("still")
     assert rolled.outcomes["h2"].out_seconds is None
+    assert "http://h1:30000" not in router.known
+
+
+def test_a_batch_that_cannot_go_back_stops_the_roll_and_the_next_one_unstages(
+        router: FakeRouter) -> None:
+    """h2 had its turn (h1 passed its gate) and may have changed its files; h1 never came back
+    into the router, so h2 never got its go: its last good files go back, nothing restarts."""
+    def wait_healthy(url: str, timeout: float) -> None:
+        if url == "http://h1:30000":
+            raise RouterError(f"router {router.url}: gave up waiting 1 s for {url}")
+
+    router.wait_healthy = wait_healthy  # type: ignore[method-assign]
+    runs = Runs()
+    rolled = make(router, runs)
+    with pytest.raises(RouterError, match="gave up waiting"):
+        rolled()
+    assert [(d, h) for d, h, _ in runs.calls] == [
+        ("serve", ["h1"]), ("prepare", ["h2", "h3"]), ("serve", ["h2"]), ("restore", ["h1"]),
+        ("unstage", ["h2"])]
+    assert runs.calls[-1][2] == ["sglang.memory.page_size=64"]  # the roll's units, its data
+    assert ("remove", "http://h2:30000") not in router.log
+    assert rolled.outcomes["h2"].result == "not restarted: last good files back"
+    assert rolled.outcomes["h3"].result == "untouched"

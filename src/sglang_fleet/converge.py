@@ -16,7 +16,13 @@ from pyinfra.context import host, inventory
 from sglang_fleet import fleet, hostdata, metrics_targets, preflight
 from sglang_fleet.driver import install_driver
 from sglang_fleet.engine import Release, install_engine
-from sglang_fleet.gate import restore_last_good, run_gate, smoke_test
+from sglang_fleet.gate import (
+    files_back,
+    gate_programs,
+    restore_last_good,
+    run_gate,
+    smoke_test,
+)
 from sglang_fleet.gpucheck import require_gpu_health
 from sglang_fleet.render import render_all
 from sglang_fleet.router import install_router, remove_router
@@ -29,7 +35,8 @@ from sglang_fleet.weights import stage_weights
 def serve() -> None:
     """preflight → driver → engine → weights → warm-up → service → gate. Preflight (the profile, its
     rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
-    port, the GPUs' health) fails before any host changes."""
+    port, the GPUs' health) fails before any host changes. In a roll, the service stage waits
+    for the host's turn, and the host leaves the routers at its first restart (``cutover``)."""
     profile = hostdata.profile_for(host)
     launches = render_all(profile)
     preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
@@ -44,17 +51,19 @@ def serve() -> None:
     release = cast(Release, install_engine(profile=profile))
     weights = cast(list[OperationMeta], stage_weights(profile=profile))
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
+    gate_programs()  # up before the restart: out of the routers only for restart and checks
     install_service(profile=profile, launches=launches, release=release, restart_if=weights)
     run_gate(profile=profile, launches=launches)
 
 
 def prepare() -> None:
-    """What a roll does on every host while it still serves: the engine release and the
-    weights staged, the caches warmed; nothing restarts (the driver waits for the cutover)."""
+    """What a roll does on every host while it still serves: the engine release installed, the
+    weights staged, the caches warmed; nothing restarts and ``current`` stays (the driver and
+    the switch wait for the cutover)."""
     profile = hostdata.profile_for(host)
     launches = render_all(profile)
     preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
-    release = cast(Release, install_engine(profile=profile, switch=False))
+    release = cast(Release, install_engine(profile=profile))
     stage_weights(profile=profile)
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
 
@@ -80,6 +89,15 @@ def restore() -> None:
     """The last release that passed the gate, back and gated again."""
     profile = hostdata.profile_for(host)
     restore_last_good(profile=profile, launches=render_all(profile))
+
+
+def unstage() -> None:
+    """The last good units' files back without a restart: a roll stopped after this host's
+    turn and before its restart (its server still runs the last good release)."""
+    profile = hostdata.profile_for(host)
+    for launch in render_all(profile):
+        files_back(name=f"Files of {launch.unit} back to the last good release",
+                   unit=launch.unit)
 
 
 def smoke() -> None:

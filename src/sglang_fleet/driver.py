@@ -27,6 +27,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import apt, files, systemd
 
 from sglang_fleet import fleet, paths, summary, validators
+from sglang_fleet.cutover import leave_routers
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import (
     AptVersions,
@@ -249,6 +250,7 @@ def driver_packages(cfg: DriverConfig) -> Ops:
         return
     held = host.get_fact(HeldPackages)
     if installed != wanted:
+        yield from leave_routers()  # in a roll: a driver change is not made under load
         pinned = [f"{p}={wanted}" for p in cfg.packages]
         yield f"apt-mark unhold {' '.join(cfg.packages)} >/dev/null"
         yield ("DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
@@ -284,6 +286,7 @@ def load_driver(cfg: DriverConfig) -> Ops:
                    "(set allow_reboot = True in host data to let the deploy reboot)")
         return
     logger.info(f"{host.print_prefix}rebooting: loaded driver {found}, installed {want}")
+    yield from leave_routers()
     yield from reboot_and_wait(cfg.reboot_timeout)
 
 
@@ -378,6 +381,7 @@ def fabric(cfg: DriverConfig) -> Ops:
         if fm is not None:
             logger.warning(f"{host.print_prefix}nvidia-fabricmanager {fm} does not match the "
                            f"driver {driver}: installing nvidia-fabricmanager {driver}")
+        yield from leave_routers()  # in a roll: the fabric restarts under the servers
         yield "apt-mark unhold nvidia-fabricmanager >/dev/null"
         yield ("DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
                f"--allow-change-held-packages nvidia-fabricmanager={driver} nvlsm "

@@ -1,9 +1,11 @@
 """Engine stage: SGLang in an isolated, pinned release directory named after what defines it,
-installed with uv, and a ``current`` link switched atomically; the last releases are kept for
-rollback.
+installed with uv while the old release still serves; the ``current`` link is switched
+atomically by the service stage, right before the restart onto it (``switch_release``); the
+last releases are kept for rollback.
 
-    from sglang_fleet.engine import install_engine
+    from sglang_fleet.engine import install_engine, switch_release
     release = install_engine(profile)      # in a pyinfra deploy
+    switch_release(release)                # when the server is about to restart onto it
 """
 
 from __future__ import annotations
@@ -173,10 +175,16 @@ def prune(keep: int = KEEP) -> Ops:
         yield f"rm -rf {shlex.quote(f'{paths.RELEASES}/{name}')}"
 
 
+def switch_release(release: Release) -> None:
+    """``current`` on the release and releases beyond the last few pruned (never current or
+    previous): the service stage's, right before the server restarts onto it."""
+    current_link(name="Switch current release", release=release)
+    prune(name=f"Keep the last {KEEP} releases")
+
+
 @deploy("Engine release")
-def install_engine(profile: Profile, switch: bool = True) -> Release:
-    """The release installed; ``current`` switched to it and old releases pruned unless
-    ``switch`` is False (a roll's preparation, while the old release still serves)."""
+def install_engine(profile: Profile) -> Release:
+    """The release installed beside the one serving (``current`` is left as it is)."""
     # engine_find_links and engine.index_url were checked (https) with the host's data.
     release = release_for(profile, host.data.get("engine_find_links"))
     server.user(name="Service user", user=paths.USER, system=True, home=paths.STATE,
@@ -195,9 +203,6 @@ def install_engine(profile: Profile, switch: bool = True) -> Release:
     files.directory(name="No root cache among the service's", path=f"{paths.CACHE}/uv",
                     present=False)
     release_dir(name=f"Install {release.requirement} into {release.id}", release=release)
-    if switch:
-        current_link(name="Switch current release", release=release)
-        prune(name=f"Keep the last {KEEP} releases")
     return release
 
 

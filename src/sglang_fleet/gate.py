@@ -23,6 +23,7 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet import summary
+from sglang_fleet.cutover import leave_routers
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import ANY_ADDRESS
 from sglang_fleet.hostcode import module_file, program, upload
@@ -226,6 +227,25 @@ def _release_of(unit_file: str) -> str | None:
     return found.group(0) if found else None
 
 
+def _saved_files(unit: str) -> bool:
+    saved = _saved(unit)
+    return bool(host.get_fact(File, path=saved) and host.get_fact(File, path=f"{saved}.env"))
+
+
+def _files_back(unit: str) -> str:
+    saved = _saved(unit)
+    return (f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env_file(unit)} && "
+            "systemctl daemon-reload")
+
+
+def _current_back(unit: str) -> Ops:
+    """``current`` on the release the last good unit runs."""
+    release = _release_of(_saved(unit))
+    link = host.get_fact(Link, path=CURRENT)
+    if release and link and link.get("link_target") != release:
+        yield f"ln -sfn {release} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"
+
+
 @operation(is_idempotent=True)
 def last_good_back(unit: str) -> Ops:
     """Put the unit and environment that last passed the gate back, with the ``current`` link
@@ -236,25 +256,49 @@ def last_good_back(unit: str) -> Ops:
         last_good_back(name="Last good sglang.service", unit="sglang.service")
     """
     saved = _saved(unit)
-    if not (host.get_fact(File, path=saved) and host.get_fact(File, path=f"{saved}.env")):
+    if not _saved_files(unit):
         yield fail(f"{unit}: no release has passed the gate on this host: nothing to go back to")
         return
     if not (_same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit))):
-        yield (f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env_file(unit)} && "
-               f"systemctl daemon-reload && {start_command(unit)}")
+        yield from leave_routers()
+        yield f"{_files_back(unit)} && {start_command(unit)}"
     else:
         condition = unit_condition(unit)
         down = found_down(unit, condition)
         if down:
             logger.warning(f"{host.print_prefix}{down}")
         if condition.get("ActiveState") != "active":
+            yield from leave_routers()
             yield start_command(unit)
         else:
             host.noop(f"{unit} runs its last good release")
-    release = _release_of(saved)
-    link = host.get_fact(Link, path=CURRENT)
-    if release and link and link.get("link_target") != release:
-        yield f"ln -sfn {release} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"
+    yield from _current_back(unit)
+
+
+@operation(is_idempotent=True)
+def files_back(unit: str) -> Ops:
+    """The last good unit and environment files back in place, ``current`` on their release,
+    without a restart: for a host a roll stopped after its files changed and before its
+    restart, whose server still runs the last good release. A unit no release of which passed
+    the gate (a new instance never started) is removed.
+
+    + unit: the server unit, e.g. ``sglang.service``
+
+        files_back(name="Files of sglang.service back", unit="sglang.service")
+    """
+    saved = _saved(unit)
+    if not _saved_files(unit):
+        if host.get_fact(File, path=unit_path(unit)) and unit_condition(unit).get(
+                "ActiveState") != "active":
+            yield f"rm -f {unit_path(unit)} {env_file(unit)} && systemctl daemon-reload"
+        else:
+            host.noop(f"{unit}: no last good release to put back")
+        return
+    if _same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit)):
+        host.noop(f"{unit}: its files are the last good release's")
+    else:
+        yield _files_back(unit)
+    yield from _current_back(unit)
 
 
 @operation(is_idempotent=True)
@@ -293,12 +337,18 @@ def smoke_test(profile: Profile, launches: list[Launch]) -> None:
         smoke(name=f"Smoke {launch.unit}", profile=profile, launch=launch)
 
 
+@deploy("Gate programs")
+def gate_programs() -> None:
+    """The host programs the gate runs (``check_server`` and what it imports), uploaded before
+    the service stage so that none of it happens while the server restarts."""
+    upload("capacity", "readiness", CHECKER)
+
+
 @deploy("Gate")
 def run_gate(profile: Profile, launches: list[Launch]) -> None:
     """Health, effective arguments, smoke generation, soak and capacity report; rollback on
-    failure."""
+    failure. The programs it runs are on the host already (``gate_programs``)."""
     summary.failed_hosts_at_exit()
-    upload("capacity", "readiness", CHECKER)
     job = host.data.get("job_estimate", "")  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
     soak = soak_requests(host.data, host.name)
     for launch in launches:

@@ -1,8 +1,11 @@
-"""Rolling redeploy through the router: hosts in inventory order, K at a time; each batch is
-taken out of every router, drained (its servers' own metrics, with a bound), converged with
-``deploys/sglang.py`` (which restarts only what changed) and gated, put back, and seen healthy
-by the routers before the next batch. The first failure stops the roll: the batch goes back to
-its last good release (``deploys/restore.py``), is put back, and the rest is left untouched.
+"""Rolling redeploy through the router: hosts in inventory order, K at a time; every host is
+prepared first while all serve (release installed, weights staged, caches warmed), then each
+batch is converged with ``sglang_fleet.converge.serve`` (which restarts only what changed) and
+gated. A host leaves every router, and drains (its servers' own metrics, with a bound), inside
+that run at the first command that would disturb its servers (``cutover``), so it is out only
+for the restart and the gate; it is put back and seen healthy by the routers before the next
+batch. The first failure stops the roll: the batch goes back to its last good release
+(``sglang_fleet.converge.restore``), is put back, and the rest is left untouched.
 
     sglang-fleet roll inventories/b200.py --batch 1 --data sglang.memory.max_running_requests=48
 """
@@ -10,14 +13,16 @@ its last good release (``deploys/restore.py``), is put back, and the rest is lef
 from __future__ import annotations
 
 import math
+import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pyinfra.api.config import Config
 from pyinfra.api.host import Host
@@ -26,9 +31,10 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
 from sglang_fleet import fleet, hostdata, preflight, validators
+from sglang_fleet.cutover import Handoff
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import render_all
-from sglang_fleet.routerctl import Router, RouterError, drained
+from sglang_fleet.routerctl import Router, RouterError
 
 DEPLOYS = "sglang_fleet.converge"  # pyinfra runs these functions per host, from any directory
 
@@ -40,7 +46,7 @@ class Outcome:
     host: str
     result: str = "untouched"
     seconds: float = 0.0
-    out_seconds: float | None = None  # out of the routers: taken out until seen healthy again
+    out_seconds: float | None = None  # out of the routers: from leaving until seen healthy again
     still_out: bool = False  # the roll ended with the host out of the routers
     notes: list[str] = field(default_factory=list)
 
@@ -200,55 +206,104 @@ def say(message: str) -> None:
     print(f"roll: {time.strftime('%H:%M:%S')} {message}", flush=True)
 
 
-def pyinfra(inventory: str, deploy: str, hosts: list[str], data: Sequence[str]) -> int:
+class Started(Protocol):
+    def running(self) -> bool:
+        """Whether the run's process is still going."""
+        ...
+
+    def wait(self) -> int:
+        """Until the run ends (its output shown): its exit status."""
+        ...
+
+
+# Start one pyinfra run: inventory, deploy function, hosts, --data, extra environment.
+Start = Callable[[str, str, list[str], Sequence[str], dict[str, str]], Started]
+
+
+class PyinfraRun:
+    """A pyinfra run in its own process. Its output waits in a file (root's, 0600) until it
+    is shown by ``wait``: a batch's run starts while the batch before it is still converging,
+    and their lines must not mix."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        fd, self.log = tempfile.mkstemp(prefix="sglang-fleet-run-", suffix=".log")
+        with os.fdopen(fd, "wb") as out:
+            self.proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out,
+                                         stderr=subprocess.STDOUT)
+        self.shown = 0
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self) -> int:
+        with open(self.log, "rb") as log:
+            log.seek(self.shown)
+            while True:
+                ended = self.proc.poll() is not None
+                chunk = log.read()
+                if chunk:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+                    self.shown += len(chunk)
+                if ended:
+                    break
+                time.sleep(0.1)
+        Path(self.log).unlink(missing_ok=True)
+        return self.proc.returncode
+
+
+def pyinfra(inventory: str, deploy: str, hosts: list[str], data: Sequence[str],
+            env: dict[str, str]) -> Started:
     """One pyinfra run limited to ``hosts`` that stops at the first error (never asks)."""
     argv = [sys.executable, "-m", "pyinfra", "-y", "--fail-percent", "0", inventory,
             f"{DEPLOYS}.{deploy}", *(f"--limit={h}" for h in hosts),
             *(f"--data={d}" for d in data)]
-    return subprocess.run(argv).returncode
+    return PyinfraRun(argv, env)
 
 
 class Roll:
     def __init__(self, plan: Plan, drain_timeout: float, health_timeout: float,
-                 run: Callable[[str, str, list[str], Sequence[str]], int] = pyinfra) -> None:
+                 run: Start = pyinfra) -> None:
         self.plan = plan
         self.drain_timeout = drain_timeout
         self.health_timeout = health_timeout
         self.run = run
         self.outcomes = {h.name: Outcome(h.name) for b in plan.batches for h in b}
         self.serving = dict(plan.before)  # host -> the URLs it serves at now
-        self.out_since: dict[str, float] = {}  # host -> when it left the routers
+        self.out_since: dict[str, float] = {}  # host -> when it left the routers (wall clock)
+        self.handoff: Handoff | None = None  # shared with the runs while the roll lasts
+        self.started: list[Started] = []  # runs not yet waited for
+        self.settled: set[str] = set()  # hosts whose batch ended (converged or restored)
+
+    def start(self, deploy: str, names: list[str], data: Sequence[str]) -> Started:
+        assert self.handoff is not None
+        started = self.run(self.plan.inventory, deploy, names, data, self.handoff.env())
+        self.started.append(started)
+        return started
+
+    def finish(self, run: Started, names: list[str]) -> bool:
+        """Wait for the batch's run; each host that left the routers in it is noted (when,
+        and what its drain left)."""
+        self.started.remove(run)
+        ok = run.wait() == 0
+        assert self.handoff is not None
+        for name in names:
+            left = self.handoff.left(name)
+            if left is not None and name not in self.out_since:
+                self.out_since[name] = left.at
+                self.outcomes[name].notes += left.notes
+        return ok
 
     def left(self, name: str) -> None:
-        """The host leaves the routers now (its first removal): its time out starts."""
-        self.out_since.setdefault(name, time.monotonic())
+        """The host is out of the routers from now, unless it left earlier."""
+        self.out_since.setdefault(name, time.time())
 
     def back(self, name: str, still_out: bool = False) -> None:
         """The host is healthy in every router again (or the batch ends with it out)."""
         since = self.out_since.pop(name, None)
         if since is not None:
-            self.outcomes[name].out_seconds = time.monotonic() - since
+            self.outcomes[name].out_seconds = max(time.time() - since, 0.0)
             self.outcomes[name].still_out = still_out
-
-    def take_out(self, names: list[str]) -> None:
-        for name in names:
-            self.left(name)
-            for router in self.plan.routers:
-                for url in self.serving.get(name, []):
-                    if router.remove(url):
-                        say(f"{name}: {url} out of {router.url}")
-        for name in names:
-            for url in self.serving.get(name, []):
-                tic = time.monotonic()
-                done, left = drained(url, self.drain_timeout)
-                if done:
-                    say(f"{name}: {url} drained in {time.monotonic() - tic:.1f} s")
-                else:
-                    note = (f"{url}: {left} requests still in flight after "
-                            f"{self.drain_timeout:.0f} s; its own SIGTERM drain finishes them"
-                            if left else f"{url}: no metrics to drain by")
-                    self.outcomes[name].notes.append(note)
-                    say(f"{name}: {note}")
 
     def put_back(self, names: list[str], urls: dict[str, list[str]]) -> None:
         for name in names:
@@ -258,9 +313,12 @@ class Roll:
                     router.add(url)
                     router.wait_healthy(url, self.health_timeout)
                     say(f"{name}: {url} healthy in {router.url}")
+            routers = f"router{'s' if len(self.plan.routers) > 1 else ''}"
+            if name not in self.out_since:
+                say(f"{name}: never left the {routers} (nothing on it restarted)")
+                continue
             self.back(name)
-            say(f"{name}: out of the router{'s' if len(self.plan.routers) > 1 else ''} for "
-                f"{self.outcomes[name].out_text()} s")
+            say(f"{name}: out of the {routers} for {self.outcomes[name].out_text()} s")
 
     def others_healthy(self, names: list[str]) -> None:
         """Every other host must be serving before this batch leaves: capacity stays N - K."""
@@ -274,13 +332,21 @@ class Roll:
                                       f"{router.url}: taking {', '.join(names)} out too would "
                                       "leave less than N - batch hosts serving")
 
-    def batch(self, hosts: list[Host]) -> bool:
+    def batch(self, hosts: list[Host], run: Started, following: list[str]) -> bool:
+        """The batch's turn and go: its run (started earlier, and prepared) may change what
+        serves and restart; each host leaves the routers at its first restart. Once it passed
+        its gate, the following batch gets its turn (its files may change, it restarts
+        nothing) while this one goes back into the routers."""
         names = [h.name for h in hosts]
         tic = time.monotonic()
         self.others_healthy(names)
-        self.take_out(names)
-        say(f"{', '.join(names)}: converging")
-        ok = self.run(self.plan.inventory, "serve", names, self.plan.data) == 0
+        assert self.handoff is not None
+        self.handoff.give("turn", names)
+        self.handoff.give("go", names)
+        say(f"{', '.join(names)}: its turn (out of the router from its first restart)")
+        ok = self.finish(run, names)
+        if ok and following:
+            self.handoff.give("turn", following)
         try:
             if ok:
                 self.put_back(names, self.plan.after)
@@ -289,6 +355,7 @@ class Roll:
             say(f"{', '.join(names)}: {err}")
             for router in self.plan.routers:
                 for name in names:
+                    self.left(name)
                     for url in self.plan.after.get(name, []):
                         router.remove(url)
         for name in names:
@@ -298,37 +365,86 @@ class Roll:
         for name in names:
             self.outcomes[name].seconds = time.monotonic() - tic
             self.back(name, still_out=True)  # only if no put_back brought it back
+        self.settled.update(names)
         return ok
 
     def restore(self, names: list[str]) -> None:
         say(f"{', '.join(names)}: failed; back to the last good release")
-        back = self.run(self.plan.inventory, "restore", names, []) == 0
+        back = self.finish(self.start("restore", names, []), names)
         for name in names:
             self.outcomes[name].result = ("failed, last good release serving again" if back
                                           else "failed, last good release NOT serving")
         if back:
             self.put_back(names, self.plan.before)
 
-    def prepare(self, names: list[str]) -> bool:
-        """Every host at once, while all of them serve: the release installed, the weights
-        staged, the caches warmed, so a host out of the router only restarts."""
-        say(f"{', '.join(names)}: preparing (release, weights, warm-up) while serving")
+    def prepare(self, names: list[str], first: list[str], run: Started) -> bool:
+        """The hosts after the first batch at once, while all of them serve, and the first
+        batch in its own run meanwhile (``run``, until it waits for its turn): the release
+        installed, the weights staged, the caches warmed, so a host out of the router only
+        restarts."""
         tic = time.monotonic()
-        if self.run(self.plan.inventory, "prepare", names, self.plan.data) != 0:
-            for name in names:
-                self.outcomes[name].result = "not touched: preparing failed"
-            say("preparing failed: no host was taken out of the router")
-            return False
+        if names:
+            say(f"{', '.join(names)}: preparing (release, weights, warm-up) while serving")
+            if not self.finish(self.start("prepare", names, self.plan.data), []):
+                for name in self.outcomes:
+                    self.outcomes[name].result = "not touched: preparing failed"
+                say("preparing failed: no host was taken out of the router")
+                return False
+        assert self.handoff is not None
+        while run.running() and not all(self.handoff.has(n, "waiting") for n in first):
+            time.sleep(0.2)
         say(f"prepared in {time.monotonic() - tic:.0f} s")
         return True
+
+    def unstage(self) -> None:
+        """Hosts a stopped roll left after their turn and before their restart: the last good
+        unit and environment files back, without a restart (their servers still run them)."""
+        assert self.handoff is not None
+        stranded = [n for n in self.outcomes if n not in self.settled
+                    and self.handoff.has(n, "took") and self.handoff.left(n) is None]
+        if not stranded:
+            return
+        say(f"{', '.join(stranded)}: stopped after its files changed and before its restart; "
+            "the last good files go back (no restart)")
+        ok = self.finish(self.start("unstage", stranded, self.plan.data), [])
+        for name in stranded:
+            self.outcomes[name].result = ("not restarted: last good files back" if ok else
+                                          "not restarted: last good files NOT back")
 
     def __call__(self) -> bool:
         order = [h.name for b in self.plan.batches for h in b]
         say(f"order: {' → '.join(order)} ({len(self.plan.batches)} batches); routers: "
             f"{', '.join(r.url for r in self.plan.routers)}")
-        if not self.prepare(order):
-            return False
-        return all(self.batch(hosts) for hosts in self.plan.batches)  # stops at a failure
+        self.handoff = Handoff.create()
+        self.handoff.plan({n: self.serving.get(n, []) for n in order}, self.drain_timeout)
+        first = [h.name for h in self.plan.batches[0]]
+        try:
+            # The first batch's run prepares its hosts itself, beside the others' preparation;
+            # it changes nothing that serves before its turn.
+            say(f"{', '.join(first)}: preparing in its own run, then waiting for its turn")
+            run = self.start("serve", first, self.plan.data)
+            rest = [n for n in order if n not in first]
+            return self.prepare(rest, first, run) and self.cutover(run)
+        finally:
+            self.handoff.abort()  # a run still waiting for its turn or go stops there
+            for run in list(self.started):
+                self.finish(run, [])
+            self.unstage()
+            self.handoff.close()
+
+    def cutover(self, first: Started) -> bool:
+        """Batch after batch; each batch's run starts when the batch before it gets its turn,
+        so its facts, uploads and checks are done by the time its own turn comes."""
+        batches = self.plan.batches
+        runs = [first]
+        for i, hosts in enumerate(batches):
+            if i + 1 < len(batches):
+                runs.append(self.start("serve", [h.name for h in batches[i + 1]],
+                                       self.plan.data))
+            following = [h.name for h in batches[i + 1]] if i + 1 < len(batches) else []
+            if not self.batch(hosts, runs[i], following):
+                return False  # stops at the first failure
+        return True
 
     def report(self) -> str:
         rows = [f"{'host':<16}{'result':<44}{'seconds':>8}{'out of router (s)':>20}"]

@@ -21,7 +21,8 @@ from pyinfra.operations import files, systemd
 
 from sglang_fleet import paths
 from sglang_fleet.caches import cache_env
-from sglang_fleet.engine import Release
+from sglang_fleet.cutover import leave_routers, turn
+from sglang_fleet.engine import Release, switch_release
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
 from sglang_fleet.facts.systemd import SystemdVersion, UnitCondition
@@ -137,6 +138,7 @@ def stale_servers_stopped(launch: Launch, budget: int) -> Ops:
     for p in stale:
         logger.warning(f"{host.print_prefix}stopping {p.describe()}: it holds port "
                        f"{launch.port} of {launch.unit}")
+        yield from leave_routers()  # in a roll, the routers may be sending it requests
         yield (f"kill -TERM {p.pid} 2>/dev/null; for _ in $(seq {budget}); do "
                f"kill -0 {p.pid} 2>/dev/null || exit 0; sleep 1; done; kill -KILL {p.pid}")
 
@@ -177,6 +179,8 @@ def retire_other_units(keep: list[str]) -> Ops:
     retired = [unit for unit in installed_units() if unit not in keep]
     if not retired:
         host.noop("no other sglang units")
+    if retired:
+        yield from leave_routers()  # in a roll: stopping an instance takes its capacity away
     for unit in retired:
         yield _removal(unit)
 
@@ -243,12 +247,13 @@ def found_down(unit: str, condition: dict[str, str]) -> str | None:
 
 
 @operation(is_idempotent=True)
-def unit_running(unit: str, changes: list[OperationMeta]) -> Ops:
+def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False) -> Ops:
     """Enabled and running; restarted when one of ``changes`` changed. Every start clears the
     failed state and start limit first; a unit found failed or crash-looping is said so.
 
     + unit: the unit's name
     + changes: operations (unit file, environment, release, ...) whose change means a restart
+    + routed: a server behind the routers: in a roll, the host leaves them before the (re)start
 
         unit_running(name="Start sglang.service", unit="sglang.service", changes=[unit_op])
     """
@@ -260,6 +265,8 @@ def unit_running(unit: str, changes: list[OperationMeta]) -> Ops:
         logger.warning(f"{host.print_prefix}{down}")
     # One start for a fresh host, one restart for a change, none when nothing changed.
     if condition.get("ActiveState") != "active" or any(op.did_change() for op in changes):
+        if routed:
+            yield from leave_routers()
         yield start_command(unit)
     if condition.get("UnitFileState") != "enabled":
         yield f"systemctl enable {unit}"
@@ -291,7 +298,7 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
         stale_servers_stopped(name=f"Nothing else on port {launch.port}", launch=launch,
                               budget=drain_budget())
     unit_running(name=f"Enable and start {unit_name} (restarted when its definition changed)",
-                 unit=unit_name, changes=[unit, env, launcher, *restart_if])
+                 unit=unit_name, changes=[unit, env, launcher, *restart_if], routed=True)
 
 
 @deploy("SGLang service")
@@ -300,10 +307,12 @@ def install_service(profile: Profile, launches: list[Launch], release: Release,
     """One unit per server instance (``parallel.instances``, each on its own GPU set)."""
     secrets_directory()
     [launcher] = upload(LAUNCHER)  # keys in-process, never on the command line
+    turn(name="In a roll, this host's turn (the batch before it back in the routers)")
     retire_other_units(name="Retire units of instances no longer wanted",
                        keep=[launch.unit for launch in launches])
     for launch in launches:
         _unit(profile, launch, release, launcher, restart_if)
+    switch_release(release)  # the units name the release itself: the link follows them
 
 
 @deploy("Remove the SGLang service")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 from conftest import MTP, Launcher
@@ -75,3 +77,18 @@ def test_state_cache_too_small_fault(sims: Launcher) -> None:
     assert result.returncode == 1
     assert "RuntimeError: Hybrid (mamba/linear-attention) state cache is too small" in \
         result.stderr
+
+
+def test_a_killed_server_takes_its_scheduler_with_it(sims: Launcher) -> None:
+    """As SGLang's scheduler (kill_itself_when_parent_died): no orphan outlives kill -9."""
+    sim = sims.start()
+    found = subprocess.run(["pgrep", "-P", str(sim.proc.pid), "-f", "sglang::scheduler_TP0"],
+                           capture_output=True, text=True).stdout.split()
+    assert len(found) == 1, found
+    sim.proc.kill()
+    sim.proc.wait(10)
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{found[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{found[0]}").exists() or \
+        "Z" in Path(f"/proc/{found[0]}/stat").read_text().split()[2]

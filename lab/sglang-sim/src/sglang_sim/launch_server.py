@@ -33,11 +33,17 @@ logger = logging.getLogger("sglang.srt.entrypoints.http_server")
 DRAIN_POLL_SECONDS = float(os.environ.get("SGLANG_SIM_DRAIN_POLL_SECONDS", "5"))
 
 
+# The scheduler's first act (run_scheduler_process → kill_itself_when_parent_died, 0.5.23
+# srt/utils/common.py:3432): SIGKILL when the server process dies, even by SIGKILL.
+_SCHEDULER = ("import ctypes, signal, time\n"
+              "ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG\n"
+              "while True: time.sleep(3600)")
+
+
 def _spawn_scheduler(tp_rank: int) -> subprocess.Popen[bytes]:
     """A stand-in for the scheduler process SGLang forks per TP rank (holds "GPU memory")."""
-    return subprocess.Popen(
-        [f"sglang::scheduler_TP{tp_rank}", "-c", "import time\nwhile True: time.sleep(3600)"],
-        executable=sys.executable, stdin=subprocess.DEVNULL)
+    return subprocess.Popen([f"sglang::scheduler_TP{tp_rank}", "-c", _SCHEDULER],
+                            executable=sys.executable, stdin=subprocess.DEVNULL)
 
 
 def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logger) -> State:
