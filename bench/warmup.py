@@ -49,18 +49,31 @@ def sh(*argv: str, timeout: float = 3600) -> str:
 
 
 def roll(label: str, *data: str) -> Result:
+    """One roll, its output read as it comes: the preparation ends at the roll's "prepared in"
+    line (the others prepared, the first batch waiting for its turn), the cutover is the rest."""
+    argv = ["uv", "run", "sglang-fleet", "roll", "inventories/lab.py",
+            *(a for d in data for a in ("--data", d))]
     tic = time.monotonic()
-    out = sh("uv", "run", "sglang-fleet", "roll", "inventories/lab.py",
-             *(a for d in data for a in ("--data", d)))
+    prepared = None
+    lines = []
+    with subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(ANSI.sub("", line))
+            if prepared is None and "prepared in" in line:
+                prepared = time.monotonic() - tic
     seconds = time.monotonic() - tic
-    prepared = re.search(r"prepared in (\d+) s", out)
-    table = re.findall(r"^(lab\d)\s+converged\s+\d+\s+(\d+)$", out, re.M)
+    out = "".join(lines)
+    if proc.returncode != 0:
+        sys.exit(f"{label}: the roll failed:\n{out[-3000:]}")
+    table = re.findall(r"^(lab\d)\s+converged\s+\d+\s+([\d.]+)$", out, re.M)
     ready = {h: float(s) for h, s in re.findall(r"\[(lab\d)\] ready in ([\d.]+) s", out)}
     parts = re.findall(r"\[(lab\d)\] ready in [\d.]+ s: start→weights ([\d.]+) s, "
                        r"→KV(?:\+mamba)? ([\d.]+) s, →graphs ([\d.]+) s", out)
     if len(table) != HOSTS:
         sys.exit(f"{label}: the roll's table lacks hosts:\n{out[-3000:]}")
-    return Result(label, seconds, float(prepared.group(1)) if prepared else 0.0,
+    return Result(label, seconds, prepared or 0.0,
                   {h: float(s) for h, s in table}, ready,
                   {h: float(a) + float(b) + float(c) for h, a, b, c in parts})
 
@@ -72,7 +85,7 @@ def table(results: list[Result]) -> str:
     for r in results:
         for host in sorted(r.out):
             lc = r.load_capture.get(host, float("nan"))
-            rows.append(f"{r.label:<24}{host:<6}{r.out[host]:>16.0f}"
+            rows.append(f"{r.label:<24}{host:<6}{r.out[host]:>16.1f}"
                         f"{r.ready.get(host, float('nan')):>9.1f}{lc:>16.1f}{lc + 10:>8.1f}")
     rows.append("")
     head = (f"{'roll':<24}{'whole s':>9}{'prepare s':>11}{'cutover s':>11}{'sum out s':>11}"
@@ -81,8 +94,8 @@ def table(results: list[Result]) -> str:
     for r in results:
         total = sum(r.out.values())
         cutover = r.seconds - r.prepared
-        rows.append(f"{r.label:<24}{r.seconds:>9.0f}{r.prepared:>11.0f}{cutover:>11.0f}"
-                    f"{total:>11.0f}{cutover / total:>13.2f}")
+        rows.append(f"{r.label:<24}{r.seconds:>9.0f}{r.prepared:>11.0f}{cutover:>11.1f}"
+                    f"{total:>11.1f}{cutover / total:>13.2f}")
     return "\n".join(rows)
 
 

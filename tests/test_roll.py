@@ -222,8 +222,8 @@ def test_the_table_shows_each_hosts_seconds_out_of_the_router(
     assert not rolled()
     report = rolled.report().splitlines()
     assert report[0].endswith("out of router (s)")
-    assert report[1].split()[-1] == "35"  # out at its restart: 30 s, seen healthy 5 s
-    assert report[2].split()[-1] == "75"  # failed: 30 s, the restore 40 s, healthy 5 s
+    assert report[1].split()[-1] == "35.0"  # out at its restart: 30 s, seen healthy 5 s
+    assert report[2].split()[-1] == "75.0"  # failed: 30 s, the restore 40 s, healthy 5 s
     assert report[3].split()[-1] == "-"  # never taken out
 
 

@@ -53,11 +53,11 @@ class Outcome:
     def out_text(self) -> str:
         """The seconds out of the routers for the table: "-" for a host never taken out.
 
-            Outcome("h1", out_seconds=41.6).out_text()   # '42'
+            Outcome("h1", out_seconds=41.63).out_text()   # '41.6'
         """
         if self.out_seconds is None:
             return "-"
-        return f"{self.out_seconds:.0f}" + (" still" if self.still_out else "")
+        return f"{self.out_seconds:.1f}" + (" still" if self.still_out else "")
 
 
 @dataclass
