@@ -29,6 +29,7 @@ from ``--find-links`` (default: the machine's wheel directory) when PyPI only ha
 from __future__ import annotations
 
 import argparse
+import fcntl
 import importlib.abc
 import importlib.machinery
 import json
@@ -36,7 +37,8 @@ import re
 import subprocess
 import sys
 import types
-from collections.abc import KeysView, ValuesView
+from collections.abc import Iterator, KeysView, ValuesView
+from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
@@ -80,6 +82,16 @@ RESOLVED = ("mamba_scheduler_strategy", "mamba_radix_cache_strategy", "disable_o
 def run(cmd: list[str], **kw: object) -> None:
     print("+", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True, **kw)  # type: ignore[call-overload]
+
+
+@contextmanager
+def setup_lock(work: Path) -> Iterator[None]:
+    """One environment or release set up at a time in ``work``: test workers run beside each
+    other and would otherwise install into the same directory at once."""
+    work.mkdir(parents=True, exist_ok=True)
+    with open(work / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
 
 
 def build_env(work: Path, find_links: str) -> Path:
@@ -501,16 +513,18 @@ def mamba_archs(src: Path) -> dict[str, list[str]]:
 
 
 def write_mamba_archs(work: Path, find_links: str, versions: list[str]) -> None:
-    python = build_env(work, find_links)
-    table = {v: mamba_archs(stage_release(work, v, python)[0]) for v in versions}
+    with setup_lock(work):
+        python = build_env(work, find_links)
+        table = {v: mamba_archs(stage_release(work, v, python)[0]) for v in versions}
     (OUT.parent / "mamba_archs.json").write_text(json.dumps(table, indent=1) + "\n")
 
 
 def in_release(work: Path, find_links: str, version: str, mode: str,
                stdin: str | None = None) -> str:
     """Run this script's ``mode`` in the extraction environment with ``version`` importable."""
-    python = build_env(work, find_links)
-    paths = stage_release(work, version, python)
+    with setup_lock(work):
+        python = build_env(work, find_links)
+        paths = stage_release(work, version, python)
     env = {"PYTHONPATH": ":".join(map(str, paths)), "PATH": "/usr/bin:/bin",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     result = subprocess.run([str(python), __file__, mode], env=env, input=stdin,
@@ -560,7 +574,9 @@ def main() -> int:
         write_mamba_archs(args.work, args.find_links,
                           args.versions or json.loads(RELEASES.read_text())["supported"])
     elif args.mode == "source":
-        print(stage_release(args.work, args.version, build_env(args.work, args.find_links))[0])
+        with setup_lock(args.work):
+            python = build_env(args.work, args.find_links)
+            print(stage_release(args.work, args.version, python)[0])
     elif args.mode in ("parse", "construct"):
         print(in_release(args.work, args.find_links, args.version, f"_{args.mode}",
                          sys.stdin.read()))

@@ -31,6 +31,13 @@ model:
 """
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The lab tests share one lab (one per machine): one worker runs them all, in order."""
+    for item in items:
+        if item.get_closest_marker("lab"):
+            item.add_marker(pytest.mark.xdist_group("lab"))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A skipped test is a failed test here: what cannot run must say why and fail."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -8,6 +8,7 @@ variable a release does not read, or a file:line that does not name the variable
 
 from __future__ import annotations
 
+import fcntl
 import re
 import shutil
 import subprocess
@@ -125,14 +126,17 @@ def wheel_root(dist: str, version: str) -> Path:
                     for d in site.glob("*.dist-info")):
         return site
     target = ORACLE / "wheels" / f"{norm}-{version}"
-    if not (target / ".complete").exists():
-        python = next(ORACLE.glob("env/bin/python"), Path(sys.executable))
-        result = subprocess.run([_uv(), "pip", "install", "-q", "--no-deps", "--python",
-                                 str(python), "--target", str(target), f"{dist}=={version}"],
-                                capture_output=True, text=True, timeout=1800)
-        if result.returncode:
-            pytest.fail(f"could not fetch {dist}=={version}: {result.stderr[-1500:]}")
-        (target / ".complete").touch()
+    ORACLE.mkdir(parents=True, exist_ok=True)
+    with open(ORACLE / ".lock", "w") as held:  # the oracle script's lock: workers share it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if not (target / ".complete").exists():
+            python = next(ORACLE.glob("env/bin/python"), Path(sys.executable))
+            result = subprocess.run([_uv(), "pip", "install", "-q", "--no-deps", "--python",
+                                     str(python), "--target", str(target), f"{dist}=={version}"],
+                                    capture_output=True, text=True, timeout=1800)
+            if result.returncode:
+                pytest.fail(f"could not fetch {dist}=={version}: {result.stderr[-1500:]}")
+            (target / ".complete").touch()
     return target
 
 
