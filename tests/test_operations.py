@@ -83,6 +83,25 @@ def test_prune_keeps_the_newest_and_what_the_links_name(use: Callable[[Host], Ho
     assert commands(engine.prune, keep=3) == []
 
 
+def test_prune_takes_the_caches_and_warm_marks_of_what_it_removed(
+        use: Callable[[Host], Host]) -> None:
+    old, mid, new = ("sglang-0.5.21-aaaaaaaaaa", "sglang-0.5.22-bbbbbbbbbb",
+                     "sglang-0.5.23-cccccccccc")
+    names = {f"{RELEASES}/{n}": day for day, n in enumerate((old, mid, new), start=1)}
+    fake = releases_host([], {CURRENT: new, PREVIOUS: mid})
+    caches = f"{paths.CACHE}/release"
+    fake.facts["FindDirectories"] = lambda path, maxdepth: (
+        [caches, f"{caches}/0.5.21", f"{caches}/0.5.22", f"{caches}/0.5.23"] if path == caches
+        else [RELEASES, *names])
+    fake.facts["Directory"] = lambda path: {"mtime": datetime(2026, 1, names[path])}
+    fake.facts["FindFiles"] = [f"{paths.CACHE}/warm/{old}-0123", f"{paths.CACHE}/warm/{new}-4567",
+                               f"{paths.CACHE}/warm/89abcdef"]  # the last: an older mark's name
+    use(fake)
+    assert commands(engine.prune, keep=1) == [
+        f"rm -rf {RELEASES}/{old}", f"rm -rf {caches}/0.5.21",
+        f"rm -f {paths.CACHE}/warm/{old}-0123", f"rm -f {paths.CACHE}/warm/89abcdef"]
+
+
 def releases_host(names: list[str], links: dict[str, str]) -> Host:
     """Release directories whose age follows their number (r5 newer than r4), and links."""
     def directory(path: str) -> dict[str, Any]:

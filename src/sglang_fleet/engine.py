@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shlex
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -19,7 +20,7 @@ from datetime import datetime
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host
-from pyinfra.facts.files import Directory, File, FindDirectories, Link
+from pyinfra.facts.files import Directory, File, FindDirectories, FindFiles, Link
 from pyinfra.operations import apt, files, server
 
 from sglang_fleet import paths
@@ -32,6 +33,7 @@ SYSTEM_CAS = "/etc/ssl/certs/ca-certificates.crt"
 UV = f"UV_NATIVE_TLS=1 {paths.UV_VENV}/bin/uv"
 UV_VERSION = "0.9.9"
 KEEP = 3
+_RELEASE_NAME = re.compile(r".+-(\d[0-9A-Za-z.]*)-[0-9a-f]{10}")  # Release.id
 ENGINE_PACKAGES = ["python3-venv"]  # what uv's venvs need from the host
 
 
@@ -158,9 +160,20 @@ def _linked_release(link: str) -> str | None:
     return str(found["link_target"]).rsplit("/", 1)[-1] if found else None
 
 
+def release_version(name: str) -> str | None:
+    """The SGLang version in a release directory's name (``Release.id``), if it has one.
+
+        release_version("sglang-0.5.13.post1-0123456789")   # '0.5.13.post1'
+    """
+    found = _RELEASE_NAME.fullmatch(name)
+    return found.group(1) if found else None
+
+
 @operation(is_idempotent=True)
 def prune(keep: int = KEEP) -> Ops:
-    """Remove releases beyond the newest ``keep``, never current or previous.
+    """Remove releases beyond the newest ``keep``, never current or previous; then the
+    per-version caches (``caches.PER_RELEASE``) of versions no release left has, and the
+    warm-up marks of releases no longer there.
 
     + keep: how many of the newest complete releases to keep besides current and previous
 
@@ -173,6 +186,22 @@ def prune(keep: int = KEEP) -> Ops:
         host.noop(f"{len(names)} releases, none to remove")
     for name in gone:
         yield f"rm -rf {shlex.quote(f'{paths.RELEASES}/{name}')}"
+    kept = [name for name in names if name not in gone]
+    if kept:
+        yield from _caches_pruned(kept)
+
+
+def _caches_pruned(kept: list[str]) -> Ops:
+    versions = {release_version(name) for name in kept}
+    if None in versions:  # a release whose version its name does not say: keep every cache
+        return
+    for path in host.get_fact(FindDirectories, path=paths.RELEASE_CACHES, maxdepth=1) or []:
+        version = path.rstrip("/").rsplit("/", 1)[-1]
+        if path.rstrip("/") != paths.RELEASE_CACHES and version not in versions:
+            yield f"rm -rf {shlex.quote(path)}"
+    for path in host.get_fact(FindFiles, path=paths.WARM_MARKS, maxdepth=1) or []:
+        if not any(path.rsplit("/", 1)[-1].startswith(f"{name}-") for name in kept):
+            yield f"rm -f {shlex.quote(path)}"
 
 
 def switch_release(release: Release) -> None:

@@ -26,6 +26,8 @@ HOME = "/var/lib/sglang"
 STATE = f"{HOME}/state"  # the service's home and working directory, its own to write
 MODELS = f"{HOME}/models"  # root-owned (0755): the service reads the weights, cannot replace them
 CACHE = "/var/cache/sglang"  # the service's kernel and hub caches, its own to write
+RELEASE_CACHES = f"{CACHE}/release"  # caches.PER_RELEASE ones, one directory per version
+WARM_MARKS = f"{CACHE}/warm"  # one empty file per warmed release, flags and environment
 
 # Root's own: uv's download cache and the NVIDIA keyring download (0700), so a compromised
 # server cannot poison the next release; the package list from before the first install.

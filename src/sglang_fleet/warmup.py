@@ -42,7 +42,7 @@ from sglang_fleet.service import service_env
 PROGRAM = "warm_caches"
 PRECOMPILE = caches.PRECOMPILE_MODULE.rpartition(".")[2]  # beside the launcher's module
 PORT_OFFSET = 1000  # warm-up servers listen on the server's port + this (+ a few if taken)
-MARKS = f"{paths.CACHE}/warm"  # one empty file per warmed release, flags and environment
+MARKS = paths.WARM_MARKS
 
 
 def spare_gpus(profile: Profile, gpu_count: int) -> list[int]:
@@ -148,7 +148,7 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
     if unchanged_kernels(unit, launch, release):
         host.noop(f"{launch.unit} runs this release with these flags: nothing to compile")
         return
-    mark = f"{MARKS}/{warm_key(launch, release, profile.warmup)}"
+    mark = f"{MARKS}/{release.id}-{warm_key(launch, release, profile.warmup)}"  # pruned by id
     if host.get_fact(File, path=mark):
         host.noop(f"the caches are warm for {release.id} with these flags")
         return
