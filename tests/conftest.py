@@ -4,8 +4,14 @@ import socket
 import time
 from pathlib import Path
 
+import gevent.monkey  # type: ignore[import-untyped]
 import httpx
 import pytest
+
+# pyinfra_cli patches the whole process with gevent when it is imported (roll.load imports it to
+# read an inventory, in some tests in-process): the test workers' own threads (pytest-xdist's
+# execnet channel) cannot run patched, and reading an inventory needs no patching.
+gevent.monkey.patch_all = lambda *args, **kwargs: True
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = sorted((ROOT / "src" / "sglang_fleet" / "profiles").glob("*.yaml"))
