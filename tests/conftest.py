@@ -3,6 +3,7 @@ from __future__ import annotations
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import gevent.monkey  # type: ignore[import-untyped]
 import httpx
@@ -37,11 +38,17 @@ model:
 """
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The lab tests share one lab (one per machine): one worker runs them all, in order."""
-    for item in items:
-        if item.get_closest_marker("lab"):
-            item.add_marker(pytest.mark.xdist_group("lab"))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Two workers: every test under tests/lab/ on one, in order (they share the machine's one
+    lab), everything else one by one on either. (xdist's own ``xdist_group`` marks do not
+    reach its scheduler under pytest 9: the node id suffix it relies on is not kept.)"""
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class LabTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "lab" if nodeid.startswith("tests/lab/") else nodeid
+
+    return LabTogether(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
