@@ -239,12 +239,3 @@ def test_files_back_removes_a_new_instance_that_never_started(
         "systemctl daemon-reload"]
     fake.facts["UnitCondition"] = {"ActiveState": "active"}  # serving: not ours to remove
     assert commands(gate.files_back, "sglang-1.service") == []
-
-
-def test_a_host_may_be_named_like_the_roll_s_own_files(handoff: cutover.Handoff) -> None:
-    handoff.plan({"plan": [URL], "abort": [URL]}, drain_timeout=600)
-    handoff.record("plan", cutover.Left(12.5, ["note"]))
-    assert handoff.left("plan") == cutover.Left(12.5, ["note"])
-    assert handoff.hosts() == {"plan": [URL], "abort": [URL]}  # the plan is intact
-    handoff.give("turn", ["abort"])
-    assert handoff.waiting_for("abort", "turn") is None  # not the roll's abort mark

@@ -33,7 +33,7 @@ from sglang_fleet.weights import stage_weights
 
 
 def serve() -> None:
-    """preflight → engine → weights → warm-up → driver → service → gate. Preflight (the profile, its
+    """preflight → driver → engine → weights → warm-up → service → gate. Preflight (the profile, its
     rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
     port, the GPUs' health) fails before any host changes. In a roll, the service stage waits
     for the host's turn, and the host leaves the routers at its first restart (``cutover``)."""
@@ -46,13 +46,11 @@ def serve() -> None:
     targets = host.data.get(metrics_targets.TARGETS_KEY)
     if targets and host.name == fleet.serving_hosts(inventory)[0].name:
         metrics_targets.write_targets(inventory, str(targets))
+    install_driver()
     # pyinfra types a @deploy call as returning an OperationMeta; these return what they built.
     release = cast(Release, install_engine(profile=profile))
     weights = cast(list[OperationMeta], stage_weights(profile=profile))
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
-    # After the preparation: in a roll, a driver change takes the host out of the routers
-    # (and may reboot it), which must not happen before its release, weights and caches.
-    install_driver()
     gate_programs()  # up before the restart: out of the routers only for restart and checks
     install_service(profile=profile, launches=launches, release=release, restart_if=weights)
     run_gate(profile=profile, launches=launches)

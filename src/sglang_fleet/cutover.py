@@ -11,7 +11,7 @@ The roll and its pyinfra runs share a directory (root's, 0700) named by ``SGLANG
 The roll writes ``plan.json`` (every host of the roll, the worker URLs it serves at now, the
 drain bound, the roll's pid), ``<host>.turn``, ``<host>.go``, and ``abort`` when it stops; a run
 writes ``<host>.waiting`` (prepared, at its turn), ``<host>.took`` (past its turn: its files
-may have changed) and ``<host>.left`` (when it left the routers, what the drain left).
+may have changed) and ``<host>.json`` (when it left the routers, what the drain left).
 
     turn(name="This host's turn in a roll")      # an operation: waits in a roll only
     yield from leave_routers()      # in an operation, right before a disruptive command
@@ -112,11 +112,11 @@ class Handoff:
         return float((self._read(_PLAN) or {}).get("drain_timeout", 0))
 
     def left(self, name: str) -> Left | None:
-        record = self._read(f"{name}.left")
+        record = self._read(f"{name}.json")
         return Left(float(record["at"]), list(record.get("notes", []))) if record else None
 
     def record(self, name: str, left: Left) -> None:
-        self._write(f"{name}.left", {"at": left.at, "notes": left.notes})
+        self._write(f"{name}.json", {"at": left.at, "notes": left.notes})
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)

@@ -306,10 +306,8 @@ def install_service(profile: Profile, launches: list[Launch], release: Release,
                     restart_if: list[OperationMeta]) -> None:
     """One unit per server instance (``parallel.instances``, each on its own GPU set)."""
     secrets_directory()
-    turn(name="In a roll, this host's turn (the batch before it passed its gate)")
-    # After the turn: a changed launcher restarts the server, and a roll stopped before this
-    # host's turn must leave that change for the next deploy to see.
     [launcher] = upload(LAUNCHER)  # keys in-process, never on the command line
+    turn(name="In a roll, this host's turn (the batch before it back in the routers)")
     retire_other_units(name="Retire units of instances no longer wanted",
                        keep=[launch.unit for launch in launches])
     for launch in launches:
