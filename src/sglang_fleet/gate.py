@@ -147,7 +147,7 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdi
                        *(["--soak-requests", str(soak)] if soak is not None else []),
                        budget=budget)
     if ok:
-        if _same(unit_path(unit), saved) and _same(env, f"{saved}.env"):
+        if _files_are_last_good(unit):
             host.noop(f"{unit} passed the gate and is the last good release already")
             return
         yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
@@ -232,6 +232,12 @@ def _saved_files(unit: str) -> bool:
     return bool(host.get_fact(File, path=saved) and host.get_fact(File, path=f"{saved}.env"))
 
 
+def _files_are_last_good(unit: str) -> bool:
+    """The unit and environment files in place are the ones that last passed the gate."""
+    saved = _saved(unit)
+    return _same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit))
+
+
 def _files_back(unit: str) -> str:
     saved = _saved(unit)
     return (f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env_file(unit)} && "
@@ -255,11 +261,10 @@ def last_good_back(unit: str) -> Ops:
 
         last_good_back(name="Last good sglang.service", unit="sglang.service")
     """
-    saved = _saved(unit)
     if not _saved_files(unit):
         yield fail(f"{unit}: no release has passed the gate on this host: nothing to go back to")
         return
-    if not (_same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit))):
+    if not _files_are_last_good(unit):
         yield from leave_routers()
         yield f"{_files_back(unit)} && {start_command(unit)}"
     else:
@@ -286,7 +291,6 @@ def files_back(unit: str) -> Ops:
 
         files_back(name="Files of sglang.service back", unit="sglang.service")
     """
-    saved = _saved(unit)
     if not _saved_files(unit):
         if host.get_fact(File, path=unit_path(unit)) and unit_condition(unit).get(
                 "ActiveState") != "active":
@@ -294,7 +298,7 @@ def files_back(unit: str) -> Ops:
         else:
             host.noop(f"{unit}: no last good release to put back")
         return
-    if _same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit)):
+    if _files_are_last_good(unit):
         host.noop(f"{unit}: its files are the last good release's")
     else:
         yield _files_back(unit)
