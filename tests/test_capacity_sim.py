@@ -46,8 +46,9 @@ def startup_log(release: str, flags: list[str], tmp_path: Path,
     server.setLevel(logging.INFO)
     try:
         args = sim_args.parse(["--model-path", str(MODEL), *flags], release)
-        faults = Faults(None, None, False, False, False, 0.0)
-        launch_server.load(args, release, faults, scheduler)
+        faults = Faults(None, None, None, False, False, False, 0.0)
+        state = launch_server.load(args, release, faults, scheduler)
+        state.children.kill_tree(include_parent=False)
     finally:
         server.removeHandler(handler)
     return handler.lines

@@ -345,7 +345,7 @@ def smoke_test(profile: Profile, launches: list[Launch]) -> None:
 def gate_programs() -> None:
     """The host programs the gate runs (``check_server`` and what it imports), uploaded before
     the service stage so that none of it happens while the server restarts."""
-    upload("capacity", "readiness", CHECKER)
+    upload("capacity", "crash", "readiness", CHECKER)
 
 
 @deploy("Gate")

@@ -23,7 +23,7 @@ from pyinfra.api.host import Host
 from sglang_fleet import fleet, hostdata
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
-from sglang_fleet.facts.units import UnitState, UnitStates
+from sglang_fleet.facts.units import LastCrash, UnitState, UnitStates
 from sglang_fleet.gpucheck import ignored, merged
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch, render_all
@@ -58,6 +58,8 @@ class Row:
     gpu_health: list[str] = field(default_factory=list)
     router: str = ""  # servers: "healthy", "unhealthy", "absent"; routers: "healthy/total"
     error: str = ""
+    restarts: int | None = None  # automatic restarts since the last deliberate start
+    last_crash: str = ""  # the cause of the last end on its own, from the unit's journal
 
 
 def parse_metrics(text: str) -> dict[str, Any]:
@@ -141,6 +143,9 @@ def _fill_unit(row: Row, unit: UnitState | None) -> None:
         row.state = "unknown"
         return
     row.state = unit.state
+    if unit.active == "failed" and unit.result:
+        row.state = f"failed ({unit.result})"  # e.g. a crash loop that spent its start limit
+    row.restarts = unit.restarts
     row.since = unit.since
     row.release = unit.release or ""
     row.algorithm = unit.flag("--speculative-algorithm") or row.algorithm
@@ -192,7 +197,16 @@ def read_host(host: Host, rows: list[Row]) -> None:
         return
     for row in rows:
         _fill_unit(row, units.get(row.unit))
+        if row.restarts or row.state.startswith("failed"):
+            row.last_crash = _last_crash(host, row.unit)
     _fill_gpus(rows, health, ignored(host.data, host.name))
+
+
+def _last_crash(host: Host, unit: str) -> str:
+    try:
+        return host.get_fact(LastCrash, unit=unit) or "cause not in the journal"
+    except Exception as exc:  # as read_host: the row says it, the rest go on
+        return f"journal not read: {str(exc).splitlines()[0][:160] if str(exc) else exc}"
 
 
 def router_rows(inventory: Any, servers: list[Row]) -> list[Row]:
@@ -246,7 +260,8 @@ def _num(value: float | None, digits: int = 0) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-COLUMNS = ("host", "unit", "state", "since", "release", "model", "algo", "health", "run",
+COLUMNS = ("host", "unit", "state", "restarts", "since", "release", "model", "algo", "health",
+           "run",
            "queue", "tok/s", "accept", "GPU used/free GiB", "router", "notes")
 
 
@@ -254,10 +269,12 @@ def cells(row: Row) -> list[str]:
     mem = "-" if row.gpu_used_mib is None else \
         f"{row.gpu_used_mib / 1024:.0f}/{(row.gpu_free_mib or 0) / 1024:.0f}"
     if row.kind == "router":
-        return [row.host, "router", "", "", "", "", "", row.health, "", "", "", "", "",
+        return [row.host, "router", "", "", "", "", "", "", row.health, "", "", "", "", "",
                 f"workers {row.router or '-'}", row.error]
-    notes = "; ".join([*row.gpu_health, *([row.error] if row.error else [])])
-    return [row.host, row.unit, row.state, " ".join(row.since.split()[1:3]), row.release,
+    crash = [f"last crash: {row.last_crash}"] if row.last_crash else []
+    notes = "; ".join([*crash, *row.gpu_health, *([row.error] if row.error else [])])
+    return [row.host, row.unit, row.state, _num(row.restarts), " ".join(row.since.split()[1:3]),
+            row.release,
             row.model, row.algorithm, row.health, _num(row.running), _num(row.queued),
             _num(row.tokens_per_s), _num(row.accept_length, 2), mem, row.router or "-", notes]
 

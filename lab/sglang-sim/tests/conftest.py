@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -49,7 +50,7 @@ class Sim:
         return self.log.read_text()
 
     def client(self, **kw: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, **kw)
+        return httpx.Client(base_url=self.url, **{"timeout": 30, **kw})
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -68,7 +69,7 @@ class Launcher:
         self.started: list[Sim] = []
 
     def start(self, *flags: str, env: dict[str, str] | None = None, model: Path = MODEL,
-              wait: bool = True, port: int | None = None) -> Sim:
+              wait: bool = True, port: int | None = None, session: bool = False) -> Sim:
         port = port or free_port()
         log = self.tmp / f"sim-{port}.log"
         full_env = {**os.environ, "PATH": f"{self.gpu_bin}:{os.environ['PATH']}",
@@ -79,7 +80,7 @@ class Launcher:
                 "--host", "127.0.0.1", "--port", str(port), *flags]
         with log.open("w") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                    text=True)
+                                    text=True, start_new_session=session)
         sim = Sim(proc, f"http://127.0.0.1:{port}", log)
         self.started.append(sim)
         if wait:
@@ -130,3 +131,17 @@ def field_sim(gpu_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                          "--reasoning-parser", "qwen3", "--enable-metrics")
     yield sim
     sim.stop()
+
+
+def died_of_a_child(output: str, returncode: int, cause: str, running: bool = True) -> None:
+    """How SGLang ends when a child fails (see sglang_sim/processes.py for the sources): the
+    cause, the server's SIGQUIT handler (running or launch phase), kill_process_tree's line
+    (0.5.13+), and the server itself killed by SIGKILL."""
+    assert returncode == -9, (returncode, output[-3000:])
+    assert cause in output, output[-3000:]
+    handler = ("SIGQUIT received. signum=3, frame=<frame at " if running else
+               "Received sigquit from a child process. It usually means the child failed.")
+    assert handler in output, output[-3000:]
+    assert output.index(cause) < output.index(handler)
+    assert re.search(r"kill_process_tree called: parent_pid=(\d+), include_parent=True, "
+                     r"pid=\1", output), output[-3000:]

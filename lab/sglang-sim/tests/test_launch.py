@@ -6,7 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from conftest import MTP, REPO, Launcher
+from conftest import MTP, REPO, Launcher, died_of_a_child
 
 
 def test_removed_flag_exits_2_with_argparse_message(sims: Launcher) -> None:
@@ -69,7 +69,8 @@ def test_no_gpus(sims: Launcher) -> None:
 
 def test_more_ranks_than_gpus(sims: Launcher) -> None:
     result = sims.run("--tp-size", "16")
-    assert result.returncode == 1 and "invalid device ordinal" in result.stderr
+    died_of_a_child(result.stderr, result.returncode, "Scheduler hit an exception", running=False)
+    assert "invalid device ordinal" in result.stderr
 
 
 def test_startup_lines_and_field_capacity(sims: Launcher) -> None:
@@ -93,7 +94,7 @@ def test_startup_lines_and_field_capacity(sims: Launcher) -> None:
 def test_state_cache_too_small(sims: Launcher) -> None:
     result = sims.run(*MTP, "--mamba-radix-cache-strategy", "extra_buffer",
                       "--max-mamba-cache-size", "4")
-    assert result.returncode == 1
+    died_of_a_child(result.stderr, result.returncode, "Scheduler hit an exception", running=False)
     assert "Hybrid (mamba/linear-attention) state cache is too small to serve any requests" in \
         result.stderr + result.stdout
 
@@ -152,7 +153,7 @@ def test_draft_worker_logs_its_own_lines_after_the_target(sims: Launcher) -> Non
 def test_lazy_buffer_without_overlap_dies_in_the_memory_pool(sims: Launcher) -> None:
     result = sims.run("--mamba-radix-cache-strategy", "extra_buffer_lazy",
                       "--disable-overlap-schedule")
-    assert result.returncode == 1
+    died_of_a_child(result.stderr, result.returncode, "Scheduler hit an exception", running=False)
     assert "AssertionError: Lazy extra buffer requires overlap schedule" in result.stderr
 
 

@@ -15,10 +15,13 @@ from dataclasses import dataclass
 from pyinfra.api.facts import FactBase
 
 from sglang_fleet import paths
+from sglang_fleet.remote import crash
 
-PROPERTIES = "Id,LoadState,ActiveState,SubState,ActiveEnterTimestamp,ExecMainPID,ExecStart"
+PROPERTIES = ("Id,LoadState,ActiveState,SubState,ActiveEnterTimestamp,ExecMainPID,ExecStart,"
+              "NRestarts,Result")
 _RELEASE = re.compile(re.escape(paths.RELEASES) + r"/([^/ ;]+)/")
 _UNIT = re.compile(r"[A-Za-z0-9@_.:-]+\.service")
+JOURNAL_LINES = 600  # enough for a crash's traceback and the restart after it
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class UnitState:
     since: str  # ActiveEnterTimestamp, e.g. "Mon 2026-11-30 23:01:02 UTC" (empty if never)
     pid: int
     argv: tuple[str, ...]  # ExecStart's argv[], no key in it (the launcher reads the keys)
+    restarts: int = 0  # NRestarts: automatic restarts since the last deliberate start
+    result: str = ""  # Result: success, exit-code, signal, start-limit-hit, ...
 
     @property
     def release(self) -> str | None:
@@ -74,11 +79,13 @@ def parse(lines: list[str]) -> dict[str, UnitState]:
     for b in blocks:
         if "Id" not in b:
             continue
-        pid = b.get("ExecMainPID", "0")
+        pid, restarts = b.get("ExecMainPID", "0"), b.get("NRestarts", "0")
         units[b["Id"]] = UnitState(b["Id"], b.get("LoadState", ""), b.get("ActiveState", ""),
                                    b.get("SubState", ""), b.get("ActiveEnterTimestamp", ""),
                                    int(pid) if pid.isdigit() else 0,
-                                   _argv(b.get("ExecStart", "")))
+                                   _argv(b.get("ExecStart", "")),
+                                   int(restarts) if restarts.isdigit() else 0,
+                                   b.get("Result", ""))
     return units
 
 
@@ -91,3 +98,16 @@ class UnitStates(FactBase[dict[str, UnitState]]):
 
     def process(self, output: list[str]) -> dict[str, UnitState]:
         return parse(output)
+
+
+class LastCrash(FactBase[str | None]):
+    """Why the unit last ended on its own: the cause in its journal (``remote/crash.py``), or
+    None. Reading another unit's journal needs root or the systemd-journal group."""
+
+    def command(self, unit: str) -> str:
+        if not _UNIT.fullmatch(unit):
+            raise ValueError(f"not a unit name: {unit!r}")
+        return f"journalctl -u {unit} -o cat --no-pager -n {JOURNAL_LINES} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str | None:
+        return crash.cause(output)

@@ -32,7 +32,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import capacity, readiness  # uploaded to the host with this module
+from . import capacity, crash, readiness  # uploaded to the host with this module
 
 SMOKE_PROMPT = "What is 2+2? Answer with the number only."
 SOAK_PROMPT = "Name a colour."
@@ -133,9 +133,12 @@ def answered(status: int, raw: bytes) -> str:
 
 
 def unit_down(unit: str, invocation: str, state: dict[str, str], what: str) -> GateError:
-    """The error for a unit that went down: its last line, and that invocation's journal."""
-    tail = [line for line in journal(invocation) if line.strip()]
-    last = tail[-1].strip() if tail else f"{state.get('Result')}, no output"
+    """The error for a unit that went down: why (its crash's cause, else its last line), and
+    that invocation's journal."""
+    lines = journal(invocation, lines=0)
+    tail = [line for line in lines[-40:] if line.strip()]
+    last = crash.cause(lines) or (tail[-1].strip() if tail else
+                                  f"{state.get('Result')}, no output")
     return GateError(f"{unit} {what}: {shown(last, 160)}",
                      [f"invocation {invocation}:", *tail[-15:]])
 

@@ -93,14 +93,6 @@ class Stats:
         return self.accept_tokens / self.forward_steps if self.forward_steps else 0.0
 
 
-def crash(finished: int) -> None:
-    """Die as a scheduler exception kills SGLang: the error line, then the whole process."""
-    logging.getLogger(logs.SCHEDULER).error(
-        f"Scheduler hit an exception: RuntimeError: simulated crash after {finished} requests")
-    logging.shutdown()
-    os._exit(1)
-
-
 class Engine:
     def __init__(self, max_running: int, speculative: bool, draft_tokens: int, reasoning: bool,
                  seed: int) -> None:
@@ -121,14 +113,32 @@ class Engine:
         self.rids: list[str] = []  # requests not finished yet, as the tokenizer manager tracks
         self.stats = Stats()
         self.crash_after: int | None = None  # SGLANG_SIM_CRASH_AFTER, set by the launcher
+        self.hang_after: int | None = None  # SGLANG_SIM_HANG_AFTER, set by the launcher
+        # Tells the TP0 scheduler stand-in of a fault ("crash MESSAGE", "hang"), set by the launcher
+        self.fault: Callable[[str], None] = lambda command: None
+        self.stuck = False  # the scheduler stopped (crashed or hung): no request moves again
+        self._never = asyncio.Event()
         # The release's "Prefill batch" line (prompt tokens, running, queued), set by the launcher
         self.prefill_line: Callable[[int, int, int], str] | None = None
 
-    def step(self) -> None:
-        """One scheduler iteration: where a faulted scheduler dies, taking every running and
-        queued request with it (the first step after the crash_after-th request finished)."""
-        if self.crash_after and self.stats.requests >= self.crash_after:
-            crash(self.stats.requests)
+    def step(self, busy: bool = True) -> bool:
+        """One scheduler iteration: where a faulted scheduler hits its exception (the first step
+        after the crash_after-th request finished) or its batch hangs (``busy``: a batch runs). Either way no request
+        moves again; the scheduler's SIGQUIT brings the server down, as in SGLang."""
+        if self.stuck:
+            return False
+        finished = self.stats.requests
+        if self.crash_after is not None and finished >= self.crash_after:
+            self.stuck = True
+            self.fault(f"crash simulated crash after {finished} requests")
+        elif busy and self.hang_after is not None and finished >= self.hang_after:
+            self.stuck = True
+            self.fault("hang")
+        return not self.stuck
+
+    async def _tick(self) -> None:
+        if not self.step():
+            await self._never.wait()
 
     def _rng(self, prompt: str, seed: int | None) -> random.Random:
         digest = hashlib.blake2b(f"{self.seed}|{seed}|{prompt}".encode(), digest_size=8).digest()
@@ -177,7 +187,7 @@ class Engine:
         finally:
             self.queued -= 1
         self.running += 1
-        self.step()
+        await self._tick()
         if self.prefill_line:  # the scheduler logs every prefill batch (here: one request)
             logging.getLogger(logs.SCHEDULER).info(
                 self.prefill_line(prompt_tokens, self.running, self.queued))
@@ -188,7 +198,7 @@ class Engine:
             total = out.tokens
             for accept in out.accept_lengths:
                 await asyncio.sleep(1 / self.step_rate)
-                self.step()
+                await self._tick()
                 n = min(max(1, round(accept)), total - produced)
                 produced += n
                 if first:

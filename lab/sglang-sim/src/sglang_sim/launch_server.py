@@ -14,16 +14,16 @@ import logging
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
+import traceback
 from argparse import Namespace
 from collections.abc import Iterator
 
 import uvicorn
 
 from sglang_sim import args as args_mod
-from sglang_sim import deep_gemm, graphs, logs, memory, model, rules, server
+from sglang_sim import deep_gemm, graphs, logs, memory, model, processes, rules, server
 from sglang_sim import gpus as gpus_mod
 from sglang_sim.engine import Engine
 from sglang_sim.faults import Faults
@@ -33,31 +33,32 @@ logger = logging.getLogger("sglang.srt.entrypoints.http_server")
 DRAIN_POLL_SECONDS = float(os.environ.get("SGLANG_SIM_DRAIN_POLL_SECONDS", "5"))
 
 
-# The scheduler's first act (run_scheduler_process → kill_itself_when_parent_died, 0.5.23
-# srt/utils/common.py:3432): SIGKILL when the server process dies, even by SIGKILL.
-_SCHEDULER = ("import ctypes, signal, time\n"
-              "ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG\n"
-              "while True: time.sleep(3600)")
-
-
-def _spawn_scheduler(tp_rank: int) -> subprocess.Popen[bytes]:
-    """A stand-in for the scheduler process SGLang forks per TP rank (holds "GPU memory")."""
-    return subprocess.Popen([f"sglang::scheduler_TP{tp_rank}", "-c", _SCHEDULER],
-                            executable=sys.executable, stdin=subprocess.DEVNULL)
-
-
 def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logger) -> State:
-    """Everything from reading the model to allocating memory pools; raises as SGLang does."""
+    """Everything from reading the model to allocating memory pools; raises as SGLang does:
+    ServerArgs's checks in the server process (a traceback, exit 1), the rest in the scheduler
+    (``Scheduler hit an exception``, SIGQUIT, the whole tree SIGKILLed: see processes.py)."""
     started = time.time()
     table = args_mod.table(release)
     shape = model.load(args.model_path)
     rules.resolve(args, shape.architecture, release, table["speculative_algorithms"])
-    gpus = gpus_mod.discover()
+    gpus = gpus_mod.discover()  # ServerArgs sizes memory from the first GPU, in this process
+    memory.default_memory_settings(args, gpus[0].memory_mib)
+    _log_server_args(args, release)
+    children = processes.Children(release, args.tp_size)
+    try:
+        return _load_in_scheduler(args, release, faults, scheduler, shape, started, children,
+                                  gpus)
+    except Exception:
+        children.exception(traceback.format_exc())  # ends this process, unless the child is gone
+        raise
+
+
+def _load_in_scheduler(args: Namespace, release: str, faults: Faults,
+                       scheduler: logging.Logger, shape: model.ModelShape, started: float,
+                       children: processes.Children, gpus: list[gpus_mod.Gpu]) -> State:
     if args.tp_size * args.dp_size > len(gpus):
         raise RuntimeError(f"CUDA error: invalid device ordinal (tp_size={args.tp_size}, "
                            f"dp_size={args.dp_size}, visible GPUs={len(gpus)})")
-    memory.default_memory_settings(args, gpus[0].memory_mib)
-    _log_server_args(args, release)
     before = gpus[0].memory_mib / 1024 - memory.CONTEXT_OVERHEAD_GB
     scheduler.info(f"Load weight begin. avail mem={before:.2f} GB")
     tic = time.perf_counter()
@@ -90,10 +91,25 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
                     args.speculative_num_draft_tokens or 1, args.reasoning_parser is not None,
                     args.random_seed or 0)
     engine.crash_after = faults.crash_after
+    engine.hang_after = faults.hang_after
+    engine.fault = functools.partial(_fault, children, args.watchdog_timeout)
     engine.prefill_line = functools.partial(graphs.prefill_line, rel, shape.is_hybrid)
     command = "python -m sglang.launch_server " + shlex.join(sys.argv[1:])
     return State(args=args, release=release, launch_command=command, shape=shape, memory=plan,
-                 engine=engine, faults=faults, startup_time=started)
+                 engine=engine, faults=faults, startup_time=started, children=children)
+
+
+def _fault(children: processes.Children, watchdog_timeout: float, what: str) -> None:
+    """The engine's scheduler stops: an exception (``crash MESSAGE``) or a batch that hangs
+    until the scheduler's watchdog (``--watchdog-timeout``) ends it."""
+    verb, _, message = what.partition(" ")
+    if verb == "crash":
+        try:
+            raise RuntimeError(message)
+        except RuntimeError:
+            children.exception(traceback.format_exc(), wait=False)
+    else:
+        children.tell(f"hang {watchdog_timeout}")
 
 
 def _log_server_args(args: Namespace, release: str) -> None:
@@ -187,7 +203,9 @@ async def serve(state: State) -> None:
     drained = asyncio.Event()
 
     def on_sigterm() -> None:
-        signum, frame = int(signal.SIGTERM), None
+        # loop.add_signal_handler calls SGLang's sigterm_handler with no arguments (0.5.10
+        # managers/tokenizer_manager.py:1513, 0.5.23 :2455): both print as None
+        signum, frame = None, None
         logger.warning(f"SIGTERM received. {signum=} {frame=}. "
                        "Draining requests and shutting down...")
         state.draining = True
@@ -198,7 +216,7 @@ async def serve(state: State) -> None:
     async def watchdog() -> None:
         while not state.draining:
             await asyncio.sleep(min(DRAIN_POLL_SECONDS, 0.5))
-            state.engine.step()  # an idle scheduler still iterates
+            state.engine.step(busy=False)  # an idle scheduler still iterates
         while True:
             remaining_rids = list(state.engine.rids)
             remain_num_req = len(remaining_rids)
@@ -250,22 +268,24 @@ def main(argv: list[str] | None = None) -> None:
         asyncio.run(dummy_health(args.host, args.port))
         return
     faults = Faults.from_env()
-    child = _spawn_scheduler(0)
+    state = load(args, release, faults, scheduler)
+    state.children.serving()
     try:
-        state = load(args, release, faults, scheduler)
         asyncio.run(serve(state))
     finally:
-        child.kill()
-        child.wait()
-    end_after_drain(release)
+        end_after_drain(state)
 
 
-def end_after_drain(release: str) -> None:
-    """How the drained server ends (TokenizerManager.sigterm_watchdog): 0.5.10 - 0.5.18 call
+def end_after_drain(state: State) -> None:
+    """How the drained server ends (TokenizerManager.sigterm_watchdog): 0.5.14+ stop the
+    subprocess watchdog first (child exits are expected now); 0.5.10 - 0.5.18 then call
     kill_process_tree(os.getpid(), include_parent=True), which SIGKILLs the process itself;
-    0.5.19+ kill only the children and sys.exit(0)."""
-    if args_mod.release_tuple(release) < (0, 5, 19, 0):
-        os.kill(os.getpid(), signal.SIGKILL)
+    0.5.19+ kill only the children and sys.exit(0) (0.5.18 tokenizer_manager.py:3148-3158,
+    0.5.23 :3542-3571)."""
+    rel = args_mod.release_tuple(state.release)
+    if rel >= (0, 5, 14, 0):
+        state.children.stop_watching()
+    state.children.kill_tree(include_parent=rel < (0, 5, 19, 0))
     sys.exit(0)
 
 

@@ -13,6 +13,7 @@ from sglang_sim.engine import Engine
 from sglang_sim.faults import Faults
 from sglang_sim.memory import MemoryPlan
 from sglang_sim.model import ModelShape
+from sglang_sim.processes import Children
 from sglang_sim.rules import strategy_dest
 
 NULL_CONTENT_UNTIL = (0, 5, 12, 1)  # serving_chat: content=text if text else None
@@ -38,6 +39,7 @@ class State:
     engine: Engine
     faults: Faults
     startup_time: float
+    children: Children
     up: bool = False
     draining: bool = False
     unhealthy: bool = False
