@@ -203,7 +203,8 @@ def test_sigterm_drains_in_flight_requests(sims: Launcher) -> None:
     assert result["status"] == 200
     assert sim.proc.wait(20) == 0
     log = sim.output()
-    assert "SIGTERM received. signum=None frame=None." in log and "Draining requests and shutting down..." in log
+    assert "SIGTERM received. signum=None frame=None." in log
+    assert "Draining requests and shutting down..." in log
     assert "Gracefully exiting... Remaining number of requests 1." in log
 
 

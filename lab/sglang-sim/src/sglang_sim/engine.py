@@ -123,8 +123,9 @@ class Engine:
 
     def step(self, busy: bool = True) -> bool:
         """One scheduler iteration: where a faulted scheduler hits its exception (the first step
-        after the crash_after-th request finished) or its batch hangs (``busy``: a batch runs). Either way no request
-        moves again; the scheduler's SIGQUIT brings the server down, as in SGLang."""
+        after the crash_after-th request finished) or its batch hangs (``busy``: a batch runs).
+        Either way no request moves again; the scheduler's SIGQUIT brings the server down, as
+        in SGLang."""
         if self.stuck:
             return False
         finished = self.stats.requests
