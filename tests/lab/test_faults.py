@@ -11,8 +11,10 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sglang_fleet_lab import hosts, state
@@ -104,12 +106,27 @@ def wait_serving(timeout: float = 180) -> None:
 
 
 def stop_and_check() -> None:
+    restarts = unit("NRestarts")
     ssh("lab1", "systemctl stop sglang.service")
     assert unit("ActiveState") == "inactive", ssh("lab1", "systemctl status sglang").stdout
     assert unit("Result") == "success"
+    # a stop that was asked for is never restarted, whatever the release's end (systemd decides
+    # at once: a restart would show as SubState auto-restart)
+    assert unit("SubState") == "dead" and unit("NRestarts") == restarts
     log = ssh("lab1", "journalctl -u sglang -o cat -n 200").stdout
     assert "Draining requests and shutting down..." in log
     assert "Gracefully exiting... Remaining number of requests 0." in log
+
+
+def with_drop_in(*lines: str) -> None:
+    """Extra [Service] lines for sglang.service on lab1, then a (re)start."""
+    body = "\\n".join(["[Service]", *lines])
+    ssh("lab1", f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '{body}\\n' > {DROP_IN} "
+                "&& systemctl daemon-reload && systemctl restart sglang.service")
+
+
+def without_drop_in() -> None:
+    ssh("lab1", f"rm -f {DROP_IN} && systemctl daemon-reload")
 
 
 def test_stop_after_exit_0(lab: None) -> None:
@@ -121,15 +138,129 @@ def test_stop_after_exit_0(lab: None) -> None:
 
 
 def test_stop_after_sigkill_of_its_own_tree(lab: None) -> None:
-    ssh("lab1", f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '[Service]\\n"
-              f"Environment=SGLANG_SIM_VERSION=0.5.18\\n' > {DROP_IN} && systemctl daemon-reload"
-              " && systemctl start sglang.service")
+    with_drop_in("Environment=SGLANG_SIM_VERSION=0.5.18")
     try:
         wait_serving()
         stop_and_check()
         assert unit("ExecMainCode") == "2" and unit("ExecMainStatus") == "9"  # killed, SIGKILL
     finally:
-        ssh("lab1", f"rm -f {DROP_IN} && systemctl daemon-reload")
+        without_drop_in()
+
+
+def api_key() -> str:
+    env = ssh("lab1", "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang.env").stdout
+    return env.strip().strip("'\"")
+
+
+def ask(key: str) -> int:
+    """One chat request to lab1's server from this machine: its status, 0 if it broke."""
+    try:
+        return httpx.post("http://127.0.0.11:30000/v1/chat/completions", timeout=60,
+                          headers={"Authorization": f"Bearer {key}"},
+                          json={"max_tokens": 64, "messages": [{"role": "user",
+                                                                "content": "hi"}]}).status_code
+    except httpx.HTTPError:
+        return 0
+
+
+@pytest.mark.parametrize("release", ["0.5.23", "0.5.18"])
+def test_a_stop_under_load_drains_every_request(lab: None, release: str) -> None:
+    """systemctl stop while 8 requests of ~5 s each run: every one is answered (KillMode=mixed:
+    SIGTERM reaches the server alone, which drains, then ends its children; 0.5.18 ends in
+    SIGKILL of itself, 0.5.23 in exit 0)."""
+    with_drop_in(f"Environment=SGLANG_SIM_VERSION={release}",
+                 "Environment=SGLANG_SIM_DECODE_STEPS_PER_SECOND=4")
+    try:
+        wait_serving()
+        key = api_key()
+        with ThreadPoolExecutor(8) as pool:
+            answers = [pool.submit(ask, key) for _ in range(8)]
+            time.sleep(2)
+            stop = ssh("lab1", "systemctl stop sglang.service")
+            codes = [a.result() for a in answers]
+        assert stop.returncode == 0, stop.stderr
+        assert codes == [200] * 8, codes
+        assert unit("ActiveState") == "inactive" and unit("Result") == "success"
+        log = ssh("lab1", "journalctl -u sglang -o cat -n 300").stdout
+        assert re.search(r"Gracefully exiting\.\.\. Remaining number of requests [1-8]\.", log)
+        assert "Subprocess" not in log.split("Draining requests")[-1]  # no child died early
+    finally:
+        without_drop_in()
+        ssh("lab1", "systemctl start sglang.service")
+        wait_serving()
+
+
+def main_pid() -> int:
+    return int(unit("MainPID"))
+
+
+def back_serving(before: int, restarts: int, budget: float) -> float:
+    """Seconds until lab1 serves again from a new main process, one automatic restart later."""
+    tic = time.monotonic()
+    deadline = tic + budget
+    while time.monotonic() < deadline:
+        if health() == "200" and main_pid() not in (0, before):
+            assert unit("NRestarts") == str(restarts + 1)
+            return time.monotonic() - tic
+        time.sleep(1)
+    raise AssertionError(f"not back within {budget:.0f} s:\n"
+                         + ssh("lab1", "systemctl status sglang; journalctl -u sglang -n 30 "
+                                       "-o cat").stdout)
+
+
+def restart_sec() -> float:
+    return _seconds(unit("RestartUSec"))
+
+
+def _seconds(span: str) -> float:
+    """systemd's time span (``30s``, ``1min 30s``, ``100ms``) in seconds."""
+    units = {"min": 60.0, "ms": 0.001, "s": 1.0, "h": 3600.0}
+    total = 0.0
+    for number, name in re.findall(r"([\d.]+)\s*(min|ms|s|h)", span):
+        total += float(number) * units[name]
+    return total
+
+
+READY_BUDGET = 30  # the simulator loads in 2 s and captures in ~2 s; slack for this machine
+
+
+def test_a_server_killed_with_sigkill_comes_back(lab: None) -> None:
+    """kill -9 of the main process (as the OOM killer ends it): restarted after RestartSec, not
+    counted clean (SuccessExitStatus=SIGKILL alone made it 'Deactivated successfully', never
+    restarted)."""
+    wait_serving()
+    before, restarts = main_pid(), int(unit("NRestarts"))
+    ssh("lab1", f"kill -9 {before}")
+    took = back_serving(before, restarts, restart_sec() + READY_BUDGET)
+    assert took <= restart_sec() + READY_BUDGET
+    rows = status_rows()
+    assert rows["lab1"]["restarts"] == restarts + 1
+    assert rows["lab1"]["last_crash"] == "Main process exited, code=killed, status=9/KILL"
+
+
+def test_a_scheduler_exception_comes_back(lab: None) -> None:
+    """The scheduler raises: SIGQUIT to the server, its tree and itself SIGKILLed (as SGLang),
+    then systemd restarts it; status names the exception."""
+    wait_serving()
+    before, restarts = main_pid(), int(unit("NRestarts"))
+    assert ssh("lab1", "pkill -USR1 -f '^sglang::scheduler_TP0'").returncode == 0
+    took = back_serving(before, restarts, restart_sec() + READY_BUDGET)
+    assert took <= restart_sec() + READY_BUDGET
+    log = ssh("lab1", "journalctl -u sglang -o cat -n 400").stdout
+    assert "SIGQUIT received. signum=3" in log and "kill_process_tree called" in log
+    assert "Main process exited, code=killed, status=9/KILL" in log
+    rows = status_rows()
+    assert rows["lab1"]["restarts"] == restarts + 1
+    assert rows["lab1"]["last_crash"] == ("Scheduler hit an exception: RuntimeError: simulated "
+                                          "scheduler exception (SIGUSR1 to the scheduler)")
+    # a deploy is a deliberate start: it clears the count
+    code, out = deploy()
+    assert code == 0, out[-3000:]
+
+
+def status_rows() -> dict[str, dict[str, object]]:
+    result = run("sglang-fleet", "status", "inventories/lab.py", "--json")
+    return {r["host"]: r for r in json.loads(result.stdout) if r["kind"] == "server"}
 
 
 def test_a_guest_whose_nspawn_was_killed_is_reported_and_stopped(lab: None) -> None:

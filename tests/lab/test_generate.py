@@ -20,7 +20,7 @@ import pytest
 from sglang_fleet_lab.site import S3_CREDENTIALS
 from sglang_fleet_lab.state import S3_PORT, SITE_ADDRESS
 from tests.conftest import ROOT
-from tests.lab.conftest import booted_lab, pyinfra, run
+from tests.lab.conftest import booted_lab, pyinfra, run, ssh
 
 pytestmark = pytest.mark.lab
 ROUTER = "http://127.0.0.11:30080"
@@ -120,3 +120,64 @@ def test_roll_and_kill_9_mid_job_then_rerun_writes_each_id_once(fleet: None, s3:
     for key, before in committed.items():  # shards finished before the kill were not redone
         assert stamp(s3, key) == before, key
     assert run("sglang-fleet", "lab", "status").returncode == 0
+
+
+HOSTS = {"lab1": "http://127.0.0.11:30000", "lab2": "http://127.0.0.12:30000"}
+
+
+def router_health() -> dict[str, bool]:
+    """Each server's health as the router sees it (its /workers, with the admin key)."""
+    from sglang_fleet.routerctl import Router, RouterError
+    from sglang_fleet_lab.state import load
+
+    try:
+        workers = Router(ROUTER, load().api_key("admin"), timeout=5).workers()
+    except RouterError:
+        return {}
+    return {host: bool(workers.get(url, {}).get("is_healthy")) for host, url in HOSTS.items()}
+
+
+def test_the_fleet_heals_while_servers_are_killed(fleet: None, tmp_path: Path) -> None:
+    """3,000 requests through the router while a server is killed with SIGKILL every ~30 s
+    (each time the one that has served longest, once both are healthy again): systemd restarts
+    it, the router stops sending it requests and takes it back once healthy, and the job ends
+    with every id once and no failure."""
+    n = 3000
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"id": f"heal-{i}", "max_tokens": 200, "messages": [
+        {"role": "user", "content": f"task {i}"}]}) + "\n" for i in range(n)))
+    out = tmp_path / "out"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "sglang_fleet.cli", "generate", str(source), str(out), "--url",
+         ROUTER, "--api-key-file", str(KEY_FILE), "--shard-size", "250", "--concurrency", "24",
+         "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    kills: list[tuple[str, float]] = []
+    seen_unhealthy: set[str] = set()
+    last = time.monotonic()
+    deadline = last + 900
+    while job.poll() is None and time.monotonic() < deadline:
+        health = router_health()
+        seen_unhealthy |= {h for h, ok in health.items() if not ok}
+        if health and all(health.values()) and time.monotonic() - last >= 30:
+            victim = "lab1" if len(kills) % 2 == 0 else "lab2"
+            killed = ssh(victim, "kill -9 $(systemctl show -p MainPID --value sglang.service)")
+            assert killed.returncode == 0, killed.stderr
+            kills.append((victim, time.monotonic()))
+            last = time.monotonic()
+        time.sleep(1)
+    stdout, stderr = job.communicate(timeout=60)
+    assert job.returncode == 0, stderr[-3000:]
+    assert len(kills) >= 2, f"the job ended after {len(kills)} kill(s): make it longer"
+    assert {victim for victim, _ in kills} <= seen_unhealthy  # the router saw each one down
+    done = [json.loads(line) for line in stdout.splitlines()][-1]
+    assert done["event"] == "done" and done["failures"] == 0, done
+    ids = [json.loads(line)["id"] for shard in sorted(out.glob("shard-*.jsonl"))
+           for line in shard.read_text().splitlines()]
+    assert len(ids) == n and set(ids) == {f"heal-{i}" for i in range(n)}
+    restarts = {h: ssh(h, "systemctl show -p NRestarts --value sglang.service").stdout.strip()
+                for h in HOSTS}
+    assert all(int(restarts[h]) >= 1 for h in {victim for victim, _ in kills}), restarts
+    wait = time.monotonic() + 120
+    while not all(router_health().values()) and time.monotonic() < wait:
+        time.sleep(2)
+    assert all(router_health().values()), "the fleet did not come back whole"
