@@ -266,7 +266,8 @@ def test_retries_503_and_dropped_connections_lose_nothing(sims: Sims, tmp_path: 
 
 def test_concurrency_follows_the_routers_healthy_workers(
         sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Sum of max_running_requests over healthy workers, resized as workers come and go."""
+    """Healthy workers times one worker's max_running_requests (the router's own
+    /get_server_info), resized as workers come and go."""
     small = sims.start("--max-running-requests", "8", decode="60")
     big = sims.start("--max-running-requests", "16", decode="60")
     router = FaultyProxy(small, every_503=10**9, every_drop=10**9, always="never")
@@ -281,8 +282,58 @@ def test_concurrency_follows_the_routers_healthy_workers(
         router.close()
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     limits = [e["limit"] for e in events if e["event"] == "concurrency"]
-    assert limits[0] == 24 and limits[-1] == 8, limits
+    assert limits[0] == 16 and limits[-1] == 8, limits
     assert summary["records"] == 300 and stats.concurrency == 8
+
+
+ANSWER = json.dumps({"choices": [{"message": {"content": "x"}, "finish_reason": "stop"}],
+                     "usage": {"completion_tokens": 1}}).encode()
+
+
+def test_the_key_goes_to_no_worker_the_router_lists(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A router (or whoever answers at --url) lists workers at other origins: they are never
+    asked, so the key never reaches them; the fleet is sized through the router itself."""
+    from tests.conftest import Origin
+
+    elsewhere = Origin({"/server_info": (200, {}, b'{"max_running_requests": 100}')})
+    listing = {"workers": [{"url": elsewhere.url, "is_healthy": True},
+                           {"url": elsewhere.url.replace("http:", "https:"), "is_healthy": True}]}
+    router = Origin({"/workers": (200, {}, json.dumps(listing).encode()),
+                     "/get_server_info": (200, {}, b'{"max_running_requests": 4}'),
+                     "/v1/models": (200, {}, b'{"data": [{"id": "m"}]}'),
+                     "/v1/chat/completions": (200, {}, ANSWER)})
+    try:
+        summary, stats = generate(str(write_input(tmp_path / "in.jsonl", 5)),
+                                  str(tmp_path / "out"), router.url, api_key="k" * 20)
+    finally:
+        router.close()
+        elsewhere.close()
+    assert summary["records"] == 5 and stats.concurrency == 8
+    assert elsewhere.seen == [] and set(router.keys()) == {"Bearer " + "k" * 20}
+    assert "2 healthy workers x 4" in capsys.readouterr().out
+
+
+def test_the_pool_sends_nothing_to_another_origin() -> None:
+    from sglang_fleet.generate.client import Pool
+    from tests.conftest import Origin
+
+    mine, other = Origin({}), Origin({})
+
+    async def scenario() -> None:
+        pool = Pool({"Authorization": "Bearer " + "k" * 20}, timeout=5, only=mine.url)
+        assert (await pool.get(f"{mine.url}/health", 5)).status_code == 404
+        for url in (other.url, mine.url.replace("http:", "https:")):
+            with pytest.raises(httpx.UnsupportedProtocol, match="not the origin of --url"):
+                await pool.get(f"{url}/server_info", 5)
+        await pool.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        mine.close()
+        other.close()
+    assert other.seen == [] and len(mine.seen) == 1
 
 
 def test_failures_file_and_exit_status(sims: Sims, tmp_path: Path) -> None:

@@ -520,7 +520,7 @@ class Job:
         if self.opts.api_key:
             headers["Authorization"] = f"Bearer {self.opts.api_key}"
         stream = await asyncio.to_thread(open_input, self.opts.input, self.s3)
-        http = Pool(headers, self.opts.timeout)
+        http = Pool(headers, self.opts.timeout, only=self.opts.url)
         try:
             await self.pick_model(http)
             await self.size_fleet(http)
