@@ -451,7 +451,7 @@ def test_bad_options_are_a_message_not_a_traceback(tmp_path: Path,
                             "--shard-size must be at least 1, not 0"),
                            (["--url", "127.0.0.1:9"], "write http://HOST:PORT"),
                            (["--url", "http://127.0.0.1:9", "--api-key-file", "/nonexistent"],
-                            "/nonexistent: No such file or directory"),
+                            "/nonexistent: cannot read the API key file"),
                            (["--url", "http://127.0.0.1:9"], "ConnectError")):
         assert main(["generate", str(inp), str(tmp_path / "out"), *flags]) == 1
         err = capsys.readouterr().err
@@ -602,3 +602,48 @@ def test_retry_failures_sends_only_failed_lines_each_id_once(sims: Sims, tmp_pat
     assert [(e["name"], e["records"], e["failures"]) for e in manifest["retries"]] == [
         ("retry-001.jsonl", 1, 2), ("retry-002.jsonl", 0, 2), ("retry-003.jsonl", 0, 2)]
     assert manifest["records"] == 7 and manifest["complete"] is True
+
+
+def test_credentials_in_the_url_are_refused_and_never_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--url http://user:pass@host``: refused before anything runs (it would have gone into
+    manifest.json and every record's ``server``), and the error shows no password."""
+    from sglang_fleet import cli
+    from tests.conftest import Origin
+
+    router = Origin({"/v1/models": (200, {}, b'{"data": [{"id": "m"}]}'),
+                     "/v1/chat/completions": (200, {}, ANSWER)})
+    url = router.url.replace("http://", "http://user:hunter2-pw@")
+    try:
+        code = cli.main(["generate", str(write_input(tmp_path / "in.jsonl", 2)),
+                         str(tmp_path / "out"), "--url", url, "--json"])
+    finally:
+        router.close()
+    captured = capsys.readouterr()
+    assert code == 1 and router.seen == []
+    assert captured.err.startswith(f"error: --url: '{router.url}' holds credentials")
+    assert "hunter2" not in captured.err + captured.out
+    assert not any("hunter2" in p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_a_key_file_with_a_stray_cr_is_refused_without_showing_the_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As the smoke test checks its key file: a CR inside the key would have made every request
+    fail with the HTTP library's error about the header, the key in it, in failures.jsonl."""
+    from sglang_fleet import cli
+    from tests.conftest import Origin
+
+    router = Origin({"/v1/models": (200, {}, b'{"data": [{"id": "m"}]}'),
+                     "/v1/chat/completions": (200, {}, ANSWER)})
+    key = tmp_path / "key"
+    key.write_bytes(b"secret-key-0123\rtail\n")
+    try:
+        code = cli.main(["generate", str(write_input(tmp_path / "in.jsonl", 2)),
+                         str(tmp_path / "out"), "--url", router.url, "--api-key-file", str(key),
+                         "--retries", "0", "--json"])
+    finally:
+        router.close()
+    captured = capsys.readouterr()
+    assert code == 1 and router.seen == []
+    assert f"{key}: contains a control character (U+000D, a carriage return)" in captured.err
+    assert "secret-key" not in captured.err + captured.out and not (tmp_path / "out").exists()

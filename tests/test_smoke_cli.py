@@ -102,3 +102,9 @@ def test_the_gates_requests_follow_no_redirect(redirected: tuple[Origin, Origin]
     with pytest.raises(check_server.GateError, match=f"redirect to {elsewhere.url}, not"):
         check_server.smoke(first.url, "k" * 20, "m")
     assert elsewhere.seen == [] and len(first.seen) == 2
+
+
+def test_credentials_in_the_url_are_refused_unshown() -> None:
+    result = smoke("http://user:hunter2-pw@127.0.0.1:1")
+    assert result.returncode == 1 and "holds credentials" in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout

@@ -22,6 +22,7 @@ import httpx
 import orjson
 
 from sglang_fleet.generate.source import Item
+from sglang_fleet.validators import without_userinfo
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 BACKOFF_FIRST = 0.5
@@ -48,7 +49,8 @@ def _origin(url: str) -> tuple[str, str, int]:
     except ValueError:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port < 0:
-        raise httpx.UnsupportedProtocol(f"{url}: not an http:// or https:// URL")
+        raise httpx.UnsupportedProtocol(f"{without_userinfo(url)}: not an http:// or https:// "
+                                        "URL")
     return parts.scheme, parts.hostname, port
 
 
