@@ -78,3 +78,48 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+class Origin:
+    """An HTTP server on the loopback, in a thread: it records each request's path and
+    Authorization header and answers ``routes`` (path -> (status, headers, body)), else 404.
+
+        elsewhere = Origin({})                    # where a redirect leads
+        first = Origin({"/v1/models": (302, {"Location": elsewhere.url + "/v1/models"}, b"")})
+    """
+
+    def __init__(self, routes: dict[str, tuple[int, dict[str, str], bytes]]) -> None:
+        import http.server
+        import threading
+
+        self.routes = routes
+        self.seen: list[tuple[str, str | None]] = []
+        origin = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(length)
+                origin.seen.append((self.path, self.headers.get("Authorization")))
+                status, headers, body = origin.routes.get(self.path, (404, {}, b"not found"))
+                self.send_response(status)
+                for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def keys(self) -> list[str | None]:
+        return [key for _, key in self.seen]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

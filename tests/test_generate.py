@@ -266,7 +266,8 @@ def test_retries_503_and_dropped_connections_lose_nothing(sims: Sims, tmp_path: 
 
 def test_concurrency_follows_the_routers_healthy_workers(
         sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Sum of max_running_requests over healthy workers, resized as workers come and go."""
+    """Healthy workers times one worker's max_running_requests (the router's own
+    /get_server_info), resized as workers come and go."""
     small = sims.start("--max-running-requests", "8", decode="60")
     big = sims.start("--max-running-requests", "16", decode="60")
     router = FaultyProxy(small, every_503=10**9, every_drop=10**9, always="never")
@@ -281,8 +282,58 @@ def test_concurrency_follows_the_routers_healthy_workers(
         router.close()
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     limits = [e["limit"] for e in events if e["event"] == "concurrency"]
-    assert limits[0] == 24 and limits[-1] == 8, limits
+    assert limits[0] == 16 and limits[-1] == 8, limits
     assert summary["records"] == 300 and stats.concurrency == 8
+
+
+ANSWER = json.dumps({"choices": [{"message": {"content": "x"}, "finish_reason": "stop"}],
+                     "usage": {"completion_tokens": 1}}).encode()
+
+
+def test_the_key_goes_to_no_worker_the_router_lists(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A router (or whoever answers at --url) lists workers at other origins: they are never
+    asked, so the key never reaches them; the fleet is sized through the router itself."""
+    from tests.conftest import Origin
+
+    elsewhere = Origin({"/server_info": (200, {}, b'{"max_running_requests": 100}')})
+    listing = {"workers": [{"url": elsewhere.url, "is_healthy": True},
+                           {"url": elsewhere.url.replace("http:", "https:"), "is_healthy": True}]}
+    router = Origin({"/workers": (200, {}, json.dumps(listing).encode()),
+                     "/get_server_info": (200, {}, b'{"max_running_requests": 4}'),
+                     "/v1/models": (200, {}, b'{"data": [{"id": "m"}]}'),
+                     "/v1/chat/completions": (200, {}, ANSWER)})
+    try:
+        summary, stats = generate(str(write_input(tmp_path / "in.jsonl", 5)),
+                                  str(tmp_path / "out"), router.url, api_key="k" * 20)
+    finally:
+        router.close()
+        elsewhere.close()
+    assert summary["records"] == 5 and stats.concurrency == 8
+    assert elsewhere.seen == [] and set(router.keys()) == {"Bearer " + "k" * 20}
+    assert "2 healthy workers x 4" in capsys.readouterr().out
+
+
+def test_the_pool_sends_nothing_to_another_origin() -> None:
+    from sglang_fleet.generate.client import Pool
+    from tests.conftest import Origin
+
+    mine, other = Origin({}), Origin({})
+
+    async def scenario() -> None:
+        pool = Pool({"Authorization": "Bearer " + "k" * 20}, timeout=5, only=mine.url)
+        assert (await pool.get(f"{mine.url}/health", 5)).status_code == 404
+        for url in (other.url, mine.url.replace("http:", "https:")):
+            with pytest.raises(httpx.UnsupportedProtocol, match="not the origin of --url"):
+                await pool.get(f"{url}/server_info", 5)
+        await pool.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        mine.close()
+        other.close()
+    assert other.seen == [] and len(mine.seen) == 1
 
 
 def test_failures_file_and_exit_status(sims: Sims, tmp_path: Path) -> None:
@@ -400,7 +451,7 @@ def test_bad_options_are_a_message_not_a_traceback(tmp_path: Path,
                             "--shard-size must be at least 1, not 0"),
                            (["--url", "127.0.0.1:9"], "write http://HOST:PORT"),
                            (["--url", "http://127.0.0.1:9", "--api-key-file", "/nonexistent"],
-                            "/nonexistent: No such file or directory"),
+                            "/nonexistent: cannot read the API key file"),
                            (["--url", "http://127.0.0.1:9"], "ConnectError")):
         assert main(["generate", str(inp), str(tmp_path / "out"), *flags]) == 1
         err = capsys.readouterr().err
@@ -551,3 +602,48 @@ def test_retry_failures_sends_only_failed_lines_each_id_once(sims: Sims, tmp_pat
     assert [(e["name"], e["records"], e["failures"]) for e in manifest["retries"]] == [
         ("retry-001.jsonl", 1, 2), ("retry-002.jsonl", 0, 2), ("retry-003.jsonl", 0, 2)]
     assert manifest["records"] == 7 and manifest["complete"] is True
+
+
+def test_credentials_in_the_url_are_refused_and_never_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--url http://user:pass@host``: refused before anything runs (it would have gone into
+    manifest.json and every record's ``server``), and the error shows no password."""
+    from sglang_fleet import cli
+    from tests.conftest import Origin
+
+    router = Origin({"/v1/models": (200, {}, b'{"data": [{"id": "m"}]}'),
+                     "/v1/chat/completions": (200, {}, ANSWER)})
+    url = router.url.replace("http://", "http://user:hunter2-pw@")
+    try:
+        code = cli.main(["generate", str(write_input(tmp_path / "in.jsonl", 2)),
+                         str(tmp_path / "out"), "--url", url, "--json"])
+    finally:
+        router.close()
+    captured = capsys.readouterr()
+    assert code == 1 and router.seen == []
+    assert captured.err.startswith(f"error: --url: '{router.url}' holds credentials")
+    assert "hunter2" not in captured.err + captured.out
+    assert not any("hunter2" in p.read_text() for p in tmp_path.rglob("*") if p.is_file())
+
+
+def test_a_key_file_with_a_stray_cr_is_refused_without_showing_the_key(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As the smoke test checks its key file: a CR inside the key would have made every request
+    fail with the HTTP library's error about the header, the key in it, in failures.jsonl."""
+    from sglang_fleet import cli
+    from tests.conftest import Origin
+
+    router = Origin({"/v1/models": (200, {}, b'{"data": [{"id": "m"}]}'),
+                     "/v1/chat/completions": (200, {}, ANSWER)})
+    key = tmp_path / "key"
+    key.write_bytes(b"secret-key-0123\rtail\n")
+    try:
+        code = cli.main(["generate", str(write_input(tmp_path / "in.jsonl", 2)),
+                         str(tmp_path / "out"), "--url", router.url, "--api-key-file", str(key),
+                         "--retries", "0", "--json"])
+    finally:
+        router.close()
+    captured = capsys.readouterr()
+    assert code == 1 and router.seen == []
+    assert f"{key}: contains a control character (U+000D, a carriage return)" in captured.err
+    assert "secret-key" not in captured.err + captured.out and not (tmp_path / "out").exists()

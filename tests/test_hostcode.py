@@ -61,3 +61,40 @@ def test_program_names_only_modules_the_package_has() -> None:
         "/usr/bin/env", f"PYTHONPATH={hostcode.PYTHONPATH}"]
     with pytest.raises(ValueError, match="not a module of sglang_fleet/remote/"):
         hostcode.program("/usr/bin/python3", "stage_weights")
+
+
+def test_prune_caches_follows_no_name_or_link_the_service_made(pythonpath: Path,
+                                                               tmp_path: Path) -> None:
+    """Run as root (the deploy's user) on a cache the service user shaped: a directory named
+    "x\\n.ssh" (a fact listing splits it into "x" and ".ssh"), a version-named link to a victim
+    directory, a link to the victim inside a stale version, a name no version has. Only the
+    stale versions' own directories go; the victim and root's working directory are intact."""
+    victim, cwd, root = tmp_path / "victim", tmp_path / "cwd", tmp_path / "cache" / "release"
+    for directory in (victim / "inside", cwd / ".ssh", root / "x\n.ssh", root / "0.5.21" / "a",
+                      root / "0.5.23", root / "notes"):
+        directory.mkdir(parents=True)
+    (victim / "inside" / "keep").write_text("root's")
+    (root / "0.5.10").symlink_to(victim)
+    (root / "0.5.21" / "a" / "victim").symlink_to(victim)
+    (root / "0.5.21" / "a" / "kernel.so").write_text("")
+    (root / "0.5.22").write_text("a file, not a cache")
+    result = subprocess.run(
+        [sys.executable, "-S", "-m", f"{hostcode.PACKAGE}.prune_caches", "--root", str(root),
+         "--keep=0.5.23"], capture_output=True, text=True, cwd=cwd,
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(pythonpath)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "removed 0.5.21\n"
+    assert sorted(p.name for p in root.iterdir()) == ["0.5.10", "0.5.22", "0.5.23", "notes",
+                                                      "x\n.ssh"]
+    assert (victim / "inside" / "keep").read_text() == "root's" and (cwd / ".ssh").is_dir()
+
+
+def test_prune_caches_leaves_a_linked_root_alone(pythonpath: Path, tmp_path: Path) -> None:
+    """``release -> /`` (the service swapped its directory for a link): nothing is removed."""
+    victim = tmp_path / "victim"
+    (victim / "0.5.1").mkdir(parents=True)
+    (tmp_path / "release").symlink_to(victim)
+    result = host_python(pythonpath, "-m", f"{hostcode.PACKAGE}.prune_caches", "--root",
+                         str(tmp_path / "release"), "--keep=0.5.23")
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+    assert (victim / "0.5.1").is_dir()

@@ -50,3 +50,13 @@ def test_missing_profile(tmp_path: Path) -> None:
     inv = Inventory((["h"], {}))  # type: ignore[no-untyped-call]
     with pytest.raises(InputError, match="sglang_profile"):
         hostdata.profile_for(inv.get_host("h"))
+
+
+@pytest.mark.parametrize("key", ["router_api_key_secret", "router_admin_api_key_secret"])
+def test_a_key_in_place_of_a_secret_name_is_masked(key: str) -> None:
+    pasted = "Sk-Live-0123456789abcdef"
+    with pytest.raises(InputError) as err:
+        hostdata.profile_for(inventory(**{key: pasted}).get_host("b200-1"))
+    message = str(err.value)
+    assert f"{key}: the value is not the NAME of a secret" in message
+    assert pasted not in message

@@ -87,19 +87,48 @@ def test_prune_takes_the_caches_and_warm_marks_of_what_it_removed(
         use: Callable[[Host], Host]) -> None:
     old, mid, new = ("sglang-0.5.21-aaaaaaaaaa", "sglang-0.5.22-bbbbbbbbbb",
                      "sglang-0.5.23-cccccccccc")
+    caches = paths.RELEASE_CACHES
+    use(three_releases(old, mid, new, [f"{caches}/0.5.21", f"{caches}/0.5.22", f"{caches}/0.5.23"]))
+    marks = paths.WARM_MARKS
+    assert commands(engine.prune, keep=1) == [
+        f"rm -rf {RELEASES}/{old}", PRUNE_COMMAND,
+        f"rm -f {marks}/{old}-0123", f"rm -f {marks}/89abcdef"]
+
+
+# The kept versions are the program's only arguments: it reads the directory itself.
+PRUNE_COMMAND = ("/usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath /usr/bin/python3 -m "
+                 "sglang_fleet_remote.prune_caches --root /var/cache/sglang/release "
+                 "--keep=0.5.22 --keep=0.5.23")
+
+
+def three_releases(old: str, mid: str, new: str, listed: list[str]) -> Host:
+    """Releases old, mid (previous) and new (current), the per-version caches' listing as
+    pyinfra splits find's output (one line a path) and the warm-up marks."""
     names = {f"{RELEASES}/{n}": day for day, n in enumerate((old, mid, new), start=1)}
     fake = releases_host([], {CURRENT: new, PREVIOUS: mid})
-    caches = f"{paths.CACHE}/release"
+    caches = paths.RELEASE_CACHES
     fake.facts["FindDirectories"] = lambda path, maxdepth: (
-        [caches, f"{caches}/0.5.21", f"{caches}/0.5.22", f"{caches}/0.5.23"] if path == caches
+        [caches, *listed] if path == caches
         else [RELEASES, *names])
     fake.facts["Directory"] = lambda path: {"mtime": datetime(2026, 1, names[path])}
-    fake.facts["FindFiles"] = [f"{paths.CACHE}/warm/{old}-0123", f"{paths.CACHE}/warm/{new}-4567",
-                               f"{paths.CACHE}/warm/89abcdef"]  # the last: an older mark's name
-    use(fake)
-    assert commands(engine.prune, keep=1) == [
-        f"rm -rf {RELEASES}/{old}", f"rm -rf {caches}/0.5.21",
-        f"rm -f {paths.CACHE}/warm/{old}-0123", f"rm -f {paths.CACHE}/warm/89abcdef"]
+    fake.facts["FindFiles"] = [f"{paths.WARM_MARKS}/{old}-0123",
+                               f"{paths.WARM_MARKS}/{new}-4567",
+                               f"{paths.WARM_MARKS}/89abcdef"]  # the last: an older mark's name
+    return fake
+
+
+def test_prune_deletes_no_name_the_service_wrote(use: Callable[[Host], Host]) -> None:
+    """The service user writes the caches' directory: a directory named "0.5.1\n.ssh" lists
+    as two lines, and used to make root run ``rm -rf .ssh`` in its working directory."""
+    old, mid, new = ("sglang-0.5.21-aaaaaaaaaa", "sglang-0.5.22-bbbbbbbbbb",
+                     "sglang-0.5.23-cccccccccc")
+    caches = paths.RELEASE_CACHES
+    use(three_releases(old, mid, new, [f"{caches}/0.5.1", ".ssh", f"{caches}/0.5.22"]))
+    ran = [c for c in commands(engine.prune, keep=1) if "rm -f " not in c]
+    assert ran == [f"rm -rf {RELEASES}/{old}", PRUNE_COMMAND]
+    assert not any(".ssh" in c or "0.5.1 " in c for c in ran)
+    use(three_releases(old, mid, new, [f"{caches}/0.5.22", f"{caches}/lost+found"]))
+    assert PRUNE_COMMAND not in commands(engine.prune, keep=1)  # nothing to prune: no command
 
 
 def releases_host(names: list[str], links: dict[str, str]) -> Host:

@@ -134,3 +134,15 @@ def test_requests_in_flight_from_metrics(metrics_url: list[str]) -> None:
     metrics_url[0] = "# no sglang metrics here\n"
     assert routerctl.in_flight(url) is None
     assert routerctl.in_flight("http://127.0.0.1:9") is None
+
+
+@pytest.mark.parametrize("key", ["router_api_key_secret", "router_admin_api_key_secret"])
+def test_a_key_pasted_for_its_secrets_name_is_never_shown(key: str) -> None:
+    """The key itself where the NAME of its secret belongs: the error names the setting and
+    masks the value, for the admin key as for the client key."""
+    pasted = "sk-LIVE-0123456789abcdef"
+    with pytest.raises(InputError) as err:
+        routers(**{key: pasted})
+    message = str(err.value)
+    assert f"{key}: the value is not the NAME of a secret" in message and "fix: " in message
+    assert pasted not in message

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port, wait_for_health
+from tests.conftest import ROOT, Origin, free_port, wait_for_health
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +65,46 @@ def test_smoke_without_the_key(server: tuple[str, Path]) -> None:
 def test_smoke_nothing_listening() -> None:
     result = smoke(f"http://127.0.0.1:{free_port()}", "--json")
     assert result.returncode == 1 and json.loads(result.stdout)["ok"] is False
+
+
+@pytest.fixture
+def redirected() -> Iterator[tuple[Origin, Origin]]:
+    """A server whose every endpoint redirects to another port (another origin), and that one,
+    which would answer as a server does."""
+    models = json.dumps({"data": [{"id": "m"}]}).encode()
+    elsewhere = Origin({"/v1/models": (200, {}, models)})
+    moved = {path: (302, {"Location": f"{elsewhere.url}{path}"}, b"")
+             for path in ("/v1/models", "/v1/chat/completions")}
+    first = Origin(moved)
+    yield first, elsewhere
+    first.close()
+    elsewhere.close()
+
+
+def test_smoke_sends_the_key_to_no_other_origin(redirected: tuple[Origin, Origin],
+                                                tmp_path: Path) -> None:
+    first, elsewhere = redirected
+    key = tmp_path / "key"
+    key.write_text("smoke-test-key-0123\n")
+    result = smoke(first.url, "--api-key-file", str(key))
+    assert result.returncode == 1
+    assert f"a redirect to {elsewhere.url}, not followed" in result.stderr
+    assert first.keys() == ["Bearer smoke-test-key-0123"] and elsewhere.seen == []
+
+
+def test_the_gates_requests_follow_no_redirect(redirected: tuple[Origin, Origin]) -> None:
+    """The gate's host program (check_server) on the host: a 3xx is the answer."""
+    from sglang_fleet.remote import check_server
+
+    first, elsewhere = redirected
+    status, raw = check_server.request(f"{first.url}/v1/models", "k" * 20)
+    assert status == 302 and raw.decode().startswith(f"a redirect to {elsewhere.url},")
+    with pytest.raises(check_server.GateError, match=f"redirect to {elsewhere.url}, not"):
+        check_server.smoke(first.url, "k" * 20, "m")
+    assert elsewhere.seen == [] and len(first.seen) == 2
+
+
+def test_credentials_in_the_url_are_refused_unshown() -> None:
+    result = smoke("http://user:hunter2-pw@127.0.0.1:1")
+    assert result.returncode == 1 and "holds credentials" in result.stderr
+    assert "hunter2" not in result.stderr + result.stdout

@@ -24,9 +24,11 @@ from pyinfra.facts.files import Directory, File, FindDirectories, FindFiles, Lin
 from pyinfra.operations import apt, files, server
 
 from sglang_fleet import paths
+from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops
 from sglang_fleet.packages import packages_baseline, packages_purged
 from sglang_fleet.profile import Profile
+from sglang_fleet.remote.prune_caches import VERSION
 
 # uv and pip trust the host's certificate store, as apt does (sites may inspect TLS).
 SYSTEM_CAS = "/etc/ssl/certs/ca-certificates.crt"
@@ -35,6 +37,7 @@ UV_VERSION = "0.9.9"
 KEEP = 3
 _RELEASE_NAME = re.compile(r".+-(\d[0-9A-Za-z.]*)-[0-9a-f]{10}")  # Release.id
 ENGINE_PACKAGES = ["python3-venv"]  # what uv's venvs need from the host
+PRUNER = "prune_caches"  # the host program that prunes the service-writable caches
 
 
 @dataclass(frozen=True)
@@ -195,10 +198,14 @@ def _caches_pruned(kept: list[str]) -> Ops:
     versions = {release_version(name) for name in kept}
     if None in versions:  # a release whose version its name does not say: keep every cache
         return
-    for path in host.get_fact(FindDirectories, path=paths.RELEASE_CACHES, maxdepth=1) or []:
-        version = path.rstrip("/").rsplit("/", 1)[-1]
-        if path.rstrip("/") != paths.RELEASE_CACHES and version not in versions:
-            yield f"rm -rf {shlex.quote(path)}"
+    # The listing only says whether there is anything to prune: the host program reads the
+    # service-writable directory itself, through descriptors (never a name from this listing).
+    found = host.get_fact(FindDirectories, path=paths.RELEASE_CACHES, maxdepth=1) or []
+    names = {path.rstrip("/").rsplit("/", 1)[-1] for path in found}
+    if any(VERSION.fullmatch(name) and name not in versions for name in names):
+        keep = [f"--keep={version}" for version in sorted(v for v in versions if v)]
+        yield shlex.join(program("/usr/bin/python3", PRUNER, "--root", paths.RELEASE_CACHES,
+                                 *keep))
     for path in host.get_fact(FindFiles, path=paths.WARM_MARKS, maxdepth=1) or []:
         if not any(path.rsplit("/", 1)[-1].startswith(f"{name}-") for name in kept):
             yield f"rm -f {shlex.quote(path)}"
@@ -208,6 +215,7 @@ def switch_release(release: Release) -> None:
     """``current`` on the release and releases beyond the last few pruned (never current or
     previous): the service stage's, right before the server restarts onto it."""
     current_link(name="Switch current release", release=release)
+    upload(PRUNER)
     prune(name=f"Keep the last {KEEP} releases")
 
 

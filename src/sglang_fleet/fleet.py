@@ -22,7 +22,7 @@ from sglang_fleet.errors import InputError
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch, render_all
 from sglang_fleet.routerctl import Router
-from sglang_fleet.secretfile import api_key
+from sglang_fleet.secretfile import SECRET_NAME, api_key
 
 ROUTERS_GROUP = "routers"
 ROUTER_VERSION = "0.3.2"
@@ -73,7 +73,12 @@ def _router_keys(data: Any, source: str) -> tuple[str | None, str | None]:
     keys: list[str | None] = []
     for key, default in (("router_api_key_secret", "sglang-api-key"),
                          ("router_admin_api_key_secret", "sglang-router-admin-key")):
-        name = str(data.get(key, default))
+        name = data.get(key, default)
+        if not isinstance(name, str) or not SECRET_NAME.fullmatch(name):
+            # It may be the key itself, pasted where its name belongs: never shown.
+            raise InputError.one(source, key, "the value is not the NAME of a secret (lower-case "
+                                 "letters, digits, . _ -; not shown: it may be the key itself)",
+                                 f"name the secret, e.g. {default}, and give the key in secrets")
         value = available.get(name)
         if not value and not data.get("router_allow_no_key"):
             raise InputError.one(source, f"secrets.{name}",

@@ -21,6 +21,7 @@ from pyinfra.api.host import Host
 
 from sglang_fleet import profile, validators
 from sglang_fleet.errors import InputError, Problem
+from sglang_fleet.secretfile import SECRET_NAME
 
 PROFILE_KEY = "sglang_profile"
 OVERRIDES_KEY = "sglang_overrides"
@@ -155,8 +156,9 @@ FORMS: dict[str, tuple[re.Pattern[str], str]] = {
                      "COMPLETIONS,TOKENS, e.g. 900000,1000"),
     "router_version": (re.compile(r"[0-9]{1,4}(\.[0-9]{1,6}){1,3}((a|b|rc)[0-9]{1,4})?"
                                   r"(\.post[0-9]{1,4})?"), "a release, e.g. 0.3.2"),
-    "router_api_key_secret": (re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}"),
-                              "the NAME of a secret, e.g. sglang-api-key"),
+    "router_api_key_secret": (SECRET_NAME, "the NAME of a secret, e.g. sglang-api-key"),
+    "router_admin_api_key_secret": (SECRET_NAME,
+                                    "the NAME of a secret, e.g. sglang-router-admin-key"),
 }
 
 

@@ -27,7 +27,6 @@ STATE = f"{HOME}/state"  # the service's home and working directory, its own to 
 MODELS = f"{HOME}/models"  # root-owned (0755): the service reads the weights, cannot replace them
 CACHE = "/var/cache/sglang"  # the service's kernel and hub caches, its own to write
 RELEASE_CACHES = f"{CACHE}/release"  # caches.PER_RELEASE ones, one directory per version
-WARM_MARKS = f"{CACHE}/warm"  # one empty file per warmed release, flags and environment
 
 # Root's own: uv's download cache and the NVIDIA keyring download (0700), so a compromised
 # server cannot poison the next release; the package list from before the first install.
@@ -35,6 +34,9 @@ ROOT_CACHE = "/var/cache/sglang-fleet"
 UV_CACHE = f"{ROOT_CACHE}/uv"
 KEYRING_DIR = f"{ROOT_CACHE}/keyring"
 BASELINE_DIR = "/var/lib/sglang-fleet"
+# One empty file per warmed release, flags and environment: root's, as root creates and prunes
+# them by name (under CACHE the service could link the directory anywhere).
+WARM_MARKS = f"{ROOT_CACHE}/warm"
 
 # Secrets: every secret file of the product, root only (0700 directory, 0600 files).
 SECRETS = "/etc/sglang"

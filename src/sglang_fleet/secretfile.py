@@ -25,6 +25,7 @@ from sglang_fleet.ops import Ops, privilege
 # API keys: printable ASCII without spaces, quotes, ``$`` or backslashes, long enough that masking
 # them in a server's output cannot hit ordinary text.
 API_KEY = re.compile(r"[A-Za-z0-9!#%&()*+,./:;<=>?@\[\]^_{|}~-]{16,512}")
+SECRET_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # what names a secret in host data
 
 
 def api_key(value: object, source: str, name: str) -> str:

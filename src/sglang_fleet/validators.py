@@ -174,27 +174,45 @@ def host_problem(value: str) -> str | None:
     return f"{value!r} is neither an IP address nor a host name"
 
 
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@")
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` as it may be shown: any ``user:password@`` dropped, even from a malformed URL.
+
+    >>> without_userinfo("http://user:pass@10.0.0.9:30080/v1")
+    'http://10.0.0.9:30080/v1'
+    """
+    return _USERINFO.sub(r"\1", url)
+
+
 def url_problem(value: str, allow_http: bool) -> str | None:
-    """An http(s) URL with a host; ``http://`` only when ``allow_http``."""
+    """An http(s) URL with a host; ``http://`` only when ``allow_http``. The sentence never
+    holds the URL's userinfo (a password)."""
     wrong = text_problem(value, 2048)
     if wrong:
         return wrong
+    shown = without_userinfo(value)
     if any(ch.isspace() for ch in value) or any(ch in value for ch in "\"'\\<>%{}|^"):
-        return f"{value!r} has characters a URL must not hold unescaped (spaces, quotes, % ...)"
+        return f"{shown!r} has characters a URL must not hold unescaped (spaces, quotes, % ...)"
     try:
         parts = urlsplit(value)
         port = parts.port
     except ValueError as exc:
-        return f"{value!r} is not a URL: {exc}"
+        found = _USERINFO.match(value)
+        secret = found.group(0)[len(found.group(1)):] if found else None
+        detail = str(exc).replace(secret, "") if secret else str(exc)
+        return f"{shown!r} is not a URL: {detail}"
     if parts.scheme not in ("http", "https"):
         start = "http:// or https://" if allow_http else "https://"
-        return f"{value!r} is not an http(s) URL (it must start with {start})"
+        return f"{shown!r} is not an http(s) URL (it must start with {start})"
+    if parts.username or parts.password or "@" in parts.netloc:
+        return (f"{shown!r} holds credentials (user:password@); give them through secrets "
+                "or a key file, not in the URL")
     if not parts.hostname or host_problem(parts.hostname):
-        return f"{value!r} has no valid host"
+        return f"{shown!r} has no valid host"
     if port == 0:
-        return f"{value!r}: port 0"
-    if parts.username or parts.password:
-        return f"{value!r} holds credentials; give them through secrets, not in the URL"
+        return f"{shown!r}: port 0"
     if parts.scheme == "http" and not allow_http:
-        return f"{value!r} is plain http: packages and keys fetched over it can be tampered with"
+        return f"{shown!r} is plain http: packages and keys fetched over it can be tampered with"
     return None

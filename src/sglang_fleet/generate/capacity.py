@@ -1,14 +1,18 @@
-"""How many requests the fleet behind a URL runs at once: the sum of ``max_running_requests``
-over the router's healthy workers (each from its own ``/server_info``), or a single server's own;
-``None`` when neither answers (the caller then uses its fixed ``--concurrency``).
+"""How many requests the fleet behind a URL runs at once, read through that URL only: a
+router's healthy workers (``/workers``) times one worker's ``max_running_requests`` (the
+router's ``/get_server_info``, which sglang-router 0.3.2 answers from one worker), or a single
+server's own ``/server_info``; ``None`` when neither answers (the caller then uses its fixed
+``--concurrency``).
+
+The key goes to no URL ``/workers`` lists: a worker's address is whatever the router was told
+(another host, plain http), and the user named only the router.
 
     limit, how = await fleet_capacity(http, "http://10.0.0.10:30080")
-    # (96, "2 healthy workers: http://10.0.0.11:30000=48, http://10.0.0.12:30000=48")
+    # (96, "2 healthy workers x 48 (one worker's /get_server_info through the router)")
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import httpx
@@ -47,23 +51,29 @@ async def _json(http: Pool, url: str) -> tuple[Any, str]:
 
 
 async def server_limit(http: Pool, url: str) -> int | None:
-    info, _ = await _json(http, f"{url}/server_info")
+    info, _ = await _json(http, url)
     return running_limit(info) if isinstance(info, dict) else None
+
+
+def healthy_workers(listing: Any) -> int | None:
+    """How many healthy workers a router's ``/workers`` answer lists (None: not a listing)."""
+    if not isinstance(listing, dict) or not isinstance(listing.get("workers"), list):
+        return None
+    return sum(1 for w in listing["workers"] if isinstance(w, dict) and w.get("is_healthy"))
 
 
 async def fleet_capacity(http: Pool, url: str) -> tuple[int | None, str]:
     """(limit, how it was found) for a router's healthy workers or for a single server."""
     listing, why = await _json(http, f"{url}/workers")
-    if isinstance(listing, dict) and isinstance(listing.get("workers"), list):
-        healthy = [w["url"] for w in listing["workers"]
-                   if isinstance(w, dict) and w.get("is_healthy") and w.get("url")]
-        limits = await asyncio.gather(*(server_limit(http, str(u).rstrip("/")) for u in healthy))
-        sized = [(u, n) for u, n in zip(healthy, limits, strict=True) if n]
-        if sized:
-            parts = ", ".join(f"{u}={n}" for u, n in sized)
-            return sum(n for _, n in sized), f"{len(sized)} healthy workers: {parts}"
-        return None, f"{url}/workers lists no healthy worker with a /server_info"
-    own = await server_limit(http, url)
+    healthy = healthy_workers(listing)
+    if healthy is not None:
+        # Workers of one fleet run one profile: one worker's limit stands for each.
+        each = await server_limit(http, f"{url}/get_server_info") if healthy else None
+        if each:
+            return healthy * each, (f"{healthy} healthy workers x {each} (one worker's "
+                                    "/get_server_info through the router)")
+        return None, f"{url}/workers lists no healthy worker, or {url}/get_server_info no limit"
+    own = await server_limit(http, f"{url}/server_info")
     if own:
         return own, f"{url}/server_info max_running_requests={own}"
     return None, f"{why}; {url}/server_info has no max_running_requests"

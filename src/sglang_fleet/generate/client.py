@@ -22,6 +22,7 @@ import httpx
 import orjson
 
 from sglang_fleet.generate.source import Item
+from sglang_fleet.validators import without_userinfo
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 BACKOFF_FIRST = 0.5
@@ -40,6 +41,19 @@ class Outcome:
     tries: int
 
 
+def _origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of an http(s) URL; httpx.UnsupportedProtocol for any other."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port < 0:
+        raise httpx.UnsupportedProtocol(f"{without_userinfo(url)}: not an http:// or https:// "
+                                        "URL")
+    return parts.scheme, parts.hostname, port
+
+
 class Pool:
     """Keep-alive HTTP/1.1 connections for the job, an httpx transport cut to what it needs.
 
@@ -49,13 +63,17 @@ class Pool:
     a request goes out in one write, and answers come back as httpx.Response objects with
     httpx's exceptions, so callers and retries are unchanged.
 
-        pool = Pool({"Authorization": "Bearer k"}, timeout=3600)
+        pool = Pool({"Authorization": "Bearer k"}, timeout=3600, only="http://10.0.0.10:30080")
         response = await pool.request("POST", url, body)
+
+    With ``only``, a URL of any other origin (scheme, host, port) is refused before anything is
+    sent: the headers hold the key, and it goes to the origin the user named alone.
     """
 
-    def __init__(self, headers: dict[str, str], timeout: float) -> None:
+    def __init__(self, headers: dict[str, str], timeout: float, only: str | None = None) -> None:
         self.headers = [(k.encode(), v.encode()) for k, v in headers.items()]
         self.timeout = timeout
+        self.only = _origin(only) if only is not None else None
         self.tls: ssl.SSLContext | None = None  # made on the first https:// URL
         self.idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self.targets: dict[str, tuple[tuple[str, str, int], bytes, bytes]] = {}
@@ -66,12 +84,15 @@ class Pool:
         found = self.targets.get(url)
         if found is None:
             parts = urllib.parse.urlsplit(url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise httpx.UnsupportedProtocol(f"{url}: not an http:// or https:// URL")
-            port = parts.port or (443 if parts.scheme == "https" else 80)
+            origin = _origin(url)
+            if self.only is not None and origin != self.only:
+                scheme, name, port = origin
+                raise httpx.UnsupportedProtocol(
+                    f"{scheme}://{name}:{port}: not the origin of --url (the key goes there "
+                    "alone)")
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             host = parts.netloc.rpartition("@")[2]  # never user:password in a header
-            found = ((parts.scheme, parts.hostname, port), host.encode(), path.encode())
+            found = (origin, host.encode(), path.encode())
             if len(self.targets) < 64:  # a handful of URLs in a job (its router, its workers)
                 self.targets[url] = found
         return found

@@ -35,6 +35,7 @@ from typing import IO, Any, TypeVar
 import httpx
 import orjson
 
+from sglang_fleet import validators
 from sglang_fleet.generate import capacity
 from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete
 from sglang_fleet.generate.errors import GenerateError
@@ -520,7 +521,7 @@ class Job:
         if self.opts.api_key:
             headers["Authorization"] = f"Bearer {self.opts.api_key}"
         stream = await asyncio.to_thread(open_input, self.opts.input, self.s3)
-        http = Pool(headers, self.opts.timeout)
+        http = Pool(headers, self.opts.timeout, only=self.opts.url)
         try:
             await self.pick_model(http)
             await self.size_fleet(http)
@@ -558,8 +559,10 @@ def check(opts: Options) -> None:
                              ("--retries", opts.retries, 0), ("--timeout", opts.timeout, 1)):
         if value < low:
             raise GenerateError(f"{flag} must be at least {low}, not {value}")
-    if not opts.url.startswith(("http://", "https://")):
-        raise GenerateError(f"--url {opts.url!r}: write http://HOST:PORT (a router or a server)")
+    wrong = validators.url_problem(opts.url, allow_http=True)
+    if wrong:  # never the URL itself here: it may hold user:password@
+        raise GenerateError(f"--url: {wrong}; write http://HOST:PORT (a router or a server)"
+                            + (", the key in --api-key-file" if "credentials" in wrong else ""))
 
 
 async def run_job(opts: Options) -> tuple[dict[str, Any], Stats]:

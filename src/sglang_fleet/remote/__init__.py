@@ -8,6 +8,8 @@ is uploaded alone. ``sglang_fleet.hostcode`` puts it on a host as the package
   by ``sglang-fleet capacity`` on this machine);
 - ``download_model``: stages model weights onto the host's disk (the tools venv: boto3,
   huggingface_hub);
+- ``prune_caches``: removes the per-version caches no release keeps, through descriptors (system
+  python, as root, in a tree the service user writes);
 - ``start_server``: starts SGLang with its keys in-process (the engine release's python);
 - ``start_router``: starts sglang-router with its keys in-process (the router's venv);
 - ``warm_caches``: fills a release's kernel caches before a restart (system python, as the

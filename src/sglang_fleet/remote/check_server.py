@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,45 @@ def no_answer(exc: BaseException) -> str:
     return text[:200]
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx stays the answer: urllib would follow it and send the Authorization header again
+    to wherever Location names (another host, or plain http)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> None:
+        return None
+
+
+OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+def origin(url: str) -> str:
+    """scheme://host:port of a URL, never its userinfo, path or query.
+
+        origin("http://u:p@10.0.0.9:8080/x?y")   # 'http://10.0.0.9:8080'
+    """
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname or "?", parts.port
+    except ValueError:
+        return "an unusable URL"
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
+def error_answer(err: urllib.error.HTTPError) -> tuple[int, bytes]:
+    """(status, body) of an HTTP error; for a 3xx, where it pointed, as it was not followed."""
+    if 300 <= err.code < 400:
+        where = err.headers.get("Location") if err.headers else None
+        to = origin(urllib.parse.urljoin(err.filename or "", where)) if where else "nowhere"
+        return err.code, (f"a redirect to {to}, not followed (the key goes only to the URL "
+                          "given: give the URL it serves on)").encode()
+    try:
+        return err.code, err.read()
+    except NO_ANSWER:
+        return err.code, b""
+
+
 def request(url: str, key: str | None, body: dict[str, Any] | None = None,
             timeout: float = 30) -> tuple[int, bytes]:
     """(status, body); status 0 when nothing answered HTTP, with the reason as the body."""
@@ -113,13 +153,10 @@ def request(url: str, key: str | None, body: dict[str, Any] | None = None,
     data = json.dumps(body).encode() if body is not None else None
     try:
         req = urllib.request.Request(url, data=data, headers=headers)
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with OPENER.open(req, timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as err:
-        try:
-            return err.code, err.read()
-        except NO_ANSWER:
-            return err.code, b""
+        return error_answer(err)
     except NO_ANSWER as exc:
         return 0, no_answer(exc).encode()
 
@@ -199,7 +236,7 @@ def smoke(url: str, key: str | None, model: str, version: str | None = None) -> 
     where = f"{url}/v1/chat/completions"
     try:
         req = urllib.request.Request(where, data=json.dumps(body).encode(), headers=headers)
-        with urllib.request.urlopen(req, timeout=300) as resp:
+        with OPENER.open(req, timeout=300) as resp:
             for raw in resp:
                 chunk = _chunk(raw, where)
                 if chunk is None:
@@ -213,11 +250,7 @@ def smoke(url: str, key: str | None, model: str, version: str | None = None) -> 
                     content.append(text if isinstance(text, str) else "")
                     reasoning.append(think if isinstance(think, str) else "")
     except urllib.error.HTTPError as err:
-        try:
-            detail = err.read()
-        except NO_ANSWER:
-            detail = b""
-        raise GateError(f"{where} {answered(err.code, detail)}") from None
+        raise GateError(f"{where} {answered(*error_answer(err))}") from None
     except NO_ANSWER as exc:
         raise GateError(f"{where} {answered(0, no_answer(exc).encode())}") from None
     except (AttributeError, TypeError):  # a chunk, choice or delta of the wrong JSON type
