@@ -551,3 +551,90 @@ def test_retry_failures_sends_only_failed_lines_each_id_once(sims: Sims, tmp_pat
     assert [(e["name"], e["records"], e["failures"]) for e in manifest["retries"]] == [
         ("retry-001.jsonl", 1, 2), ("retry-002.jsonl", 0, 2), ("retry-003.jsonl", 0, 2)]
     assert manifest["records"] == 7 and manifest["complete"] is True
+
+
+# ---- job identity: the input's content, one digest per shard (issue 24, item 5) -------------
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from sglang_fleet.cli import main
+
+    code = main(["generate", *args])
+    return code, capsys.readouterr().err
+
+
+def test_an_input_changed_under_a_finished_job_is_refused_or_redone(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One line inserted at the top shifts every shard: the rerun is refused naming shard 0
+    and writes nothing (before: the new line never sent, r39 written twice, exit 0, complete);
+    --redo-changed redoes every shard, each id once."""
+    url = sims.start("--max-running-requests", "8")
+    inp = write_input(tmp_path / "in.jsonl", 40)
+    out = tmp_path / "out"
+    args = (str(inp), str(out), "--url", url, "--shard-size", "10", "--json")
+    assert run_cli(capsys, *args)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    inp.write_text('{"id": "new", "messages": [{"role": "user", "content": "first"}]}\n'
+                   + inp.read_text())
+    code, err = run_cli(capsys, *args)
+    assert code == 1, err
+    assert f"error: {inp}: lines 1-10 (shard 0): shard-000000.jsonl was made from other " \
+           "lines" in err and "\n    fix: rerun with --redo-changed" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    code, err = run_cli(capsys, *args, "--redo-changed")
+    assert code == 0, err
+    ids = [r["id"] for r in records(out)]
+    assert sorted(ids) == sorted(["new"] + [f"r{i}" for i in range(40)])
+    manifest = check_manifest(out, 41)
+    assert len(manifest["shards"]) == 5 and all(e["input_blake2b"] for e in manifest["shards"])
+    assert run_cli(capsys, *args)[0] == 0  # the job is now the new input's
+
+
+def test_the_same_input_under_another_path_is_the_same_job(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative path, or a copy elsewhere: the job resumes (before: refused as another job)."""
+    url = sims.start("--max-running-requests", "8")
+    inp = write_input(tmp_path / "in.jsonl", 30)
+    out = tmp_path / "out"
+    assert run_cli(capsys, str(inp), str(out), "--url", url, "--shard-size", "10")[0] == 0
+    shards = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")}
+    monkeypatch.chdir(tmp_path)
+    copy = tmp_path / "elsewhere" / "prompts.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(inp.read_bytes())
+    for path in ("in.jsonl", str(copy)):
+        code, err = run_cli(capsys, path, str(out), "--url", url, "--shard-size", "10")
+        assert code == 0, err
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")} == shards
+    check_manifest(out, 30)
+
+
+def test_an_id_moved_into_an_unfinished_shard_is_not_written_twice(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run killed with shard 1 unfinished (shard 3 committed), then shard 1's first line
+    edited to take r35's id: sending it would give r35 a second record, so the rerun is refused
+    before committing anything; --redo-changed redoes shard 3, where r35 is now a repeat."""
+    url = sims.start("--max-running-requests", "8")
+    inp = write_input(tmp_path / "in.jsonl", 40)
+    out = tmp_path / "out"
+    args = (str(inp), str(out), "--url", url, "--shard-size", "10")
+    assert run_cli(capsys, *args)[0] == 0
+    (out / "shard-000001.jsonl").unlink()  # as if killed before shard 1's commit
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"] = [e for e in manifest["shards"] if e["name"] != "shard-000001.jsonl"]
+    manifest["complete"] = False
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    lines = inp.read_text().splitlines(keepends=True)
+    lines[10] = lines[10].replace('"r10"', '"r35"')
+    inp.write_text("".join(lines))
+    code, err = run_cli(capsys, *args)
+    assert code == 1, err
+    assert "lines 31-40 (shard 3): line 36 has id 'r35', which a line earlier in the input " \
+           "now also has, yet shard-000003.jsonl holds this line's record" in err, err
+    assert not (out / "shard-000001.jsonl").exists()
+    code, err = run_cli(capsys, *args, "--redo-changed")
+    assert code == 101, err  # r35's second line: a repeated id, a failure
+    ids = [r["id"] for r in records(out)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(40) if i != 10)
+    fails = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert [(f["id"], f["line"]) for f in fails] == [("r35", 36)]
+    check_manifest(out, 39)
