@@ -638,3 +638,100 @@ def test_an_id_moved_into_an_unfinished_shard_is_not_written_twice(
     fails = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
     assert [(f["id"], f["line"]) for f in fails] == [("r35", 36)]
     check_manifest(out, 39)
+
+
+# ---- one writer per S3 output: a lease object, conditional PUTs (issue 24, item 6) ----------
+def lease_body(s3: Any, key: str) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(s3.get_object(Bucket="jobs", Key=key)["Body"].read()))
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
+def test_a_second_run_on_the_same_s3_output_is_refused(
+        sims: Sims, tmp_path: Path, s3_server: str, s3: Any) -> None:
+    """While a run writes s3://jobs/run/, a second one is refused before it touches the prefix
+    (before: it ran beside the first and aborted the multipart uploads in flight there)."""
+    url = sims.start("--max-running-requests", "4", decode="60")
+    inp = write_input(tmp_path / "in.jsonl", 300)
+    argv = cli(str(inp), "s3://jobs/run/", "--url", url, "--s3-endpoint", s3_server,
+               "--shard-size", "50", "--json")
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while s3.list_objects_v2(Bucket="jobs", Prefix="run/shard-")["KeyCount"] == 0:
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr
+            time.sleep(0.05)
+        # stands for the first run's upload in flight (it started its run's aborts long ago)
+        in_flight = s3.create_multipart_upload(Bucket="jobs", Key="run/shard-000099.jsonl")
+        second = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert first.wait(120) == 0
+    finally:
+        first.kill()
+        first.wait()
+    assert second.returncode == 1, second.stderr
+    assert "error: s3://jobs/run/: .lease: another sglang-fleet generate is writing here " \
+           f"(host {socket.gethostname()}, pid {first.pid};" in second.stderr, second.stderr
+    assert "\n    fix: wait for it or stop it" in second.stderr
+    uploads = s3.list_multipart_uploads(Bucket="jobs", Prefix="run/").get("Uploads", [])
+    assert [u["UploadId"] for u in uploads] == [in_flight["UploadId"]]
+    assert lease_body(s3, "run/.lease") is None  # given back at the end
+    manifest = json.loads(s3.get_object(Bucket="jobs", Key="run/manifest.json")["Body"].read())
+    assert manifest["complete"] and manifest["records"] == 300
+
+
+def test_an_s3_lease_is_renewed_and_taken_over_only_once_expired(
+        s3_server: str, s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live (renewed past its time to live): refused; no longer renewed and expired: taken
+    over, and the old holder stops writing and leaves the new lease alone."""
+    from sglang_fleet.generate import lease
+    from sglang_fleet.generate.errors import GenerateError
+    from sglang_fleet.generate.store import S3Store
+
+    monkeypatch.setattr(lease, "LEASE_TTL_S", 3.0)
+    first = S3Store("s3://jobs/run/", s3)
+    etag = s3.head_object(Bucket="jobs", Key="run/.lease")["ETag"]
+    time.sleep(4.5)
+    assert s3.head_object(Bucket="jobs", Key="run/.lease")["ETag"] != etag  # renewed
+    with pytest.raises(GenerateError, match="another sglang-fleet generate is writing here"):
+        S3Store("s3://jobs/run/", s3)
+    first.lease.stop.set()  # as a stalled process: no renewal from now on
+    assert first.lease.thread is not None
+    first.lease.thread.join()
+    time.sleep(4.5)
+    second = S3Store("s3://jobs/run/", s3)
+    owner = lease_body(s3, "run/.lease")
+    assert owner is not None and owner["owner"] == second.lease.owner["owner"]
+    with pytest.raises(GenerateError, match="this run lost the output's lease"):
+        first.put_bytes(b"{}", "manifest.json")
+    assert s3.list_objects_v2(Bucket="jobs", Prefix="run/manifest")["KeyCount"] == 0
+    first.close()
+    assert lease_body(s3, "run/.lease") == owner  # not the old holder's to give back
+    second.close()
+    assert lease_body(s3, "run/.lease") is None
+
+
+def test_an_s3_lease_of_another_host_waits_one_of_a_dead_local_process_does_not(
+        s3_server: str, s3: Any, tmp_path: Path) -> None:
+    """A run killed on this host (kill -9) is run again at once; another host's lease holds
+    until it expires. Workers' shares each have their own lease."""
+    from sglang_fleet.generate.errors import GenerateError
+    from sglang_fleet.generate.store import S3Store
+
+    s3.put_object(Bucket="jobs", Key="other/.lease", IfNoneMatch="*", Body=json.dumps(
+        {"owner": "x", "host": "gpu-client-7", "pid": 4242, "ttl_s": 600}).encode())
+    with pytest.raises(GenerateError, match=r"\(host gpu-client-7, pid 4242; its lease"):
+        S3Store("s3://jobs/other/", s3)
+    script = ("import boto3, os, sys\nfrom sglang_fleet.generate.store import S3Store\n"
+              f"S3Store('s3://jobs/dead/', boto3.client('s3', endpoint_url={s3_server!r}))\n"
+              "os._exit(0)\n")  # no release: as a run killed with SIGKILL
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert lease_body(s3, "dead/.lease") is not None
+    S3Store("s3://jobs/dead/", s3).close()
+    shares = [S3Store("s3://jobs/split/", s3, share=(k, 2)) for k in (1, 2)]
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="jobs", Prefix="split/")["Contents"]}
+    assert keys == {"split/.lease-1-of-2", "split/.lease-2-of-2"}
+    with pytest.raises(GenerateError, match=r"split/: \.lease-2-of-2: another"):
+        S3Store("s3://jobs/split/", s3, share=(2, 2))
+    for store in shares:
+        store.close()
