@@ -647,3 +647,187 @@ def test_a_key_file_with_a_stray_cr_is_refused_without_showing_the_key(
     assert code == 1 and router.seen == []
     assert f"{key}: contains a control character (U+000D, a carriage return)" in captured.err
     assert "secret-key" not in captured.err + captured.out and not (tmp_path / "out").exists()
+
+
+# ---- job identity: the input's content, one digest per shard (issue 24, item 5) -------------
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    from sglang_fleet.cli import main
+
+    code = main(["generate", *args])
+    return code, capsys.readouterr().err
+
+
+def test_an_input_changed_under_a_finished_job_is_refused_or_redone(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One line inserted at the top shifts every shard: the rerun is refused naming shard 0
+    and writes nothing (before: the new line never sent, r39 written twice, exit 0, complete);
+    --redo-changed redoes every shard, each id once."""
+    url = sims.start("--max-running-requests", "8")
+    inp = write_input(tmp_path / "in.jsonl", 40)
+    out = tmp_path / "out"
+    args = (str(inp), str(out), "--url", url, "--shard-size", "10", "--json")
+    assert run_cli(capsys, *args)[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    inp.write_text('{"id": "new", "messages": [{"role": "user", "content": "first"}]}\n'
+                   + inp.read_text())
+    code, err = run_cli(capsys, *args)
+    assert code == 1, err
+    assert f"error: {inp}: lines 1-10 (shard 0): shard-000000.jsonl was made from other " \
+           "lines" in err and "\n    fix: rerun with --redo-changed" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    code, err = run_cli(capsys, *args, "--redo-changed")
+    assert code == 0, err
+    ids = [r["id"] for r in records(out)]
+    assert sorted(ids) == sorted(["new"] + [f"r{i}" for i in range(40)])
+    manifest = check_manifest(out, 41)
+    assert len(manifest["shards"]) == 5 and all(e["input_blake2b"] for e in manifest["shards"])
+    assert run_cli(capsys, *args)[0] == 0  # the job is now the new input's
+
+
+def test_the_same_input_under_another_path_is_the_same_job(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative path, or a copy elsewhere: the job resumes (before: refused as another job)."""
+    url = sims.start("--max-running-requests", "8")
+    inp = write_input(tmp_path / "in.jsonl", 30)
+    out = tmp_path / "out"
+    assert run_cli(capsys, str(inp), str(out), "--url", url, "--shard-size", "10")[0] == 0
+    shards = {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")}
+    monkeypatch.chdir(tmp_path)
+    copy = tmp_path / "elsewhere" / "prompts.jsonl"
+    copy.parent.mkdir()
+    copy.write_bytes(inp.read_bytes())
+    for path in ("in.jsonl", str(copy)):
+        code, err = run_cli(capsys, path, str(out), "--url", url, "--shard-size", "10")
+        assert code == 0, err
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("shard-*")} == shards
+    check_manifest(out, 30)
+
+
+def test_an_id_moved_into_an_unfinished_shard_is_not_written_twice(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run killed with shard 1 unfinished (shard 3 committed), then shard 1's first line
+    edited to take r35's id: sending it would give r35 a second record, so the rerun is refused
+    before committing anything; --redo-changed redoes shard 3, where r35 is now a repeat."""
+    url = sims.start("--max-running-requests", "8")
+    inp = write_input(tmp_path / "in.jsonl", 40)
+    out = tmp_path / "out"
+    args = (str(inp), str(out), "--url", url, "--shard-size", "10")
+    assert run_cli(capsys, *args)[0] == 0
+    (out / "shard-000001.jsonl").unlink()  # as if killed before shard 1's commit
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["shards"] = [e for e in manifest["shards"] if e["name"] != "shard-000001.jsonl"]
+    manifest["complete"] = False
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    lines = inp.read_text().splitlines(keepends=True)
+    lines[10] = lines[10].replace('"r10"', '"r35"')
+    inp.write_text("".join(lines))
+    code, err = run_cli(capsys, *args)
+    assert code == 1, err
+    assert "lines 31-40 (shard 3): line 36 has id 'r35', which a line earlier in the input " \
+           "now also has, yet shard-000003.jsonl holds this line's record" in err, err
+    assert not (out / "shard-000001.jsonl").exists()
+    code, err = run_cli(capsys, *args, "--redo-changed")
+    assert code == 101, err  # r35's second line: a repeated id, a failure
+    ids = [r["id"] for r in records(out)]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(40) if i != 10)
+    fails = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert [(f["id"], f["line"]) for f in fails] == [("r35", 36)]
+    check_manifest(out, 39)
+
+
+# ---- one writer per S3 output: a lease object, conditional PUTs (issue 24, item 6) ----------
+def lease_body(s3: Any, key: str) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(s3.get_object(Bucket="jobs", Key=key)["Body"].read()))
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
+def test_a_second_run_on_the_same_s3_output_is_refused(
+        sims: Sims, tmp_path: Path, s3_server: str, s3: Any) -> None:
+    """While a run writes s3://jobs/run/, a second one is refused before it touches the prefix
+    (before: it ran beside the first and aborted the multipart uploads in flight there)."""
+    url = sims.start("--max-running-requests", "4", decode="60")
+    inp = write_input(tmp_path / "in.jsonl", 300)
+    argv = cli(str(inp), "s3://jobs/run/", "--url", url, "--s3-endpoint", s3_server,
+               "--shard-size", "50", "--json")
+    first = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while s3.list_objects_v2(Bucket="jobs", Prefix="run/shard-")["KeyCount"] == 0:
+            assert first.poll() is None and time.monotonic() < deadline, first.stderr
+            time.sleep(0.05)
+        # stands for the first run's upload in flight (it started its run's aborts long ago)
+        in_flight = s3.create_multipart_upload(Bucket="jobs", Key="run/shard-000099.jsonl")
+        second = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert first.wait(120) == 0
+    finally:
+        first.kill()
+        first.wait()
+    assert second.returncode == 1, second.stderr
+    assert "error: s3://jobs/run/: .lease: another sglang-fleet generate is writing here " \
+           f"(host {socket.gethostname()}, pid {first.pid};" in second.stderr, second.stderr
+    assert "\n    fix: wait for it or stop it" in second.stderr
+    uploads = s3.list_multipart_uploads(Bucket="jobs", Prefix="run/").get("Uploads", [])
+    assert [u["UploadId"] for u in uploads] == [in_flight["UploadId"]]
+    assert lease_body(s3, "run/.lease") is None  # given back at the end
+    manifest = json.loads(s3.get_object(Bucket="jobs", Key="run/manifest.json")["Body"].read())
+    assert manifest["complete"] and manifest["records"] == 300
+
+
+def test_an_s3_lease_is_renewed_and_taken_over_only_once_expired(
+        s3_server: str, s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live (renewed past its time to live): refused; no longer renewed and expired: taken
+    over, and the old holder stops writing and leaves the new lease alone."""
+    from sglang_fleet.generate import lease
+    from sglang_fleet.generate.errors import GenerateError
+    from sglang_fleet.generate.store import S3Store
+
+    monkeypatch.setattr(lease, "LEASE_TTL_S", 3.0)
+    first = S3Store("s3://jobs/run/", s3)
+    etag = s3.head_object(Bucket="jobs", Key="run/.lease")["ETag"]
+    time.sleep(4.5)
+    assert s3.head_object(Bucket="jobs", Key="run/.lease")["ETag"] != etag  # renewed
+    with pytest.raises(GenerateError, match="another sglang-fleet generate is writing here"):
+        S3Store("s3://jobs/run/", s3)
+    first.lease.stop.set()  # as a stalled process: no renewal from now on
+    assert first.lease.thread is not None
+    first.lease.thread.join()
+    time.sleep(4.5)
+    second = S3Store("s3://jobs/run/", s3)
+    owner = lease_body(s3, "run/.lease")
+    assert owner is not None and owner["owner"] == second.lease.owner["owner"]
+    with pytest.raises(GenerateError, match="this run lost the output's lease"):
+        first.put_bytes(b"{}", "manifest.json")
+    assert s3.list_objects_v2(Bucket="jobs", Prefix="run/manifest")["KeyCount"] == 0
+    first.close()
+    assert lease_body(s3, "run/.lease") == owner  # not the old holder's to give back
+    second.close()
+    assert lease_body(s3, "run/.lease") is None
+
+
+def test_an_s3_lease_of_another_host_waits_one_of_a_dead_local_process_does_not(
+        s3_server: str, s3: Any, tmp_path: Path) -> None:
+    """A run killed on this host (kill -9) is run again at once; another host's lease holds
+    until it expires. Workers' shares each have their own lease."""
+    from sglang_fleet.generate.errors import GenerateError
+    from sglang_fleet.generate.store import S3Store
+
+    s3.put_object(Bucket="jobs", Key="other/.lease", IfNoneMatch="*", Body=json.dumps(
+        {"owner": "x", "host": "gpu-client-7", "pid": 4242, "ttl_s": 600}).encode())
+    with pytest.raises(GenerateError, match=r"\(host gpu-client-7, pid 4242; its lease"):
+        S3Store("s3://jobs/other/", s3)
+    script = ("import boto3, os, sys\nfrom sglang_fleet.generate.store import S3Store\n"
+              f"S3Store('s3://jobs/dead/', boto3.client('s3', endpoint_url={s3_server!r}))\n"
+              "os._exit(0)\n")  # no release: as a run killed with SIGKILL
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    assert lease_body(s3, "dead/.lease") is not None
+    S3Store("s3://jobs/dead/", s3).close()
+    shares = [S3Store("s3://jobs/split/", s3, share=(k, 2)) for k in (1, 2)]
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket="jobs", Prefix="split/")["Contents"]}
+    assert keys == {"split/.lease-1-of-2", "split/.lease-2-of-2"}
+    with pytest.raises(GenerateError, match=r"split/: \.lease-2-of-2: another"):
+        S3Store("s3://jobs/split/", s3, share=(2, 2))
+    for store in shares:
+        store.close()

@@ -196,7 +196,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return run(Options(args.input, args.output, args.url.rstrip("/"), key, args.model,
                            args.concurrency, args.shard_size, args.retries, args.timeout,
                            json_status=args.json, s3_endpoint=args.s3_endpoint,
-                           retry_failures=args.retry_failures))
+                           retry_failures=args.retry_failures,
+                           redo_changed=args.redo_changed))
     except OSError as exc:
         print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -278,6 +279,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="JSON status lines instead of a bar")
     p.add_argument("--retry-failures", action="store_true",
                    help="on a finished job: send its failed lines again (a new retry-RRR shard)")
+    p.add_argument("--redo-changed", action="store_true",
+                   help="discard and redo the finished shards whose input lines changed "
+                   "(default: refuse the run, naming the first one)")
     p.set_defaults(func=cmd_generate)
 
     for name, what in LAB_COMMANDS.items():  # listed here, parsed by the lab (run_lab)

@@ -7,9 +7,11 @@ On-disk state (the output location holds all of it, so the same command resumes)
   commit, and a finished shard is never redone nor rewritten (``S`` is ``--shard-size``).
 - ``failures-NNNNNN.jsonl``: that shard's failed lines, committed just before the shard (a
   failures file without its shard is from a killed run and is deleted at the next start).
-- ``manifest.json``: the job (input, shard size) and each committed shard's counts and sha256,
-  rewritten after each commit; a shard committed just before a kill is added back from the shard
-  itself. ``failures.jsonl`` gathers every shard's failures when the input is done.
+- ``manifest.json``: the job (shard size) and each shard's counts, sha256 and input digest
+  (identity.py: the job is its input's content, not its path), rewritten just before each
+  shard is committed, so a committed shard always has its input digest; an entry whose shard
+  is missing was being committed when the run was killed and is redone.
+  ``failures.jsonl`` gathers every shard's failures when the input is done.
 - ``retry-RRR.jsonl`` and ``retry-failures-RRR.jsonl``: round R of ``--retry-failures`` (a
   finished job only): the lines still failed after the previous round (or the shards) are sent
   again; their records go to the round's file, those failing again to its failures file, which
@@ -18,6 +20,10 @@ On-disk state (the output location holds all of it, so the same command resumes)
 
 Lines of the same shard are answered in any order; an id appears in exactly one shard, and a
 repeated id in the input goes to the failures file instead of being written twice.
+
+On a resumed job each finished shard's input digest is compared as its lines are read: a
+changed shard stops the run (or, with --redo-changed, is discarded and redone). Until every
+finished shard has been compared, no new shard is committed, so a refused run writes nothing.
 
     summary = asyncio.run(run(Options("in.jsonl", "out/", "http://127.0.0.1:30000")))
 """
@@ -39,6 +45,14 @@ from sglang_fleet import validators
 from sglang_fleet.generate import capacity
 from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete
 from sglang_fleet.generate.errors import GenerateError
+from sglang_fleet.generate.identity import (
+    DIGEST_KEY,
+    REDO_FLAG,
+    Reading,
+    changed,
+    conflict,
+    refuse_changed,
+)
 from sglang_fleet.generate.progress import Display, Stats, final_table
 from sglang_fleet.generate.source import (
     LineError,
@@ -73,6 +87,7 @@ class Options:
     json_status: bool = False
     s3_endpoint: str | None = None
     retry_failures: bool = False
+    redo_changed: bool = False
 
 
 def shard_name(index: int) -> str:
@@ -113,6 +128,7 @@ class Shard:
     failures: int = 0
     read_all: bool = False
     digest: Any = field(default_factory=hashlib.sha256)
+    input_digest: str | None = None
     round: int = 0  # a --retry-failures round's file, not an input range's shard
 
     @property
@@ -124,9 +140,17 @@ class Shard:
 
 
 def _entry(index: int, size: int, records: int, failures: int, data_sha: str,
-           nbytes: int) -> dict[str, Any]:
-    return {"name": shard_name(index), "first_line": index * size + 1, "records": records,
-            "failures": failures, "bytes": nbytes, "sha256": data_sha}
+           nbytes: int, input_digest: str | None = None) -> dict[str, Any]:
+    entry = {"name": shard_name(index), "first_line": index * size + 1, "records": records,
+             "failures": failures, "bytes": nbytes, "sha256": data_sha}
+    if input_digest is not None:
+        entry[DIGEST_KEY] = input_digest
+    return entry
+
+
+def id_key(ident: str) -> int:
+    """8 bytes of an id's digest: 1M ids in tens of MB."""
+    return int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "big")
 
 
 def _round_entry(round_: int, records: int, failures: int, data_sha: str,
@@ -168,6 +192,9 @@ class Job:
         self.commit_lock = asyncio.Lock()
         self.commits: set[asyncio.Task[None]] = set()
         self.errors: list[BaseException] = []
+        self.unverified: set[int] = set()  # finished shards whose input is not compared yet
+        self.held_commits: list[Shard] = []  # ready, waiting for every comparison
+        self.failed_at: dict[int, set[int]] = {}  # a finished shard's failed line numbers
 
     # ---- state on the output -------------------------------------------------------------
     def load_state(self) -> None:
@@ -176,9 +203,9 @@ class Job:
         self.manifest = json.loads(raw) if raw else {}
         if self.manifest:
             self._check_same_job()
-        self.done = {int(e["first_line"] - 1) // self.size: e
-                     for e in self.manifest.get("shards", [])}
         names = self.store.names()
+        self.done = {int(e["first_line"] - 1) // self.size: e
+                     for e in self.manifest.get("shards", []) if e["name"] in names}
         for name in names:
             index = shard_index(name, "shard-")
             if index is not None and index not in self.done:
@@ -188,6 +215,7 @@ class Job:
             if index is not None and index not in self.done:
                 self.store.delete(name)
         self.load_rounds(names)
+        self.unverified = set(self.done)
         self.stats.shards_skipped = len(self.done)
         self.stats.skipped = sum(e["records"] for e in [*self.done.values(),
                                                         *self.rounds.values()])
@@ -217,11 +245,9 @@ class Job:
         return sum(int(e["failures"]) for e in self.done.values())
 
     def _check_same_job(self) -> None:
+        """Only the shard size here: the input is compared by content as it is read (its
+        path may differ from run to run)."""
         where = f"{self.store.location}/{MANIFEST}"
-        if self.manifest.get("input") != self.opts.input:
-            raise GenerateError(f"{where}: this output holds the job over "
-                             f"{self.manifest.get('input')!r}, not {self.opts.input!r}; "
-                             "use another output location")
         if self.manifest.get("shard_size") != self.size:
             raise GenerateError(f"{where}: the job was started with --shard-size "
                              f"{self.manifest.get('shard_size')}; rerun with that value")
@@ -235,7 +261,7 @@ class Job:
                       hashlib.sha256(data).hexdigest(), len(data))
 
     async def write_manifest(self, complete: bool) -> None:
-        self.manifest = {"version": 1, "input": self.opts.input, "url": self.opts.url,
+        self.manifest = {"version": 2, "input": self.opts.input, "url": self.opts.url,
                          "shard_size": self.size, "complete": complete,
                          "records": sum(e["records"] for e in self.done.values())
                          + sum(e["records"] for e in self.rounds.values()),
@@ -263,9 +289,21 @@ class Job:
         if shard.read_all and shard.pending == 0 and shard.index in self.open:
             del self.open[shard.index]
             self.shard_closed.set()
-            task = asyncio.create_task(self._commit(shard))
-            self.commits.add(task)
-            task.add_done_callback(self._commit_done)
+            if self.unverified:  # a changed input must not leave a single shard behind
+                self.held_commits.append(shard)
+            else:
+                self._start_commit(shard)
+
+    def _start_commit(self, shard: Shard) -> None:
+        task = asyncio.create_task(self._commit(shard))
+        self.commits.add(task)
+        task.add_done_callback(self._commit_done)
+
+    def release_commits(self) -> None:
+        """Every finished shard matched the input read now: commit the shards held back."""
+        held, self.held_commits = self.held_commits, []
+        for shard in held:
+            self._start_commit(shard)
 
     def _commit_done(self, task: asyncio.Task[None]) -> None:
         self.commits.discard(task)
@@ -280,7 +318,8 @@ class Job:
                                 f": {exc}; run the same command again to resume") from None
 
     async def _write_shard(self, shard: Shard) -> None:
-        """Failures first, then the shard (the commit), then the manifest."""
+        """Failures first, then the manifest and the shard (the commit); a retry round's
+        manifest after its file (a round has no input digest to keep)."""
         shard.out.close()
         shard.fail.close()
         out_name, fail_name = shard.names
@@ -290,15 +329,18 @@ class Job:
             else:
                 shard.fail_path.unlink()
             nbytes = shard.out_path.stat().st_size
-            await asyncio.to_thread(self.store.put_file, shard.out_path, out_name)
             counts = (shard.records, shard.failures, shard.digest.hexdigest(), nbytes)
             if shard.round:
+                await asyncio.to_thread(self.store.put_file, shard.out_path, out_name)
                 self.rounds[shard.round] = _round_entry(shard.round, *counts)
+                # a retry round runs on a finished job, which stays finished if killed now
+                await self.write_manifest(complete=True)
             else:
-                self.done[shard.index] = _entry(shard.index, self.size, *counts)
+                self.done[shard.index] = _entry(shard.index, self.size, *counts,
+                                                shard.input_digest)
+                await self.write_manifest(complete=False)
+                await asyncio.to_thread(self.store.put_file, shard.out_path, out_name)
             self.stats.shards_written += 1
-            # a retry round runs on a finished job, which stays finished if this run is killed
-            await self.write_manifest(complete=bool(shard.round))
 
     # ---- requests --------------------------------------------------------------------------
     def record_line(self, shard: Shard, data: dict[str, Any], ok: bool) -> None:
@@ -335,7 +377,7 @@ class Job:
     def first_sight(self, ident: str) -> bool:
         """False if ``ident`` was already seen in this input (8-byte digests keep 1M ids in
         tens of MB)."""
-        key = int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "big")
+        key = id_key(ident)
         if key in self.seen:
             return False
         self.seen.add(key)
@@ -367,32 +409,144 @@ class Job:
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
-    def skip(self, lineno: int, raw: bytes) -> None:
-        """A line of a finished shard: only its id is remembered (for repeats later on)."""
-        self.stats.bytes_skipped += len(raw)
-        if raw.strip():
-            self.first_sight(line_id(lineno, raw))
-
+    # ---- reading the input: every line once, each range compared or given its digest ------
     async def feed(self, http: Pool, batches: Iterator[list[tuple[int, bytes]]],
-                   tasks: set[asyncio.Task[None]]) -> None:
-        current = -1
+                   tasks: set[asyncio.Task[None]], retry: set[int] | None = None) -> None:
+        """Send the lines of unfinished shards (or, for ``retry``, the failed lines again into
+        a new round); a finished shard's lines only mark their ids as seen, so a repeated id
+        later on fails rather than being written twice."""
+        into = self.retry_shard() if retry is not None else None
+        reading: Reading | None = None
         while (batch := await asyncio.to_thread(next, batches, None)) is not None:
             for lineno, raw in batch:
                 index = lineno // self.size
-                if index != current:
-                    if current in self.open:
-                        self.close_reading(self.open[current])
-                    current = index
-                if index in self.done:
-                    self.skip(lineno, raw)
-                elif raw.strip():
+                if reading is None or index != reading.index:
+                    if reading is not None:
+                        await self.end_reading(http, reading, tasks)
+                    reading = self.begin_reading(index)
+                reading.add(raw)
+                if into is not None and lineno in (retry or ()):
+                    await self.dispatch(http, lineno, raw, tasks, into=into)
+                elif index in self.done:
+                    await self.skip(reading, lineno, raw)
+                elif into is None and raw.strip():
                     await self.dispatch(http, lineno, raw, tasks)
-                else:
+                elif into is None:
                     self.shard(index)
                 if self.errors:
                     raise self.errors[0]
-        if current in self.open:
-            self.close_reading(self.open[current])
+        if reading is not None:
+            await self.end_reading(http, reading, tasks)
+        for index in sorted(self.unverified):  # finished shards past the input's end
+            await self.compare(http, Reading(index, index * self.size), tasks)
+        if into is not None:
+            self.close_reading(into)
+
+    def begin_reading(self, index: int) -> Reading:
+        reading = Reading(index, index * self.size)
+        if index in self.done and self.opts.redo_changed:
+            reading.hold(self.store.spool)
+        return reading
+
+    async def end_reading(self, http: Pool, reading: Reading,
+                          tasks: set[asyncio.Task[None]]) -> None:
+        try:
+            if reading.index in self.done:
+                await self.compare(http, reading, tasks)
+            elif self.opts.retry_failures:
+                raise refuse_changed(self.opts.input, reading.index, self.size,
+                                     "the input has lines past the finished job's end",
+                                     self.fix_changed())
+            else:
+                self.close_shard(reading)
+        finally:
+            reading.close()
+
+    def close_shard(self, reading: Reading) -> None:
+        """Every line of an unfinished range is read: its shard keeps the range's digest."""
+        shard = self.shard(reading.index)
+        shard.input_digest = reading.hexdigest()
+        self.close_reading(shard)
+
+    async def skip(self, reading: Reading, lineno: int, raw: bytes) -> None:
+        self.stats.bytes_skipped += len(raw)
+        if not raw.strip():
+            return
+        ident = line_id(lineno, raw)
+        key = id_key(ident)
+        if key not in self.seen:
+            self.seen.add(key)
+            if reading.held is not None:
+                reading.marked.append(key)
+        elif reading.conflict is None and lineno + 1 not in await self.failed_in(reading.index):
+            # unchanged lines repeat an id only where the earlier run failed them too
+            reading.conflict = conflict(lineno, ident, shard_name(reading.index))
+
+    async def failed_in(self, index: int) -> set[int]:
+        """The line numbers (from 1) in a finished shard's failures file."""
+        if index not in self.failed_at:
+            found: set[int] = set()
+            if self.done[index]["failures"]:
+                data = await asyncio.to_thread(self.store.get_bytes, failures_name(index))
+                found = {orjson.loads(raw).get("line") for raw in (data or b"").splitlines()}
+            self.failed_at[index] = found
+        return self.failed_at[index]
+
+    async def compare(self, http: Pool, reading: Reading,
+                      tasks: set[asyncio.Task[None]]) -> None:
+        """A finished shard against the lines read now for its range: the same, or refused,
+        or (--redo-changed) discarded and sent again."""
+        why = changed(self.done[reading.index], reading)
+        if why is not None:
+            if not self.opts.redo_changed or self.opts.retry_failures or self.rounds:
+                raise refuse_changed(self.opts.input, reading.index, self.size, why,
+                                     self.fix_changed())
+            self.display.event("redo", shard=shard_name(reading.index), reason=why)
+            await self.discard(reading)
+            await self.replay(http, reading, tasks)
+        self.unverified.discard(reading.index)
+        if not self.unverified:
+            self.release_commits()
+
+    def fix_changed(self) -> str:
+        if self.opts.retry_failures:
+            return (f"run the same command without --retry-failures, with {REDO_FLAG}, to "
+                    "redo the changed shards first")
+        if self.rounds and self.opts.redo_changed:
+            return ("this job has --retry-failures rounds, whose records are not split by "
+                    "shard: write to another output")
+        return (f"rerun with {REDO_FLAG} to discard and redo only the changed shards, or "
+                "write to another output")
+
+    async def discard(self, reading: Reading) -> None:
+        """Drop a changed shard: its records first (a failures file without its shard is a
+        killed run's, deleted at the next start), then its manifest entry."""
+        entry = self.done.pop(reading.index)
+        for key in reading.marked:  # its ids are seen again as its new lines are sent
+            self.seen.discard(key)
+        self.stats.skipped -= int(entry["records"])
+        self.stats.shards_skipped -= 1
+        self.stats.bytes_skipped -= reading.nbytes
+        self.stats.earlier_failed = self.outstanding()
+        async with self.commit_lock:
+            for name in (shard_name(reading.index), failures_name(reading.index)):
+                await asyncio.to_thread(self.store.delete, name)
+            await self.write_manifest(complete=False)
+
+    async def replay(self, http: Pool, reading: Reading,
+                     tasks: set[asyncio.Task[None]]) -> None:
+        """Send a discarded shard's lines, as read now."""
+        lines = reading.held_lines()
+        for offset, raw in enumerate(lines):
+            lineno = reading.first_line + offset
+            if raw.strip():
+                await self.dispatch(http, lineno, raw, tasks)
+            else:
+                self.shard(reading.index)
+            if self.errors:
+                raise self.errors[0]
+        if lines:
+            self.close_shard(reading)
 
     # ---- --retry-failures -------------------------------------------------------------------
     async def failed_lines(self) -> set[int]:
@@ -428,21 +582,6 @@ class Job:
                       round=round_)
         self.open[shard.index] = shard
         return shard
-
-    async def feed_retry(self, http: Pool, batches: Iterator[list[tuple[int, bytes]]],
-                         tasks: set[asyncio.Task[None]], lines: set[int]) -> None:
-        """Send the failed ``lines`` again; every other line only marks its id as seen, so a
-        repeated id fails again rather than being written twice."""
-        shard = self.retry_shard()
-        while (batch := await asyncio.to_thread(next, batches, None)) is not None:
-            for lineno, raw in batch:
-                if lineno in lines:
-                    await self.dispatch(http, lineno, raw, tasks, into=shard)
-                else:
-                    self.skip(lineno, raw)
-                if self.errors:
-                    raise self.errors[0]
-        self.close_reading(shard)
 
     # ---- fleet and display -----------------------------------------------------------------
     async def follow_fleet(self, http: Pool) -> None:
@@ -532,7 +671,7 @@ class Job:
                 if lines is None:
                     await self.feed(http, read_batches(stream), tasks)
                 elif lines:  # nothing failed: nothing to send, no empty round
-                    await self.feed_retry(http, read_batches(stream), tasks, lines)
+                    await self.feed(http, read_batches(stream), tasks, retry=lines)
                 while tasks or self.commits:
                     await asyncio.gather(*tasks, *self.commits)
                 if self.errors:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sglang_fleet.generate.errors import GenerateError
+from sglang_fleet.generate.lease import Lease
 from sglang_fleet.generate.source import split_s3
 
 MULTIPART_BYTES = 8 * 1024 * 1024
@@ -98,9 +99,11 @@ class LocalStore:
 
 
 class S3Store:
-    """A bucket prefix; partial shards are spooled in a local temporary directory."""
+    """A bucket prefix; partial shards are spooled in a local temporary directory. One run
+    writes it, holding its lease (lease.py), as the lock on a local output does: taken before
+    anything under the prefix is touched, checked before each write, given back at close."""
 
-    def __init__(self, url: str, s3: Any) -> None:
+    def __init__(self, url: str, s3: Any, share: tuple[int, int] | None = None) -> None:
         from boto3.s3.transfer import TransferConfig
 
         self.location = url
@@ -109,17 +112,19 @@ class S3Store:
         self.s3 = s3
         self.config = TransferConfig(multipart_threshold=MULTIPART_BYTES,
                                      multipart_chunksize=MULTIPART_BYTES)
-        self.spool = Path(tempfile.mkdtemp(prefix="sglang-generate-"))
         try:
             s3.head_bucket(Bucket=self.bucket)
         except Exception as exc:
             raise GenerateError(f"{url}: cannot use bucket {self.bucket!r}: {exc}") from None
+        self.lease = Lease(s3, self.bucket, self.prefix, url, share)
+        self.lease.acquire()  # before the aborts below: they are safe only with no other run
         self.abort_stale_uploads()
+        self.spool = Path(tempfile.mkdtemp(prefix="sglang-generate-"))
 
     def abort_stale_uploads(self) -> None:
         """Abort the multipart uploads a killed run left under the prefix: they never became
-        objects, but S3 keeps (and bills) their parts. One job writes a prefix, so none of
-        them is live; a deeper prefix is another job's and is left alone."""
+        objects, but S3 keeps (and bills) their parts. This run holds the prefix's lease, so
+        none of them is live; a deeper prefix is another job's and is left alone."""
         try:
             pages = self.s3.get_paginator("list_multipart_uploads").paginate(
                 Bucket=self.bucket, Prefix=self.prefix)
@@ -143,10 +148,12 @@ class S3Store:
         return found
 
     def put_file(self, path: Path, name: str) -> None:
+        self.lease.ensure()
         self.s3.upload_file(str(path), self.bucket, self.prefix + name, Config=self.config)
         path.unlink()
 
     def put_bytes(self, data: bytes, name: str) -> None:
+        self.lease.ensure()
         self.s3.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)
 
     def get_bytes(self, name: str) -> bytes | None:
@@ -157,14 +164,17 @@ class S3Store:
             return None
 
     def delete(self, name: str) -> None:
+        self.lease.ensure()
         self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + name)
 
     def close(self) -> None:
+        self.lease.release()
         shutil.rmtree(self.spool, ignore_errors=True)
 
 
-def open_store(location: str, s3: Any) -> Store:
-    """The store for an output location (``s3://`` or a directory)."""
+def open_store(location: str, s3: Any, share: tuple[int, int] | None = None) -> Store:
+    """The store for an output location (``s3://`` or a directory); ``share`` (worker K of N,
+    a future --worker) takes that share's S3 lease instead of the whole job's."""
     if location.startswith("s3://"):
-        return S3Store(location, s3)
+        return S3Store(location, s3, share)
     return LocalStore(Path(location))
