@@ -11,20 +11,27 @@ objects) before ``DEST.partial`` is renamed to ``DEST``: a partial model is neve
 interrupted run resumes with the files it had finished. A manifest in DEST makes re-runs free.
 Exit 0 when DEST is complete; anything else prints one line per failure (what failed, which
 object, the endpoint, why) on stderr and exits 1, never a traceback.
+
+Object and file names come from the bucket or the repository, and this runs as root: every name
+of a listing is checked (``name_problem``) before any file is written, and files are written
+under DEST.partial without following a symlink, so no name reaches outside DEST.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 MANIFEST = ".sglang-fleet-manifest.json"
 
@@ -55,12 +62,90 @@ def _load(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _md5(path: Path) -> str:
+def _md5(f: IO[bytes]) -> str:
     digest = hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    f.seek(0)
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def name_problem(name: str, root: Path) -> str | None:
+    """Why ``name`` (an object key under the prefix, a repository's file name) may not become a
+    file under ``root``, or None. A bucket or a repository is not trusted: ``../../etc/cron.d/x``
+    or ``/etc/x`` (``PREFIX//etc/x``) would otherwise be written by root anywhere on the host.
+
+        name_problem("../x", Path("/m.partial"))  # "a '..' part"
+    """
+    if not name:
+        return "an empty name"
+    if "\0" in name or "\\" in name:
+        return "a NUL or a backslash in the name"
+    if name.startswith("/"):
+        return "an absolute name"
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            return f"a {part!r} part" if part else "an empty part (//)"
+    if name == MANIFEST:
+        return f"the name of the stage's own manifest ({MANIFEST})"
+    # A symlink already under root (a host's own, an earlier run's) must not lead outside it.
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(root / name)]) != real_root:
+        return f"it resolves outside {root}"
+    return None
+
+
+def check_names(source: str, names: list[str], root: Path, endpoint: str) -> None:
+    """Refuse the whole listing, before anything is written, naming its first bad name."""
+    for name in names:
+        problem = name_problem(name, root)
+        if problem:
+            raise StageError("listing", source, endpoint,
+                             f"refused {name!r}: {problem}; nothing was written (remove or "
+                             "rename that object, or stage another source)")
+
+
+def _open_dir(root: Path, parts: list[str]) -> int:
+    """A descriptor of ``root/parts...``, made where missing, never through a symlink."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+            sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_file(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _download(url: str, where: str, dir_fd: int, base: str, size: int, etag: str,
+              into: Callable[[IO[bytes]], object]) -> None:
+    """Into ``base.download`` (a symlink there is refused, not followed), checked, then
+    renamed over ``base`` (which replaces a symlink instead of writing through it)."""
+    tmp = base + ".download"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644,
+                 dir_fd=dir_fd)
+    with os.fdopen(fd, "w+b") as f:
+        try:
+            into(f)
+        except Exception as exc:
+            raise StageError("download", url, where, reason(exc)) from None
+        got = f.seek(0, os.SEEK_END)
+        if got != size:
+            raise StageError("check", url, where, f"{got} bytes, S3 says {size}")
+        if "-" not in etag and _md5(f) != etag:
+            raise StageError("check", url, where, f"MD5 differs from the ETag {etag}")
+    os.replace(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> dict[str, Any]:
@@ -86,6 +171,7 @@ def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> 
     if not objects:
         raise StageError("listing", source, where, "no objects there (check the bucket, "
                          "prefix and credentials)")
+    check_names(source, [name for name, _, _ in objects], partial, where)
     progress_path = partial / MANIFEST
     done: dict[str, Any] = _load(progress_path).get("files", {})
     config = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20,
@@ -93,21 +179,16 @@ def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> 
 
     def fetch(item: tuple[str, int, str]) -> tuple[str, dict[str, Any]]:
         name, size, etag = item
-        target = partial / name
-        if done.get(name) == {"size": size, "etag": etag} and target.is_file():
-            return name, done[name]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".download")
-        url = f"s3://{bucket}/{prefix}{name}"
+        *parents, base = name.split("/")
+        dir_fd = _open_dir(partial, parents)
         try:
-            s3.download_file(bucket, prefix + name, str(tmp), Config=config)
-        except Exception as exc:
-            raise StageError("download", url, where, reason(exc)) from None
-        if tmp.stat().st_size != size:
-            raise StageError("check", url, where, f"{tmp.stat().st_size} bytes, S3 says {size}")
-        if "-" not in etag and _md5(tmp) != etag:
-            raise StageError("check", url, where, f"MD5 differs from the ETag {etag}")
-        tmp.replace(target)
+            if done.get(name) == {"size": size, "etag": etag} and _is_file(dir_fd, base):
+                return name, done[name]
+            url = f"s3://{bucket}/{prefix}{name}"
+            _download(url, where, dir_fd, base, size, etag,
+                      lambda f: s3.download_fileobj(bucket, prefix + name, f, Config=config))
+        finally:
+            os.close(dir_fd)
         return name, {"size": size, "etag": etag}
 
     failures = []
@@ -143,16 +224,24 @@ def stage_hf(source: str, partial: Path, token_file: str | None) -> dict[str, An
     repo, _, revision = source[len("hf://"):].partition("@")
     token = Path(token_file).read_text().strip() if token_file else None
     try:
-        snapshot_download(repo_id=repo, revision=revision, local_dir=str(partial), token=token)
         info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
+    except Exception as exc:
+        raise StageError("listing", source, constants.ENDPOINT, reason(exc)) from None
+    siblings = info.siblings or []
+    check_names(source, [sibling.rfilename for sibling in siblings], partial, constants.ENDPOINT)
+    try:
+        # The commit whose file names were checked, not whatever the revision names by now.
+        snapshot_download(repo_id=repo, revision=info.sha or revision, local_dir=str(partial),
+                          token=token)
     except Exception as exc:
         raise StageError("download", source, constants.ENDPOINT, reason(exc)) from None
     files = {}
-    for sibling in info.siblings or []:
+    for sibling in siblings:
         path = partial / sibling.rfilename
-        if sibling.size is not None and path.stat().st_size != sibling.size:
+        if not path.is_file() or path.is_symlink() or \
+                (sibling.size is not None and path.stat().st_size != sibling.size):
             raise StageError("check", f"{source}/{sibling.rfilename}", constants.ENDPOINT,
-                             "size differs from the hub's")
+                             "not a file of the hub's size")
         files[sibling.rfilename] = {"size": sibling.size, "sha": info.sha}
     return {"source": source, "files": files}
 
