@@ -262,3 +262,53 @@ def test_hub_downloads_the_commit_whose_names_were_checked(monkeypatch: pytest.M
     manifest = download_model.stage_hf("hf://org/m@main", partial, None)
     assert [d["revision"] for d in hub.downloads] == ["c0ffee"]
     assert sorted(manifest["files"]) == ["config.json", "sub/w.bin"]
+
+
+def _staged_by_hand(directory: Path, source: str, config: bytes) -> None:
+    directory.mkdir(parents=True)
+    (directory / "config.json").write_bytes(config)
+    (directory / download_model.MANIFEST).write_text(json.dumps(
+        {"source": source, "files": {"config.json": {"size": len(config), "etag": "x"}}},
+        indent=1))
+
+
+def test_a_directory_holding_another_source_is_staged_again(empty_s3: str,
+                                                            tmp_path: Path) -> None:
+    """The weights of hf://org/model@v1 in the directory s3://…/v1 is staged into are never
+    taken for that source's: the downloader says so and stages the source."""
+    prefix = f"again-{tmp_path.name}"
+    _client(empty_s3).put_object(Bucket="evil", Key=f"{prefix}/config.json", Body=b'{"new": 1}')
+    dest = tmp_path / "models" / "m"
+    _staged_by_hand(dest, "hf://org/model@v1", b'{"old": 1}')
+    proc = stage(empty_s3, dest, f"s3://evil/{prefix}")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert f"{dest}: holds hf://org/model@v1, not s3://evil/{prefix}: staging again" in out
+    assert (dest / "config.json").read_bytes() == b'{"new": 1}'
+    assert json.loads((dest / download_model.MANIFEST).read_text())["source"] == \
+        f"s3://evil/{prefix}"
+
+
+def test_an_earlier_directory_of_the_same_source_is_linked_not_downloaded(
+        empty_s3: str, tmp_path: Path) -> None:
+    prefix = f"reuse-{tmp_path.name}"
+    source = f"s3://evil/{prefix}"
+    _client(empty_s3).put_object(Bucket="evil", Key=f"{prefix}/config.json", Body=b'{"s3": 1}')
+    same, other = tmp_path / "models" / "same", tmp_path / "models" / "other"
+    _staged_by_hand(same, source + "/", b'{"same": 1}')
+    _staged_by_hand(other, "hf://org/model@v1", b'{"other": 1}')
+    dest = tmp_path / "models" / "m"
+    run = [sys.executable, "-m", DOWNLOADER, source, str(dest), "--endpoint-url", empty_s3]
+    done = subprocess.run([*run, "--reuse", str(same)], env={**os.environ, **CREDENTIALS},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{dest}: linked from {same}" in done.stdout
+    assert (dest / "config.json").stat().st_ino == (same / "config.json").stat().st_ino
+    assert (same / "config.json").read_bytes() == b'{"same": 1}'  # still whole for a rollback
+    other_dest = tmp_path / "models" / "n"
+    done = subprocess.run([sys.executable, "-m", DOWNLOADER, source, str(other_dest),
+                           "--endpoint-url", empty_s3, "--reuse", str(other)],
+                          env={**os.environ, **CREDENTIALS}, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert (other_dest / "config.json").read_bytes() == b'{"s3": 1}'

@@ -9,6 +9,7 @@ credentials only in root-owned 0600 files.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -17,9 +18,10 @@ from typing import Any
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
-from pyinfra.facts.files import File
+from pyinfra.facts.files import File, FindInFile
 from pyinfra.operations import files
 
+from sglang_fleet import paths
 from sglang_fleet.engine import UV
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.python import PythonImports
@@ -28,7 +30,7 @@ from sglang_fleet.ops import Ops, fail
 from sglang_fleet.paths import AWS_CREDENTIALS, HF_TOKEN, MODELS, TOOLS, UV_CACHE
 from sglang_fleet.profile import Profile
 from sglang_fleet.remote.download_model import MANIFEST
-from sglang_fleet.render import model_path
+from sglang_fleet.render import legacy_staging_dir, model_path, normalized_source
 from sglang_fleet.secretfile import secret_file, secrets_directory
 
 DOWNLOADER = "download_model"  # the host program (remote/download_model.py)
@@ -65,25 +67,60 @@ def tools_venv() -> Ops:
            f"{shlex.join(TOOLS_PACKAGES)}")
 
 
-@operation(is_idempotent=True)
-def staged(source: str, dest: str, endpoint: str | None, token_file: str | None) -> Ops:
-    """Run the downloader unless DEST already holds a complete, verified model (its manifest).
+def recorded_source(dest: str) -> str | None:
+    """The source DEST's manifest records (its first key, on a line of its own), or None."""
+    lines = host.get_fact(FindInFile, path=f"{dest}/{MANIFEST}", pattern='^ "source": ')
+    try:
+        source = json.loads("{" + lines[0].strip().rstrip(",") + "}")["source"]
+    except (TypeError, IndexError, ValueError, KeyError):
+        return None
+    return source if isinstance(source, str) else None
 
-    + source: ``s3://bucket/prefix`` or ``hf://org/name@revision``
+
+@operation(is_idempotent=True)
+def staged(source: str, dest: str, endpoint: str | None, token_file: str | None,
+           reuse: str | None = None) -> Ops:
+    """Run the downloader unless DEST already holds a complete, verified model of SOURCE (its
+    manifest records it).
+
+    + source: ``s3://bucket/prefix`` or ``hf://org/name@revision`` (normalized)
     + dest: the model's directory on the host
     + endpoint: the S3 endpoint URL (None: AWS's)
     + token_file: a root-only file holding the Hugging Face token (None: anonymous)
+    + reuse: where an earlier release staged SOURCE (linked, not downloaded, if it holds it)
 
-        staged(name="Stage s3://m/q", source="s3://m/q", dest="/var/lib/sglang/models/q",
+        staged(name="Stage s3://m/q", source="s3://m/q", dest="/var/lib/sglang/models/q-…",
                endpoint=None, token_file=None)
     """
-    if host.get_fact(File, path=f"{dest}/{MANIFEST}"):
-        host.noop(f"{dest} holds a staged model (its {MANIFEST})")
+    if recorded_source(dest) == source:
+        host.noop(f"{dest} holds a staged model of {source} (its {MANIFEST})")
         return
     argv = program(TOOLS_PYTHON, DOWNLOADER, source, dest,
                    *(["--endpoint-url", endpoint] if endpoint else []),
-                   *(["--token-file", token_file] if token_file else []))
+                   *(["--token-file", token_file] if token_file else []),
+                   *(["--reuse", reuse] if reuse and reuse != dest else []))
     yield f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS} {shlex.join(argv)}"
+
+
+def served_model(profile: Profile) -> str | None:
+    """The model path the host's first server unit runs now (None: no unit yet)."""
+    unit = paths.unit_path(paths.server_unit(0, profile.parallel.instances))
+    lines = host.get_fact(FindInFile, path=unit, pattern="^ExecStart=") or []
+    found = re.search(r" --model-path (\S+)", lines[0]) if lines else None
+    return found.group(1) if found else None
+
+
+def stage_name(source: str, dest: str, served: str | None) -> str:
+    """The staging operation's name: it says when the source changed, which restarts the
+    servers onto the new directory.
+
+        stage_name("s3://m/new", "/m/new-1", "/m/old-2")
+        # 'Stage s3://m/new (the model source changed: the server ran /m/old-2; it restarts ...'
+    """
+    if served is None or served == dest:
+        return f"Stage {source}"
+    return (f"Stage {source} (the model source changed: the server ran {served}; it restarts "
+            f"onto {dest})")
 
 
 @operation(is_idempotent=True)
@@ -124,8 +161,10 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
                     path=str(Path(dest).parent), user="root", group="root", mode="755")
     tools_venv(name="Staging tools (boto3, huggingface_hub)")
     upload(DOWNLOADER)
-    return [staged(name=f"Stage {source}", source=source, dest=dest,
-                   endpoint=data.get("s3_endpoint_url"), token_file=token_file)]
+    source = normalized_source(source)
+    return [staged(name=stage_name(source, dest, served_model(profile)), source=source,
+                   dest=dest, endpoint=data.get("s3_endpoint_url"), token_file=token_file,
+                   reuse=legacy_staging_dir(source))]
 
 
 def remove_weights() -> None:

@@ -4,11 +4,15 @@ python (the weights stage uploads it), with boto3 for S3 and huggingface_hub for
     python -m sglang_fleet_remote.download_model s3://bucket/prefix \\
         /var/lib/sglang/models/NAME [--endpoint-url URL]
     python -m sglang_fleet_remote.download_model hf://org/name@revision \\
-        /var/lib/sglang/models/NAME [--token-file F]
+        /var/lib/sglang/models/NAME [--token-file F] [--reuse /var/lib/sglang/models/OLD]
 
 Files land in ``DEST.partial`` and are verified (size, and the ETag's MD5 for single-part
 objects) before ``DEST.partial`` is renamed to ``DEST``: a partial model is never at DEST, and an
-interrupted run resumes with the files it had finished. A manifest in DEST makes re-runs free.
+interrupted run resumes with the files it had finished. A manifest in DEST recording the same
+source makes re-runs free; one recording another source is staged again. ``--reuse OLD`` links
+the files of OLD (an earlier name of DEST) instead of downloading them, when OLD's manifest
+records the same source.
+
 Exit 0 when DEST is complete; anything else prints one line per failure (what failed, which
 object, the endpoint, why) on stderr and exits 1, never a traceback.
 
@@ -173,7 +177,9 @@ def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> 
                          "prefix and credentials)")
     check_names(source, [name for name, _, _ in objects], partial, where)
     progress_path = partial / MANIFEST
-    done: dict[str, Any] = _load(progress_path).get("files", {})
+    progress = _load(progress_path)
+    # Files an interrupted run of this source finished (another source's are not these).
+    done: dict[str, Any] = progress.get("files", {}) if progress.get("source") == source else {}
     config = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20,
                             max_concurrency=workers)
 
@@ -258,6 +264,45 @@ def main() -> int:
     return 1
 
 
+def normalized(source: str) -> str:
+    """As the deploy names sources (sglang_fleet.render.normalized_source): ``s3://b/p/`` is
+    ``s3://b/p``."""
+    return source.rstrip("/") if source.startswith("s3://") else source
+
+
+def recorded_source(directory: Path) -> str | None:
+    """The source a staged model's manifest records (None: no manifest, or none readable)."""
+    source = _load(directory / MANIFEST).get("source")
+    return normalized(source) if isinstance(source, str) else None
+
+
+def reuse(source: str, old: Path, dest: Path, partial: Path) -> bool:
+    """Hard-link a model staged at ``old`` (an earlier name of the same source) into ``dest``:
+    no download, and ``old`` stays whole for a unit that still names it (a rollback)."""
+    if old == dest or recorded_source(old) != source:
+        return False
+    if partial.exists():
+        shutil.rmtree(partial)
+    shutil.copytree(old, partial, symlinks=True, copy_function=os.link)
+    os.replace(partial, dest)
+    print(f"{dest}: linked from {old} (staged there from the same source)")
+    return True
+
+
+def settled(source: str, dest: Path, partial: Path, old: Path | None) -> bool:
+    """True when DEST holds SOURCE without a download (staged already, or linked from OLD);
+    says so, or why DEST is staged again."""
+    if not (dest / MANIFEST).is_file():
+        return old is not None and not dest.exists() and reuse(source, old, dest, partial)
+    held = recorded_source(dest)
+    if held == source:
+        print(f"{dest}: already staged")
+        return True
+    # Its name no longer says which weights it holds: they are never served for SOURCE.
+    print(f"{dest}: holds {held or 'an unreadable manifest'}, not {source}: staging again")
+    return False
+
+
 def stage() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -266,22 +311,23 @@ def stage() -> int:
     ap.add_argument("--endpoint-url")
     ap.add_argument("--token-file")
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--reuse", type=Path, help="an earlier directory of the same source")
     args = ap.parse_args()
     dest: Path = args.dest
-    if (dest / MANIFEST).is_file():
-        print(f"{dest}: already staged")
-        return 0
+    source = normalized(args.source)
     partial = dest.with_name(dest.name + ".partial")
+    if settled(source, dest, partial, args.reuse):
+        return 0
     partial.mkdir(parents=True, exist_ok=True)
     tic = time.monotonic()
-    if args.source.startswith("s3://"):
-        manifest = stage_s3(args.source, partial, args.endpoint_url, args.workers)
-    elif args.source.startswith("hf://"):
-        manifest = stage_hf(args.source, partial, args.token_file)
+    if source.startswith("s3://"):
+        manifest = stage_s3(source, partial, args.endpoint_url, args.workers)
+    elif source.startswith("hf://"):
+        manifest = stage_hf(source, partial, args.token_file)
     else:
-        raise StageError("staging", args.source, "-", "not an s3:// or hf:// source")
+        raise StageError("staging", source, "-", "not an s3:// or hf:// source")
     if not (partial / "config.json").is_file():
-        raise StageError("check", args.source, args.endpoint_url or "-",
+        raise StageError("check", source, args.endpoint_url or "-",
                          "no config.json: not a model directory")
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
     if dest.exists():
