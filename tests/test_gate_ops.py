@@ -173,15 +173,27 @@ def test_last_good_back_starts_only_a_stopped_unit(use: Callable[[Host], Host]) 
     assert "nothing to go back to" in command
 
 
-def test_tools_venv_installs_only_what_does_not_import(use: Callable[[Host], Host]) -> None:
-    fake = use(Host({"PythonImports": True}))
+def test_tools_venv_syncs_the_shipped_lock_unless_synced(use: Callable[[Host], Host]) -> None:
+    locked = weights.tools_lock_sha256()
+    installed = sums(**{weights.HOST_TOOLS_INSTALLED: locked})
+    fake = use(Host({"PythonImports": True, "Sha256File": installed}))
     assert commands(weights.tools_venv) == []
-    assert fake.noops == [f"{weights.TOOLS_PYTHON} imports boto3, huggingface_hub"]
-    use(Host({"PythonImports": False}))
-    venv, install = commands(weights.tools_venv)
-    assert venv.endswith(f"venv --quiet --allow-existing --python /usr/bin/python3 "
-                         f"{TOOLS}")
-    assert install.endswith(f"--python {weights.TOOLS_PYTHON} boto3 huggingface_hub")
+    assert fake.noops == [f"{weights.TOOLS_PYTHON} imports boto3, huggingface_hub at the "
+                          "locked versions"]
+    for facts in ({"PythonImports": False, "Sha256File": installed},
+                  {"PythonImports": True, "Sha256File": sums()},  # an unpinned venv of before
+                  {"PythonImports": True, "Sha256File": sums(**{
+                      weights.HOST_TOOLS_INSTALLED: "0" * 64})}):  # an older lock
+        use(Host(facts))
+        venv, install = commands(weights.tools_venv)
+        assert venv.endswith(f"venv --quiet --allow-existing --python /usr/bin/python3 "
+                             f"{TOOLS}")
+        words = shlex.split(install)
+        assert words[words.index("sync") - 1:words.index("&&")] == [
+            "pip", "sync", "--quiet", "--require-hashes", "--no-build", "--python",
+            weights.TOOLS_PYTHON, weights.HOST_TOOLS_LOCK]
+        assert "boto3" not in install  # nothing but the lock names a package
+        assert words[-3:] == ["cp", weights.HOST_TOOLS_LOCK, weights.HOST_TOOLS_INSTALLED]
 
 
 def manifest_of(dest: str, source: str | None) -> Callable[..., list[str] | None]:

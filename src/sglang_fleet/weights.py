@@ -9,16 +9,18 @@ credentials only in root-owned 0600 files.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
-from pyinfra.facts.files import File, FindInFile
+from pyinfra.facts.files import File, FindInFile, Sha256File
 from pyinfra.operations import files
 
 from sglang_fleet import paths
@@ -36,6 +38,11 @@ from sglang_fleet.secretfile import secret_file, secrets_directory
 DOWNLOADER = "download_model"  # the host program (remote/download_model.py)
 TOOLS_PYTHON = f"{TOOLS}/bin/python"
 TOOLS_PACKAGES = ["boto3", "huggingface_hub"]
+# Every package of the tools venv, exact versions and hashes (scripts/host_tools_lock.py): an
+# unpinned install would run whatever PyPI serves that day as root on every host.
+TOOLS_LOCK = Path(str(resources.files("sglang_fleet") / "data" / "host-tools.lock.txt"))
+HOST_TOOLS_LOCK = f"{TOOLS}/host-tools.lock.txt"
+HOST_TOOLS_INSTALLED = f"{TOOLS}/host-tools.installed.txt"  # the lock the venv was synced to
 
 
 # What AWS access keys and Hugging Face tokens are made of: one line, nothing an INI file or a
@@ -53,18 +60,33 @@ def credential(data: Any, key: str) -> str:
     return value
 
 
+def tools_lock_sha256() -> str:
+    return hashlib.sha256(TOOLS_LOCK.read_bytes()).hexdigest()
+
+
 @operation(is_idempotent=True)
 def tools_venv() -> Ops:
-    """boto3 and huggingface_hub for the downloader, in a venv apart from any engine release.
+    """boto3 and huggingface_hub for the downloader, in a venv apart from any engine release,
+    synced to the shipped lock (``HOST_TOOLS_LOCK``, uploaded before): exact versions, every
+    file's hash checked, wheels only (no build step runs code from an sdist as root).
 
         tools_venv(name="Staging tools (boto3, huggingface_hub)")
     """
-    if host.get_fact(PythonImports, python=TOOLS_PYTHON, modules=TOOLS_PACKAGES):
-        host.noop(f"{TOOLS_PYTHON} imports {', '.join(TOOLS_PACKAGES)}")
+    synced = host.get_fact(Sha256File, path=HOST_TOOLS_INSTALLED) == tools_lock_sha256()
+    if synced and host.get_fact(PythonImports, python=TOOLS_PYTHON, modules=TOOLS_PACKAGES):
+        host.noop(f"{TOOLS_PYTHON} imports {', '.join(TOOLS_PACKAGES)} at the locked versions")
         return
     yield f"{UV} venv --quiet --allow-existing --python /usr/bin/python3 {TOOLS}"
-    yield (f"UV_CACHE_DIR={UV_CACHE} {UV} pip install --quiet --python {TOOLS_PYTHON} "
-           f"{shlex.join(TOOLS_PACKAGES)}")
+    yield (f"UV_CACHE_DIR={UV_CACHE} {UV} pip sync --quiet --require-hashes --no-build "
+           f"--python {TOOLS_PYTHON} {HOST_TOOLS_LOCK} && "
+           f"cp {HOST_TOOLS_LOCK} {HOST_TOOLS_INSTALLED}")
+
+
+def install_tools() -> None:
+    """The lock on the host, then the venv synced to it."""
+    files.put(name="Staging tools' lock (exact versions and hashes)", src=str(TOOLS_LOCK),
+              dest=HOST_TOOLS_LOCK, user="root", group="root", mode="644")
+    tools_venv(name="Staging tools (boto3, huggingface_hub)")
 
 
 def recorded_source(dest: str) -> str | None:
@@ -159,7 +181,7 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
         token_file = HF_TOKEN
     files.directory(name="Models directory (root's; the service only reads it)",
                     path=str(Path(dest).parent), user="root", group="root", mode="755")
-    tools_venv(name="Staging tools (boto3, huggingface_hub)")
+    install_tools()
     upload(DOWNLOADER)
     source = normalized_source(source)
     return [staged(name=stage_name(source, dest, served_model(profile)), source=source,
