@@ -210,6 +210,8 @@ def test_staged_runs_the_downloader_unless_the_manifest_is_there(
     fake = use(Host({"FindInFile": manifest_of(dest, "s3://m/q")}))
     assert commands(weights.staged, "s3://m/q", dest, None, None) == []
     assert fake.noops == [f"{dest} holds a staged model of s3://m/q (its {MANIFEST})"]
+    use(Host({"FindInFile": manifest_of(dest, "s3://m/q/")}))  # as an earlier release wrote it
+    assert commands(weights.staged, "s3://m/q", dest, None, None) == []
     use(Host({"FindInFile": manifest_of(dest, None)}))
     [command] = commands(weights.staged, "s3://m/q", dest, "http://s3:9000", None)
     assert shlex.split(command) == [

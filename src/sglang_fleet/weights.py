@@ -114,7 +114,9 @@ def staged(source: str, dest: str, endpoint: str | None, token_file: str | None,
         staged(name="Stage s3://m/q", source="s3://m/q", dest="/var/lib/sglang/models/q-…",
                endpoint=None, token_file=None)
     """
-    if recorded_source(dest) == source:
+    recorded = recorded_source(dest)
+    # Normalized: a model linked from its pre-digest directory records the source as written.
+    if recorded is not None and normalized_source(recorded) == source:
         host.noop(f"{dest} holds a staged model of {source} (its {MANIFEST})")
         return
     argv = program(TOOLS_PYTHON, DOWNLOADER, source, dest,
