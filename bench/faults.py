@@ -24,12 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sglang_fleet.render import staging_dir
 from sglang_fleet_lab import hosts, site, state
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 OLD_DRIVER, NEW_DRIVER = "580.95.05", "580.105.08"
-MODEL_DIR = "/var/lib/sglang/models/lab-models--qwen3.6-27b"
+# Where the lab model is staged (its name carries a digest of the source).
+MODEL_DIR = staging_dir(f"s3://{state.S3_BUCKET}/{site.MODEL_PREFIX}")
 
 
 @dataclass

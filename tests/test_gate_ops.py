@@ -12,6 +12,7 @@ import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sglang_fleet import gate, ops, profile, service, weights
+from sglang_fleet.engine import Release
 from sglang_fleet.hostcode import program
 from sglang_fleet.paths import (
     AWS_CREDENTIALS,
@@ -172,26 +173,77 @@ def test_last_good_back_starts_only_a_stopped_unit(use: Callable[[Host], Host]) 
     assert "nothing to go back to" in command
 
 
-def test_tools_venv_installs_only_what_does_not_import(use: Callable[[Host], Host]) -> None:
-    fake = use(Host({"PythonImports": True}))
+def test_tools_venv_syncs_the_shipped_lock_unless_synced(use: Callable[[Host], Host]) -> None:
+    locked = weights.tools_lock_sha256()
+    installed = sums(**{weights.HOST_TOOLS_INSTALLED: locked})
+    fake = use(Host({"PythonImports": True, "Sha256File": installed}))
     assert commands(weights.tools_venv) == []
-    assert fake.noops == [f"{weights.TOOLS_PYTHON} imports boto3, huggingface_hub"]
-    use(Host({"PythonImports": False}))
-    venv, install = commands(weights.tools_venv)
-    assert venv.endswith(f"venv --quiet --allow-existing --python /usr/bin/python3 "
-                         f"{TOOLS}")
-    assert install.endswith(f"--python {weights.TOOLS_PYTHON} boto3 huggingface_hub")
+    assert fake.noops == [f"{weights.TOOLS_PYTHON} imports boto3, huggingface_hub at the "
+                          "locked versions"]
+    for facts in ({"PythonImports": False, "Sha256File": installed},
+                  {"PythonImports": True, "Sha256File": sums()},  # an unpinned venv of before
+                  {"PythonImports": True, "Sha256File": sums(**{
+                      weights.HOST_TOOLS_INSTALLED: "0" * 64})}):  # an older lock
+        use(Host(facts))
+        venv, install = commands(weights.tools_venv)
+        assert venv.endswith(f"venv --quiet --allow-existing --python /usr/bin/python3 "
+                             f"{TOOLS}")
+        words = shlex.split(install)
+        assert words[words.index("sync") - 1:words.index("&&")] == [
+            "pip", "sync", "--quiet", "--require-hashes", "--no-build", "--python",
+            weights.TOOLS_PYTHON, weights.HOST_TOOLS_LOCK]
+        assert "boto3" not in install  # nothing but the lock names a package
+        assert words[-3:] == ["cp", weights.HOST_TOOLS_LOCK, weights.HOST_TOOLS_INSTALLED]
+
+
+def manifest_of(dest: str, source: str | None) -> Callable[..., list[str] | None]:
+    """A FindInFile fact: DEST's manifest recording SOURCE (None: no manifest)."""
+    def find(path: str, pattern: str) -> list[str] | None:
+        assert path == f"{dest}/{MANIFEST}" and pattern == '^ "source": '
+        return None if source is None else [f' "source": {json.dumps(source)},']
+    return find
 
 
 def test_staged_runs_the_downloader_unless_the_manifest_is_there(
         use: Callable[[Host], Host]) -> None:
     dest = "/var/lib/sglang/models/q"
-    fake = use(Host({"File": files(f"{dest}/{MANIFEST}")}))
+    fake = use(Host({"FindInFile": manifest_of(dest, "s3://m/q")}))
     assert commands(weights.staged, "s3://m/q", dest, None, None) == []
-    assert fake.noops == [f"{dest} holds a staged model (its {MANIFEST})"]
-    use(Host({"File": files()}))
+    assert fake.noops == [f"{dest} holds a staged model of s3://m/q (its {MANIFEST})"]
+    use(Host({"FindInFile": manifest_of(dest, "s3://m/q/")}))  # as an earlier release wrote it
+    assert commands(weights.staged, "s3://m/q", dest, None, None) == []
+    use(Host({"FindInFile": manifest_of(dest, None)}))
     [command] = commands(weights.staged, "s3://m/q", dest, "http://s3:9000", None)
     assert shlex.split(command) == [
         f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS}",
         *program(weights.TOOLS_PYTHON, "download_model", "s3://m/q", dest, "--endpoint-url",
                  "http://s3:9000")]
+
+
+def test_staged_again_when_the_manifest_records_another_source(
+        use: Callable[[Host], Host]) -> None:
+    """A directory whose manifest records another source holds weights of that source: the
+    deploy runs the downloader (which stages again), never passes them off as this source's."""
+    dest = "/var/lib/sglang/models/org--model--v1"
+    use(Host({"FindInFile": manifest_of(dest, "hf://org/model@v1")}))
+    [command] = commands(weights.staged, "s3://org/model/v1", dest, None, None,
+                         "/var/lib/sglang/models/old")
+    assert shlex.split(command)[1:] == program(
+        weights.TOOLS_PYTHON, "download_model", "s3://org/model/v1", dest, "--reuse",
+        "/var/lib/sglang/models/old")
+
+
+def test_a_changed_source_names_the_served_directory_and_the_restart(
+        use: Callable[[Host], Host]) -> None:
+    old = render(profile.load(FIELD_PROFILE, {"model.source": "hf://org/model@v1"}))
+    new = profile.load(FIELD_PROFILE, {"model.source": "s3://org/model/v1"})
+    line = f"ExecStart={service.exec_start(old, Release('p', '1', (), None, None, 'py'))}"
+    use(Host({"FindInFile": lambda path, pattern: [line] if path == unit_path(UNIT) else None}))
+    served = weights.served_model(new)
+    assert served == old.args["model_path"]
+    dest = render(new).args["model_path"]
+    assert dest != served
+    assert weights.stage_name("s3://org/model/v1", dest, served) == (
+        f"Stage s3://org/model/v1 (the model source changed: the server ran {served}; it "
+        f"restarts onto {dest})")
+    assert weights.stage_name("s3://org/model/v1", dest, dest) == "Stage s3://org/model/v1"

@@ -831,3 +831,142 @@ def test_an_s3_lease_of_another_host_waits_one_of_a_dead_local_process_does_not(
         S3Store("s3://jobs/split/", s3, share=(2, 2))
     for store in shares:
         store.close()
+
+
+# ---- https:// behind a private CA: --ca-bundle and SSL_CERT_FILE ----------------------------
+def private_ca(tmp: Path) -> tuple[Path, Path, Path]:
+    """A CA of the test's own and a certificate it signed for 127.0.0.1: (ca.pem, cert, key)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(subject: str, key: Any, issuer: str, signer: Any, ca: bool) -> Any:
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            builder = builder.add_extension(x509.KeyUsage(
+                digital_signature=True, content_commitment=False, key_encipherment=False,
+                data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
+                encipher_only=False, decipher_only=False), critical=True)
+        else:
+            import ipaddress
+            builder = builder.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert("sglang-fleet test CA", ca_key, "sglang-fleet test CA", ca_key, True)
+    leaf = cert("127.0.0.1", key, "sglang-fleet test CA", ca_key, False)
+    paths = tmp / "ca.pem", tmp / "router.pem", tmp / "router.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+@pytest.fixture
+def tls_router(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A router answering over TLS with a certificate of a private CA: (its URL, ca.pem)."""
+    import http.server
+    import ssl
+    import threading
+
+    ca, cert, key = private_ca(tmp_path)
+
+    class Router(http.server.BaseHTTPRequestHandler):
+        def answer(self, status: int, body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self.answer(200, {"data": [{"id": "m"}]})
+            else:
+                self.answer(404, {"error": "no"})
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.answer(200, {"choices": [{"message": {"content": "4"},
+                                           "finish_reason": "stop"}], "usage": {}})
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Router)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"https://127.0.0.1:{server.server_address[1]}", ca
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_router_behind_a_private_ca_is_reached_with_ca_bundle(
+        tls_router: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang_fleet.cli import main
+
+    url, ca = tls_router
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    inp = write_input(tmp_path / "in.jsonl", 3)
+    # certifi's CAs alone do not know the site's CA: the first request fails on the certificate.
+    assert main(["generate", str(inp), str(tmp_path / "untrusted"), "--url", url,
+                 "--retries", "0", "--json"]) == 1
+    assert "CERTIFICATE_VERIFY_FAILED" in capsys.readouterr().err
+    assert main(["generate", str(inp), str(tmp_path / "out"), "--url", url, "--json",
+                 "--ca-bundle", str(ca)]) == 0, capsys.readouterr().err
+    assert sorted(r["id"] for r in records(tmp_path / "out")) == ["r0", "r1", "r2"]
+
+
+def test_a_router_behind_a_private_ca_is_reached_with_ssl_cert_file(
+        tls_router: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from sglang_fleet.cli import main
+
+    url, ca = tls_router
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    inp = write_input(tmp_path / "in.jsonl", 2)
+    assert main(["generate", str(inp), str(tmp_path / "out"), "--url", url, "--json",
+                 "--retries", "0"]) == 0, capsys.readouterr().err
+    assert len(records(tmp_path / "out")) == 2
+
+
+@pytest.mark.parametrize("what", ["missing", "directory", "not PEM"])
+@pytest.mark.parametrize("where", ["--ca-bundle", "SSL_CERT_FILE"])
+def test_a_bad_ca_bundle_is_one_error_and_a_fix(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        what: str, where: str) -> None:
+    from sglang_fleet.cli import main
+
+    bad = {"missing": tmp_path / "none.pem", "directory": tmp_path,
+           "not PEM": write_input(tmp_path / "in.jsonl", 1)}[what]
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    flags = ["--ca-bundle", str(bad)] if where == "--ca-bundle" else []
+    if where == "SSL_CERT_FILE":
+        monkeypatch.setenv("SSL_CERT_FILE", str(bad))
+    inp = write_input(tmp_path / "in.jsonl", 1)
+    out = tmp_path / "out"
+    assert main(["generate", str(inp), str(out), "--url", "https://127.0.0.1:9", *flags]) == 1
+    err = capsys.readouterr().err
+    first, fix = err.rstrip("\n").split("\n")
+    assert first.startswith(f"error: {where}: {bad}: "), err
+    assert fix.startswith("    fix: ") and "Traceback" not in err
+    assert not out.exists()  # said before the output is touched

@@ -8,7 +8,7 @@ import pytest
 
 from sglang_fleet import flags, profile, releases
 from sglang_fleet.errors import InputError
-from sglang_fleet.render import render
+from sglang_fleet.render import legacy_staging_dir, render, staging_dir
 from tests.conftest import FIELD_PROFILE, MINIMAL, PROFILES
 
 Write = Callable[..., Path]
@@ -173,3 +173,24 @@ def test_instances_must_fit_the_host(write_profile: Write) -> None:
     with pytest.raises(InputError, match="3 instance\\(s\\) of tp x dp = 4 GPUs need 12, b1 has 8"):
         preflight.require_host(p, render_all(p), "b1", 8)
     preflight.require_host(p, render_all(p), "b1", 16)
+
+
+def test_sources_sharing_a_slug_get_directories_of_their_own(field: profile.Profile) -> None:
+    """hf://org/model@v1, s3://org/model/v1 and s3://org/model+v1 all slug to org--model--v1:
+    each must still have its own staging directory, so that a change of source stages the new
+    weights (and the unit, which names the directory, restarts) instead of serving the old."""
+    sources = ["hf://org/model@v1", "s3://org/model/v1", "s3://org/model+v1"]
+    paths = [render(profile.load(FIELD_PROFILE, {"model.source": s})).args["model_path"]
+             for s in sources]
+    assert len(set(paths)) == 3
+    assert all(Path(p).name.startswith("org--model--v1-") for p in paths)
+    assert len({render(profile.load(FIELD_PROFILE, {"model.source": s})).argv
+                for s in sources}) == 3
+    # The same objects by another spelling are the same directory.
+    assert staging_dir("s3://org/model/v1/") == staging_dir("s3://org/model/v1")
+    assert legacy_staging_dir("s3://org/model/v1") == "/var/lib/sglang/models/org--model--v1"
+
+
+def test_a_long_source_still_makes_a_file_name() -> None:
+    name = Path(staging_dir("s3://bucket/" + "/".join(["a" * 200] * 4))).name
+    assert len(name) <= 120

@@ -197,7 +197,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                            args.concurrency, args.shard_size, args.retries, args.timeout,
                            json_status=args.json, s3_endpoint=args.s3_endpoint,
                            retry_failures=args.retry_failures,
-                           redo_changed=args.redo_changed))
+                           redo_changed=args.redo_changed, ca_bundle=args.ca_bundle))
     except OSError as exc:
         print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -276,6 +276,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="retries on connection errors, 429, 502, 503, 504 (default 8)")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per request (3600)")
     p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: boto3's, AWS_ENDPOINT_URL)")
+    p.add_argument("--ca-bundle", metavar="PATH", help="PEM file of the CAs that an https:// "
+                   "--url is checked against (default: SSL_CERT_FILE, else certifi's)")
     p.add_argument("--json", action="store_true", help="JSON status lines instead of a bar")
     p.add_argument("--retry-failures", action="store_true",
                    help="on a finished job: send its failed lines again (a new retry-RRR shard)")

@@ -10,6 +10,7 @@ table, and the whole argv is parsed by a parser rebuilt from the table before it
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 import shlex
 from collections.abc import Iterator
@@ -85,12 +86,41 @@ class Launch:
 
 def model_path(profile: Profile) -> str:
     """Where the weights are on the host: a host path as given, staged sources under
-    ``paths.MODELS``."""
+    ``paths.MODELS`` (``staging_dir``)."""
     source = profile.model.source
-    if source.startswith("/"):
-        return source
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "--", source.split("://", 1)[1]).strip("-")
-    return str(PurePosixPath(paths.MODELS) / slug)
+    return source if source.startswith("/") else staging_dir(source)
+
+
+def normalized_source(source: str) -> str:
+    """A staged source as the downloader reads it: ``s3://b/p/`` lists what ``s3://b/p`` does.
+
+        normalized_source("s3://b/p/")  # 's3://b/p'
+    """
+    return source.rstrip("/") if source.startswith("s3://") else source
+
+
+def _slug(source: str, limit: int | None = 96) -> str:
+    """The source in file name characters, short enough for a name with its digest."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "--", source.split("://", 1)[1])[:limit].strip("-")
+
+
+def staging_dir(source: str) -> str:
+    """The directory a source is staged into: a readable slug and a digest of the normalized
+    source. The slug alone is shared (``hf://org/model@v1``, ``s3://org/model/v1`` and
+    ``s3://org/model+v1`` are all ``org--model--v1``): without the digest a change of source
+    would find the old weights staged and keep serving them.
+
+        staging_dir("s3://org/model/v1")  # '/var/lib/sglang/models/org--model--v1-<12 hex>'
+    """
+    source = normalized_source(source)
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]
+    return str(PurePosixPath(paths.MODELS) / f"{_slug(source)}-{digest}")
+
+
+def legacy_staging_dir(source: str) -> str:
+    """Where releases before the digest staged a source: reused when its manifest records the
+    same source, so an upgrade does not download every model again."""
+    return str(PurePosixPath(paths.MODELS) / _slug(source, None))
 
 
 def _semantic_args(profile: Profile, instance: int) -> Iterator[tuple[str, str, Any]]:

@@ -9,17 +9,21 @@ credentials only in root-owned 0600 files.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shlex
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
-from pyinfra.facts.files import File
+from pyinfra.facts.files import File, FindInFile, Sha256File
 from pyinfra.operations import files
 
+from sglang_fleet import paths
 from sglang_fleet.engine import UV
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.python import PythonImports
@@ -28,12 +32,17 @@ from sglang_fleet.ops import Ops, fail
 from sglang_fleet.paths import AWS_CREDENTIALS, HF_TOKEN, MODELS, TOOLS, UV_CACHE
 from sglang_fleet.profile import Profile
 from sglang_fleet.remote.download_model import MANIFEST
-from sglang_fleet.render import model_path
+from sglang_fleet.render import legacy_staging_dir, model_path, normalized_source
 from sglang_fleet.secretfile import secret_file, secrets_directory
 
 DOWNLOADER = "download_model"  # the host program (remote/download_model.py)
 TOOLS_PYTHON = f"{TOOLS}/bin/python"
 TOOLS_PACKAGES = ["boto3", "huggingface_hub"]
+# Every package of the tools venv, exact versions and hashes (scripts/host_tools_lock.py): an
+# unpinned install would run whatever PyPI serves that day as root on every host.
+TOOLS_LOCK = Path(str(resources.files("sglang_fleet") / "data" / "host-tools.lock.txt"))
+HOST_TOOLS_LOCK = f"{TOOLS}/host-tools.lock.txt"
+HOST_TOOLS_INSTALLED = f"{TOOLS}/host-tools.installed.txt"  # the lock the venv was synced to
 
 
 # What AWS access keys and Hugging Face tokens are made of: one line, nothing an INI file or a
@@ -51,39 +60,91 @@ def credential(data: Any, key: str) -> str:
     return value
 
 
+def tools_lock_sha256() -> str:
+    return hashlib.sha256(TOOLS_LOCK.read_bytes()).hexdigest()
+
+
 @operation(is_idempotent=True)
 def tools_venv() -> Ops:
-    """boto3 and huggingface_hub for the downloader, in a venv apart from any engine release.
+    """boto3 and huggingface_hub for the downloader, in a venv apart from any engine release,
+    synced to the shipped lock (``HOST_TOOLS_LOCK``, uploaded before): exact versions, every
+    file's hash checked, wheels only (no build step runs code from an sdist as root).
 
         tools_venv(name="Staging tools (boto3, huggingface_hub)")
     """
-    if host.get_fact(PythonImports, python=TOOLS_PYTHON, modules=TOOLS_PACKAGES):
-        host.noop(f"{TOOLS_PYTHON} imports {', '.join(TOOLS_PACKAGES)}")
+    synced = host.get_fact(Sha256File, path=HOST_TOOLS_INSTALLED) == tools_lock_sha256()
+    if synced and host.get_fact(PythonImports, python=TOOLS_PYTHON, modules=TOOLS_PACKAGES):
+        host.noop(f"{TOOLS_PYTHON} imports {', '.join(TOOLS_PACKAGES)} at the locked versions")
         return
     yield f"{UV} venv --quiet --allow-existing --python /usr/bin/python3 {TOOLS}"
-    yield (f"UV_CACHE_DIR={UV_CACHE} {UV} pip install --quiet --python {TOOLS_PYTHON} "
-           f"{shlex.join(TOOLS_PACKAGES)}")
+    yield (f"UV_CACHE_DIR={UV_CACHE} {UV} pip sync --quiet --require-hashes --no-build "
+           f"--python {TOOLS_PYTHON} {HOST_TOOLS_LOCK} && "
+           f"cp {HOST_TOOLS_LOCK} {HOST_TOOLS_INSTALLED}")
+
+
+def install_tools() -> None:
+    """The lock on the host, then the venv synced to it."""
+    files.put(name="Staging tools' lock (exact versions and hashes)", src=str(TOOLS_LOCK),
+              dest=HOST_TOOLS_LOCK, user="root", group="root", mode="644")
+    tools_venv(name="Staging tools (boto3, huggingface_hub)")
+
+
+def recorded_source(dest: str) -> str | None:
+    """The source DEST's manifest records (its first key, on a line of its own), or None."""
+    lines = host.get_fact(FindInFile, path=f"{dest}/{MANIFEST}", pattern='^ "source": ')
+    try:
+        source = json.loads("{" + lines[0].strip().rstrip(",") + "}")["source"]
+    except (TypeError, IndexError, ValueError, KeyError):
+        return None
+    return source if isinstance(source, str) else None
 
 
 @operation(is_idempotent=True)
-def staged(source: str, dest: str, endpoint: str | None, token_file: str | None) -> Ops:
-    """Run the downloader unless DEST already holds a complete, verified model (its manifest).
+def staged(source: str, dest: str, endpoint: str | None, token_file: str | None,
+           reuse: str | None = None) -> Ops:
+    """Run the downloader unless DEST already holds a complete, verified model of SOURCE (its
+    manifest records it).
 
-    + source: ``s3://bucket/prefix`` or ``hf://org/name@revision``
+    + source: ``s3://bucket/prefix`` or ``hf://org/name@revision`` (normalized)
     + dest: the model's directory on the host
     + endpoint: the S3 endpoint URL (None: AWS's)
     + token_file: a root-only file holding the Hugging Face token (None: anonymous)
+    + reuse: where an earlier release staged SOURCE (linked, not downloaded, if it holds it)
 
-        staged(name="Stage s3://m/q", source="s3://m/q", dest="/var/lib/sglang/models/q",
+        staged(name="Stage s3://m/q", source="s3://m/q", dest="/var/lib/sglang/models/q-…",
                endpoint=None, token_file=None)
     """
-    if host.get_fact(File, path=f"{dest}/{MANIFEST}"):
-        host.noop(f"{dest} holds a staged model (its {MANIFEST})")
+    recorded = recorded_source(dest)
+    # Normalized: a model linked from its pre-digest directory records the source as written.
+    if recorded is not None and normalized_source(recorded) == source:
+        host.noop(f"{dest} holds a staged model of {source} (its {MANIFEST})")
         return
     argv = program(TOOLS_PYTHON, DOWNLOADER, source, dest,
                    *(["--endpoint-url", endpoint] if endpoint else []),
-                   *(["--token-file", token_file] if token_file else []))
+                   *(["--token-file", token_file] if token_file else []),
+                   *(["--reuse", reuse] if reuse and reuse != dest else []))
     yield f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS} {shlex.join(argv)}"
+
+
+def served_model(profile: Profile) -> str | None:
+    """The model path the host's first server unit runs now (None: no unit yet)."""
+    unit = paths.unit_path(paths.server_unit(0, profile.parallel.instances))
+    lines = host.get_fact(FindInFile, path=unit, pattern="^ExecStart=") or []
+    found = re.search(r" --model-path (\S+)", lines[0]) if lines else None
+    return found.group(1) if found else None
+
+
+def stage_name(source: str, dest: str, served: str | None) -> str:
+    """The staging operation's name: it says when the source changed, which restarts the
+    servers onto the new directory.
+
+        stage_name("s3://m/new", "/m/new-1", "/m/old-2")
+        # 'Stage s3://m/new (the model source changed: the server ran /m/old-2; it restarts ...'
+    """
+    if served is None or served == dest:
+        return f"Stage {source}"
+    return (f"Stage {source} (the model source changed: the server ran {served}; it restarts "
+            f"onto {dest})")
 
 
 @operation(is_idempotent=True)
@@ -122,10 +183,12 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
         token_file = HF_TOKEN
     files.directory(name="Models directory (root's; the service only reads it)",
                     path=str(Path(dest).parent), user="root", group="root", mode="755")
-    tools_venv(name="Staging tools (boto3, huggingface_hub)")
+    install_tools()
     upload(DOWNLOADER)
-    return [staged(name=f"Stage {source}", source=source, dest=dest,
-                   endpoint=data.get("s3_endpoint_url"), token_file=token_file)]
+    source = normalized_source(source)
+    return [staged(name=stage_name(source, dest, served_model(profile)), source=source,
+                   dest=dest, endpoint=data.get("s3_endpoint_url"), token_file=token_file,
+                   reuse=legacy_staging_dir(source))]
 
 
 def remove_weights() -> None:

@@ -13,10 +13,15 @@ import pytest
 
 from sglang_fleet import releases
 from sglang_fleet.hostcode import program
+from sglang_fleet.render import staging_dir
+from sglang_fleet_lab.site import MODEL_PREFIX
+from sglang_fleet_lab.state import S3_BUCKET
 from tests.lab.conftest import booted_lab, pyinfra, run, ssh
 
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2")
+# Where the lab model (inventories/group_data/lab.py) is staged: its name carries a digest.
+LAB_MODEL = staging_dir(f"s3://{S3_BUCKET}/{MODEL_PREFIX}")
 
 
 @pytest.fixture(scope="module")
@@ -54,14 +59,14 @@ def test_fresh_hosts_converge_and_pass_the_gate(lab: None) -> None:
     for host in HOSTS:
         assert f"[{host}] health: /health_generate 200" in out
         assert re.search(rf"\[{host}\] arguments: SGLang 0\.5\.23, EAGLE, model "
-                         r"/var/lib/sglang/models/lab-models--qwen3\.6-27b: as rendered", out)
+                         rf"{re.escape(LAB_MODEL)}: as rendered", out)
         assert re.search(rf"\[{host}\] smoke: '4\..*', TTFT \d+ ms, \d+ tok/s, accept length "
                          r"\d\.\d\d", out)
         assert re.search(rf"\[{host}\] capacity: KV tokens \d+, mamba slots \d+ .*max running "
                          r"requests \d+, GPU memory free", out)
         assert f"[{host}] advice: max running requests" in out
         ready_in_parts(host, out)
-    staged = ssh("lab1", "ls /var/lib/sglang/models/lab-models--qwen3.6-27b").stdout.split()
+    staged = ssh("lab1", f"ls {LAB_MODEL}").stdout.split()
     assert "config.json" in staged and len([f for f in staged if f.endswith(".safetensors")]) == 4
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 import random
 import ssl
 import time
@@ -21,6 +22,7 @@ import h11
 import httpx
 import orjson
 
+from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.source import Item
 from sglang_fleet.validators import without_userinfo
 
@@ -30,6 +32,29 @@ BACKOFF_MAX = 30.0
 CONNECT_TIMEOUT = 10.0
 Headers = list[tuple[bytes, bytes]]
 Answer = tuple[int, Headers, bytes]  # status, headers, body
+
+
+def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
+    """What https:// answers are checked against: ``--ca-bundle``, else ``SSL_CERT_FILE``, else
+    certifi's public CAs. A router behind a site's private CA is reachable with either of the
+    first two; GenerateError (naming the option or variable and the fix) if that file is not
+    a PEM file of certificates.
+
+        tls_context("/etc/ssl/certs/ca-certificates.crt")  # the host's store
+    """
+    env = os.environ.get("SSL_CERT_FILE") or None
+    where, path = ("--ca-bundle", ca_bundle) if ca_bundle else ("SSL_CERT_FILE", env)
+    if path is None:
+        return ssl.create_default_context(cafile=certifi.where())
+    try:
+        return ssl.create_default_context(cafile=path)
+    except OSError as exc:  # ssl.SSLError is one too: a file, but no certificate in it
+        why = f"no PEM certificate in it ({exc.reason})" if isinstance(exc, ssl.SSLError) \
+            else exc.strerror or str(exc)
+        fix = ("give --ca-bundle the PEM file of the CA that signed the router's certificate "
+               "(e.g. /etc/ssl/certs/ca-certificates.crt)" if ca_bundle else
+               "point SSL_CERT_FILE at a PEM file of CA certificates, or unset it")
+        raise GenerateError(f"{where}: {path}: {why}\n    fix: {fix}") from None
 
 
 @dataclass
@@ -63,18 +88,20 @@ class Pool:
     a request goes out in one write, and answers come back as httpx.Response objects with
     httpx's exceptions, so callers and retries are unchanged.
 
-        pool = Pool({"Authorization": "Bearer k"}, timeout=3600, only="http://10.0.0.10:30080")
+        pool = Pool({"Authorization": "Bearer k"}, timeout=3600, only="http://10.0.0.10:30080",
+                    tls=tls_context(None))
         response = await pool.request("POST", url, body)
 
     With ``only``, a URL of any other origin (scheme, host, port) is refused before anything is
     sent: the headers hold the key, and it goes to the origin the user named alone.
     """
 
-    def __init__(self, headers: dict[str, str], timeout: float, only: str | None = None) -> None:
+    def __init__(self, headers: dict[str, str], timeout: float, only: str | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.headers = [(k.encode(), v.encode()) for k, v in headers.items()]
         self.timeout = timeout
         self.only = _origin(only) if only is not None else None
-        self.tls: ssl.SSLContext | None = None  # made on the first https:// URL
+        self.tls = tls  # None: tls_context(None), made on the first https:// URL
         self.idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self.targets: dict[str, tuple[tuple[str, str, int], bytes, bytes]] = {}
         self.live: set[_Connection] = set()
@@ -103,7 +130,7 @@ class Pool:
         tls = None
         if scheme == "https":
             if self.tls is None:
-                self.tls = ssl.create_default_context(cafile=certifi.where())
+                self.tls = tls_context(None)
             tls = self.tls
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):

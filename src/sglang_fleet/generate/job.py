@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import ssl
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ import orjson
 
 from sglang_fleet import validators
 from sglang_fleet.generate import capacity
-from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete
+from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete, tls_context
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.identity import (
     DIGEST_KEY,
@@ -88,6 +89,7 @@ class Options:
     s3_endpoint: str | None = None
     retry_failures: bool = False
     redo_changed: bool = False
+    ca_bundle: str | None = None
 
 
 def shard_name(index: int) -> str:
@@ -174,8 +176,10 @@ def dump_line(data: dict[str, Any]) -> bytes:
 class Job:
     """One run of a job (see the module docstring for the state it keeps)."""
 
-    def __init__(self, opts: Options, store: Store, s3: Any) -> None:
+    def __init__(self, opts: Options, store: Store, s3: Any,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.opts = opts
+        self.tls = tls
         self.store = store
         self.s3 = s3
         self.size = opts.shard_size
@@ -660,7 +664,7 @@ class Job:
         if self.opts.api_key:
             headers["Authorization"] = f"Bearer {self.opts.api_key}"
         stream = await asyncio.to_thread(open_input, self.opts.input, self.s3)
-        http = Pool(headers, self.opts.timeout, only=self.opts.url)
+        http = Pool(headers, self.opts.timeout, only=self.opts.url, tls=self.tls)
         try:
             await self.pick_model(http)
             await self.size_fleet(http)
@@ -707,13 +711,14 @@ def check(opts: Options) -> None:
 async def run_job(opts: Options) -> tuple[dict[str, Any], Stats]:
     """Run (or resume) a job; the summary and the counters behind the final table."""
     check(opts)
+    tls = tls_context(opts.ca_bundle)  # a bad CA file is said before the output is touched
     s3 = None
     if opts.input.startswith("s3://") or opts.output.startswith("s3://"):
         import boto3
 
         s3 = boto3.client("s3", endpoint_url=opts.s3_endpoint)
     store = open_store(opts.output, s3)
-    job = Job(opts, store, s3)
+    job = Job(opts, store, s3, tls)
     try:
         summary = await job.run()
     finally:

@@ -4,27 +4,38 @@ python (the weights stage uploads it), with boto3 for S3 and huggingface_hub for
     python -m sglang_fleet_remote.download_model s3://bucket/prefix \\
         /var/lib/sglang/models/NAME [--endpoint-url URL]
     python -m sglang_fleet_remote.download_model hf://org/name@revision \\
-        /var/lib/sglang/models/NAME [--token-file F]
+        /var/lib/sglang/models/NAME [--token-file F] [--reuse /var/lib/sglang/models/OLD]
 
 Files land in ``DEST.partial`` and are verified (size, and the ETag's MD5 for single-part
 objects) before ``DEST.partial`` is renamed to ``DEST``: a partial model is never at DEST, and an
-interrupted run resumes with the files it had finished. A manifest in DEST makes re-runs free.
+interrupted run resumes with the files it had finished. A manifest in DEST recording the same
+source makes re-runs free; one recording another source is staged again. ``--reuse OLD`` links
+the files of OLD (an earlier name of DEST) instead of downloading them, when OLD's manifest
+records the same source.
+
 Exit 0 when DEST is complete; anything else prints one line per failure (what failed, which
 object, the endpoint, why) on stderr and exits 1, never a traceback.
+
+Object and file names come from the bucket or the repository, and this runs as root: every name
+of a listing is checked (``name_problem``) before any file is written, and files are written
+under DEST.partial without following a symlink, so no name reaches outside DEST.
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 MANIFEST = ".sglang-fleet-manifest.json"
 
@@ -55,12 +66,90 @@ def _load(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _md5(path: Path) -> str:
+def _md5(f: IO[bytes]) -> str:
     digest = hashlib.md5(usedforsecurity=False)
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    f.seek(0)
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def name_problem(name: str, root: Path) -> str | None:
+    """Why ``name`` (an object key under the prefix, a repository's file name) may not become a
+    file under ``root``, or None. A bucket or a repository is not trusted: ``../../etc/cron.d/x``
+    or ``/etc/x`` (``PREFIX//etc/x``) would otherwise be written by root anywhere on the host.
+
+        name_problem("../x", Path("/m.partial"))  # "a '..' part"
+    """
+    if not name:
+        return "an empty name"
+    if "\0" in name or "\\" in name:
+        return "a NUL or a backslash in the name"
+    if name.startswith("/"):
+        return "an absolute name"
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            return f"a {part!r} part" if part else "an empty part (//)"
+    if name == MANIFEST:
+        return f"the name of the stage's own manifest ({MANIFEST})"
+    # A symlink already under root (a host's own, an earlier run's) must not lead outside it.
+    real_root = os.path.realpath(root)
+    if os.path.commonpath([real_root, os.path.realpath(root / name)]) != real_root:
+        return f"it resolves outside {root}"
+    return None
+
+
+def check_names(source: str, names: list[str], root: Path, endpoint: str) -> None:
+    """Refuse the whole listing, before anything is written, naming its first bad name."""
+    for name in names:
+        problem = name_problem(name, root)
+        if problem:
+            raise StageError("listing", source, endpoint,
+                             f"refused {name!r}: {problem}; nothing was written (remove or "
+                             "rename that object, or stage another source)")
+
+
+def _open_dir(root: Path, parts: list[str]) -> int:
+    """A descriptor of ``root/parts...``, made where missing, never through a symlink."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+            sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = sub
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _is_file(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def _download(url: str, where: str, dir_fd: int, base: str, size: int, etag: str,
+              into: Callable[[IO[bytes]], object]) -> None:
+    """Into ``base.download`` (a symlink there is refused, not followed), checked, then
+    renamed over ``base`` (which replaces a symlink instead of writing through it)."""
+    tmp = base + ".download"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644,
+                 dir_fd=dir_fd)
+    with os.fdopen(fd, "w+b") as f:
+        try:
+            into(f)
+        except Exception as exc:
+            raise StageError("download", url, where, reason(exc)) from None
+        got = f.seek(0, os.SEEK_END)
+        if got != size:
+            raise StageError("check", url, where, f"{got} bytes, S3 says {size}")
+        if "-" not in etag and _md5(f) != etag:
+            raise StageError("check", url, where, f"MD5 differs from the ETag {etag}")
+    os.replace(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> dict[str, Any]:
@@ -86,28 +175,26 @@ def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> 
     if not objects:
         raise StageError("listing", source, where, "no objects there (check the bucket, "
                          "prefix and credentials)")
+    check_names(source, [name for name, _, _ in objects], partial, where)
     progress_path = partial / MANIFEST
-    done: dict[str, Any] = _load(progress_path).get("files", {})
+    progress = _load(progress_path)
+    # Files an interrupted run of this source finished (another source's are not these).
+    done: dict[str, Any] = progress.get("files", {}) if progress.get("source") == source else {}
     config = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20,
                             max_concurrency=workers)
 
     def fetch(item: tuple[str, int, str]) -> tuple[str, dict[str, Any]]:
         name, size, etag = item
-        target = partial / name
-        if done.get(name) == {"size": size, "etag": etag} and target.is_file():
-            return name, done[name]
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(target.name + ".download")
-        url = f"s3://{bucket}/{prefix}{name}"
+        *parents, base = name.split("/")
+        dir_fd = _open_dir(partial, parents)
         try:
-            s3.download_file(bucket, prefix + name, str(tmp), Config=config)
-        except Exception as exc:
-            raise StageError("download", url, where, reason(exc)) from None
-        if tmp.stat().st_size != size:
-            raise StageError("check", url, where, f"{tmp.stat().st_size} bytes, S3 says {size}")
-        if "-" not in etag and _md5(tmp) != etag:
-            raise StageError("check", url, where, f"MD5 differs from the ETag {etag}")
-        tmp.replace(target)
+            if done.get(name) == {"size": size, "etag": etag} and _is_file(dir_fd, base):
+                return name, done[name]
+            url = f"s3://{bucket}/{prefix}{name}"
+            _download(url, where, dir_fd, base, size, etag,
+                      lambda f: s3.download_fileobj(bucket, prefix + name, f, Config=config))
+        finally:
+            os.close(dir_fd)
         return name, {"size": size, "etag": etag}
 
     failures = []
@@ -143,16 +230,24 @@ def stage_hf(source: str, partial: Path, token_file: str | None) -> dict[str, An
     repo, _, revision = source[len("hf://"):].partition("@")
     token = Path(token_file).read_text().strip() if token_file else None
     try:
-        snapshot_download(repo_id=repo, revision=revision, local_dir=str(partial), token=token)
         info = HfApi().model_info(repo, revision=revision, files_metadata=True, token=token)
+    except Exception as exc:
+        raise StageError("listing", source, constants.ENDPOINT, reason(exc)) from None
+    siblings = info.siblings or []
+    check_names(source, [sibling.rfilename for sibling in siblings], partial, constants.ENDPOINT)
+    try:
+        # The commit whose file names were checked, not whatever the revision names by now.
+        snapshot_download(repo_id=repo, revision=info.sha or revision, local_dir=str(partial),
+                          token=token)
     except Exception as exc:
         raise StageError("download", source, constants.ENDPOINT, reason(exc)) from None
     files = {}
-    for sibling in info.siblings or []:
+    for sibling in siblings:
         path = partial / sibling.rfilename
-        if sibling.size is not None and path.stat().st_size != sibling.size:
+        if not path.is_file() or path.is_symlink() or \
+                (sibling.size is not None and path.stat().st_size != sibling.size):
             raise StageError("check", f"{source}/{sibling.rfilename}", constants.ENDPOINT,
-                             "size differs from the hub's")
+                             "not a file of the hub's size")
         files[sibling.rfilename] = {"size": sibling.size, "sha": info.sha}
     return {"source": source, "files": files}
 
@@ -169,6 +264,45 @@ def main() -> int:
     return 1
 
 
+def normalized(source: str) -> str:
+    """As the deploy names sources (sglang_fleet.render.normalized_source): ``s3://b/p/`` is
+    ``s3://b/p``."""
+    return source.rstrip("/") if source.startswith("s3://") else source
+
+
+def recorded_source(directory: Path) -> str | None:
+    """The source a staged model's manifest records (None: no manifest, or none readable)."""
+    source = _load(directory / MANIFEST).get("source")
+    return normalized(source) if isinstance(source, str) else None
+
+
+def reuse(source: str, old: Path, dest: Path, partial: Path) -> bool:
+    """Hard-link a model staged at ``old`` (an earlier name of the same source) into ``dest``:
+    no download, and ``old`` stays whole for a unit that still names it (a rollback)."""
+    if old == dest or recorded_source(old) != source:
+        return False
+    if partial.exists():
+        shutil.rmtree(partial)
+    shutil.copytree(old, partial, symlinks=True, copy_function=os.link)
+    os.replace(partial, dest)
+    print(f"{dest}: linked from {old} (staged there from the same source)")
+    return True
+
+
+def settled(source: str, dest: Path, partial: Path, old: Path | None) -> bool:
+    """True when DEST holds SOURCE without a download (staged already, or linked from OLD);
+    says so, or why DEST is staged again."""
+    if not (dest / MANIFEST).is_file():
+        return old is not None and not dest.exists() and reuse(source, old, dest, partial)
+    held = recorded_source(dest)
+    if held == source:
+        print(f"{dest}: already staged")
+        return True
+    # Its name no longer says which weights it holds: they are never served for SOURCE.
+    print(f"{dest}: holds {held or 'an unreadable manifest'}, not {source}: staging again")
+    return False
+
+
 def stage() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -177,22 +311,23 @@ def stage() -> int:
     ap.add_argument("--endpoint-url")
     ap.add_argument("--token-file")
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--reuse", type=Path, help="an earlier directory of the same source")
     args = ap.parse_args()
     dest: Path = args.dest
-    if (dest / MANIFEST).is_file():
-        print(f"{dest}: already staged")
-        return 0
+    source = normalized(args.source)
     partial = dest.with_name(dest.name + ".partial")
+    if settled(source, dest, partial, args.reuse):
+        return 0
     partial.mkdir(parents=True, exist_ok=True)
     tic = time.monotonic()
-    if args.source.startswith("s3://"):
-        manifest = stage_s3(args.source, partial, args.endpoint_url, args.workers)
-    elif args.source.startswith("hf://"):
-        manifest = stage_hf(args.source, partial, args.token_file)
+    if source.startswith("s3://"):
+        manifest = stage_s3(source, partial, args.endpoint_url, args.workers)
+    elif source.startswith("hf://"):
+        manifest = stage_hf(source, partial, args.token_file)
     else:
-        raise StageError("staging", args.source, "-", "not an s3:// or hf:// source")
+        raise StageError("staging", source, "-", "not an s3:// or hf:// source")
     if not (partial / "config.json").is_file():
-        raise StageError("check", args.source, args.endpoint_url or "-",
+        raise StageError("check", source, args.endpoint_url or "-",
                          "no config.json: not a model directory")
     (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
     if dest.exists():
