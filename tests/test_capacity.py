@@ -54,7 +54,8 @@ def test_other_formats() -> None:
     cap = capacity.parse(lines)
     assert (cap.kv_gb, cap.max_running_requests, cap.mamba_slots) == (1.5, 48, None)
     assert capacity.advice(cap) == []
-    assert capacity.parse([]).missing == ["KV cache", "max_running_requests"]
+    assert capacity.parse([]).missing == ["weights", "KV cache", "max_running_requests",
+                                          "context_len", "available GPU memory"]
 
 
 def test_job_time() -> None:
@@ -172,8 +173,9 @@ def test_kv_capped_limit_is_named() -> None:
         summary_line(9000, 64, 20.0)])
     cap = capacity.parse(lines, "0.5.19")
     assert cap.capped_by_kv and cap.requested_running_requests == 256
-    [line] = capacity.advice(cap)
+    [line] = capacity.advice(cap, target=128)
     assert line.startswith("max running requests 64 is capped by the KV cache (requested 256")
+    assert capacity.advice(cap, target=64) == []  # the target is met: nothing to raise
 
 
 def test_a_restart_replaces_the_earlier_startup() -> None:
