@@ -516,7 +516,7 @@ def report(cap: Capacity, target: int = 48) -> list[str]:
     lines += [f"ranks: {note}" for note in cap.rank_notes]
     if cap.state == PARTIAL:
         lines.append("missing: " + (", ".join(cap.missing) or "nothing the report reads"))
-    if cap.error and (cap.state == PARTIAL or not cap.missing):
+    if cap.error:
         lines.append(f"last error: {cap.error}")
     lines += [f"advice: {line}" for line in advice(cap, target)]
     return lines
