@@ -17,6 +17,7 @@ slots, the slots per request of the effective strategy and max_running_requests.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -53,8 +54,7 @@ from . import crash  # uploaded to the host with this module
 PREFIX = re.compile(r"\[?(?:\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d(?:[.,]\d+)?"
                     r"(?P<ranks>(?: [A-Za-z]\w*(?:\[\d+\])?)*)\] ")
 LOAD_END = "Load weight end."
-KV_LINE = re.compile(r"(?P<label>[\w .:-]*?)\s*KV [Cc]ache (?:is allocated|VA upper bound"
-                     r"|allocated)\.")
+KV_LINE = re.compile(r"KV [Cc]ache (?:is allocated|VA upper bound|allocated)\.")
 POST_CAPTURE = "Post-capture KV sizing:"
 MAMBA_LINE = "Mamba Cache is allocated."
 POOL_END = "Memory pool end."
@@ -183,17 +183,22 @@ def _field(name: str, text: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _float(name: str, text: str) -> float | None:
-    value = _field(name, text)
+def _number(value: str | None) -> float | None:
+    """A figure as SGLang prints it; None for what no figure is ("1.2.3", 400 digits)."""
     try:
-        return float(value) if value is not None else None
+        number = float(value) if value is not None else None
     except ValueError:
         return None
+    return number if number is not None and math.isfinite(number) else None
+
+
+def _float(name: str, text: str) -> float | None:
+    return _number(_field(name, text))
 
 
 def _int(name: str, text: str) -> int | None:
-    value = _field(name, text)
-    return int(value) if value is not None and value.isdigit() else None
+    value = _number(_field(name, text))
+    return int(value) if value is not None else None
 
 
 def _add(a: float | None, b: float | None) -> float | None:
@@ -302,7 +307,8 @@ class Reader:
         state = self._rank(rank) if rank in self.ranks else None
         if (kv := KV_LINE.search(text)) and "#tokens:" in text:
             state = state or self._rank(rank)
-            return Event("kv", rank, self._kv(state, kv["label"], text))
+            label = text[:kv.start()].strip()  # "Full", "SWA", "Post-capture ...: draft"
+            return Event("kv", rank, self._kv(state, label, text))
         if MAMBA_LINE in text:
             state = state or self._rank(rank)
             w = state.open_worker()
@@ -336,7 +342,8 @@ class Reader:
 
     def _scheduler(self, rank: str, text: str) -> Event | None:
         if SUMMARY_LINE.search(text):
-            summary = {k: float(v) for k, v in SUMMARY_FIELD.findall(text)}
+            summary = {k: v for k, raw in SUMMARY_FIELD.findall(text)
+                       if (v := _number(raw)) is not None}
             self._rank(rank).summary = summary
             self.done = True
             return Event("summary", rank)
