@@ -1,6 +1,7 @@
 """How many requests the fleet behind a URL runs at once: the sum of ``max_running_requests``
 over the router's healthy workers (each from its own ``/server_info``), or a single server's own;
-``None`` when neither answers (the caller then uses its fixed ``--concurrency``).
+``None`` when neither answers (the caller then uses its fixed ``--concurrency``); GenerateError
+when one answers 200 with a body that is not JSON.
 
     limit, how = await fleet_capacity(http, "http://10.0.0.10:30080")
     # (96, "2 healthy workers: http://10.0.0.11:30000=48, http://10.0.0.12:30000=48")
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 
 from sglang_fleet.generate.client import Pool
+from sglang_fleet.generate.errors import GenerateError
 
 
 def running_limit(info: dict[str, Any]) -> int | None:
@@ -33,7 +35,8 @@ def running_limit(info: dict[str, Any]) -> int | None:
 
 
 async def _json(http: Pool, url: str) -> tuple[Any, str]:
-    """(parsed JSON or None, why not)."""
+    """(parsed JSON or None, why not): no answer or another status is "not reported" (a
+    server without a router's /workers); a 200 that is not JSON is a broken answer, an error."""
     try:
         response = await http.get(url, 5)
     except httpx.HTTPError as exc:
@@ -43,7 +46,8 @@ async def _json(http: Pool, url: str) -> tuple[Any, str]:
     try:
         return response.json(), ""
     except ValueError:
-        return None, f"{url} answered no JSON"
+        raise GenerateError(f"{url} answered 200 but not JSON: {response.content[:80]!r} "
+                            "(is --url an SGLang server or router?)") from None
 
 
 async def server_limit(http: Pool, url: str) -> int | None:
