@@ -6,10 +6,12 @@ variants forks and older releases print."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
-from sglang_fleet.remote import capacity
+from sglang_fleet import cli
+from sglang_fleet.remote import capacity, check_server
 
 RELEASES = ["0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17",
             "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]
@@ -286,3 +288,22 @@ def test_restart_without_server_args_line() -> None:
     second = [x.replace("77000", "90000") for x in first]
     cap = capacity.parse(first + second, "0.5.23")
     assert cap.kv_tokens == 90000 and len(cap.ranks) == 2 and cap.draft is None
+
+
+def test_gate_and_command_print_the_same_report_for_tp8(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The gate reads the live journal (journalctl -o cat) with the same reader and report:
+    a tp 8 server gets its capacity line and its advice, the same as the command's."""
+    lines = startup("0.5.12", 8, True, seed=3)
+    log = tmp_path / "journal.txt"
+    log.write_text("\n".join(lines) + "\n")
+    assert cli.main(["capacity", str(log), "--sglang-version", "0.5.12"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    gate = check_server.capacity_lines(capacity.parse(lines, "0.5.12"))
+    assert printed == gate
+    assert gate[0].startswith("capacity: KV tokens 77000, mamba slots 24 (3.62 GB + 2.86 GB "
+                              "draft state), max running requests 4")
+    assert gate[0].endswith("figures of TP0 (8 ranks logged)")
+    assert gate[1].startswith("advice: max running requests 4 is capped by the mamba cache")
+    assert check_server.capacity_lines(capacity.parse([])) == [
+        "capacity: no startup line in this invocation's journal"]

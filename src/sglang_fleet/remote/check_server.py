@@ -389,6 +389,12 @@ def api_key(env_file: str) -> str | None:
     return None
 
 
+def capacity_lines(cap: capacity.Capacity) -> list[str]:
+    """The capacity report's lines, as ``sglang-fleet capacity`` prints them for the same log
+    (one reader, one report: the two never disagree)."""
+    return capacity.report(cap) or ["capacity: no startup line in this invocation's journal"]
+
+
 def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     key = api_key(args.env_file)
     if key:
@@ -433,9 +439,8 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     mrr = info.get("max_running_requests")
     run_soak(args, key, invocation, cap.max_running_requests
              or (mrr if isinstance(mrr, int) else None), result)
-    print("capacity: " + capacity.summary(cap))
-    for line in capacity.advice(cap):
-        print("advice: " + line)
+    for line in capacity_lines(cap):
+        print(line)
     if args.job and cap.max_running_requests:
         n, length = (int(x) for x in args.job.split(","))
         print("job: " + capacity.job_time(n, length, s["tokens_per_s"], cap.max_running_requests))
