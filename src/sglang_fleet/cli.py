@@ -241,7 +241,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config", help="the model's config.json (or its directory)")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("capacity", help="capacity report and advice from an SGLang startup log")
+    p = sub.add_parser("capacity", help="capacity report and advice from an SGLang startup log",
+                       description="Exit status: 0 a complete report, 4 a partial one (the log "
+                       "ends before the server was up), 1 not an SGLang startup log.")
     p.add_argument("log", help="a log file (journal text or plain log), or - for standard input")
     p.add_argument("--sglang-version", help="the release that wrote the log (lets the report "
                    "infer a mamba cap that releases before 0.5.17 do not log)")

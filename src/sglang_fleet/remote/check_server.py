@@ -186,7 +186,8 @@ def smoke(url: str, key: str | None, model: str, version: str | None = None) -> 
     """One streamed chat completion (TTFT, tokens/s) and one with meta_info (accept length).
     A reasoning model may answer with content null or "" and everything in reasoning_content.
     Releases before 0.5.13 have no ``return_meta_info``: the accept length is "not reported by
-    this release" there, which is not a failure."""
+    this release" there, which is not a failure; an answer that is not a chat completion is
+    (meta_info)."""
     body = {"model": model, "messages": [{"role": "user", "content": SMOKE_PROMPT}],
             "max_tokens": 512, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
