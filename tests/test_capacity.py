@@ -54,7 +54,8 @@ def test_other_formats() -> None:
     cap = capacity.parse(lines)
     assert (cap.kv_gb, cap.max_running_requests, cap.mamba_slots) == (1.5, 48, None)
     assert capacity.advice(cap) == []
-    assert capacity.parse([]).missing == ["KV cache", "max_running_requests"]
+    assert capacity.parse([]).missing == ["weights", "KV cache", "max_running_requests",
+                                          "context_len", "available GPU memory"]
 
 
 def test_job_time() -> None:
@@ -172,8 +173,9 @@ def test_kv_capped_limit_is_named() -> None:
         summary_line(9000, 64, 20.0)])
     cap = capacity.parse(lines, "0.5.19")
     assert cap.capped_by_kv and cap.requested_running_requests == 256
-    [line] = capacity.advice(cap)
+    [line] = capacity.advice(cap, target=128)
     assert line.startswith("max running requests 64 is capped by the KV cache (requested 256")
+    assert capacity.advice(cap, target=64) == []  # the target is met: nothing to raise
 
 
 def test_a_restart_replaces_the_earlier_startup() -> None:
@@ -207,3 +209,50 @@ def test_ratio_lever_when_a_ratio_can_reach_it() -> None:
     [line] = capacity.advice(capacity.parse(lines, "0.5.12"))
     assert "for up to 5 running requests use --max-mamba-cache-size 25" in line
     assert "--mamba-full-memory-ratio 0.97 (mamba.full_memory_ratio; now 0.9" in line
+
+
+def cut_in_capture() -> list[str]:
+    """A tp 2 start that died while capturing CUDA graphs: pools logged, no summary."""
+    lines = []
+    for rank in (0, 1):
+        lines += [f"[2026-11-30 06:29:24 TP{rank}] {x}" for x in (
+            load_end("Qwen3_5ForConditionalGeneration", 120.50, 27.05),
+            kv_line("0.5.12", 77000, 2.10, 2.10), mamba_line(24),
+            "Memory pool end. avail mem=31.00 GB",
+            "Capture cuda graph begin. This can take up to several minutes. avail mem=30.9 GB")]
+    return [*lines, "[2026-11-30 06:29:30 TP1] Scheduler hit an exception: Traceback (most "
+            "recent call last):", '  File "/sglang/srt/model_executor/cuda_graph_runner.py", '
+            "line 310, in capture", "torch.OutOfMemoryError: CUDA out of memory. Tried to "
+            "allocate 2.00 GiB", "[2026-11-30 06:29:31] Received sigquit from a child process. "
+            "It usually means the child failed."]
+
+
+def test_partial_report_of_a_log_cut_in_capture() -> None:
+    cap = capacity.parse(cut_in_capture(), "0.5.12")
+    assert cap.state == capacity.PARTIAL and (cap.kv_tokens, cap.mamba_slots) == (77000, 24)
+    assert cap.pool_end_gb == 31.0 and cap.kv_gb == 4.2 and cap.weights_gb == 27.05
+    assert cap.missing == ["max_running_requests", "context_len", "available GPU memory"]
+    assert cap.error == ("Scheduler hit an exception: torch.OutOfMemoryError: CUDA out of "
+                         "memory. Tried to allocate 2.00 GiB")
+    lines = capacity.report(cap)
+    assert lines[0].startswith("capacity (partial: the log ends before the server was up): "
+                               "KV tokens 77000, mamba slots 24 (3.62 GB + 2.86 GB draft state),"
+                               " max running requests not logged")
+    assert lines[1:] == ["missing: max_running_requests, context_len, available GPU memory",
+                         "last error: " + cap.error]
+
+
+def test_capacity_command_statuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "cut.log"
+    log.write_text("\n".join(cut_in_capture()) + "\n")
+    assert cli.main(["capacity", str(log)]) == cli.CAPACITY_PARTIAL == 4
+    out = capsys.readouterr().out
+    assert out.startswith("capacity (partial") and "last error: Scheduler hit" in out
+    assert cli.main(["capacity", str(log), "--json"]) == 4
+    assert json.loads(capsys.readouterr().out)["state"] == "partial"
+    (tmp_path / "empty").write_text("hello\n")
+    assert cli.main(["capacity", str(tmp_path / "empty"), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out)["state"] == "not a startup log"
+    assert cli.main(["capacity", str(log), "--sglang-version", "0.4.9"]) == 1
+    assert "--sglang-version: SGLang 0.4.9 is not a supported release" in \
+        capsys.readouterr().err

@@ -180,3 +180,27 @@ def test_journal_quirks() -> None:
         "Load weight end. elapsed=0.90 s, type=X, avail mem=1.00 GB, mem usage=1.00 GB.")))]
     timing = timing_of(lines)
     assert timing.marks == {"start": T0, "weights": T0 + 1.0, "ready": T0 + 5}
+
+
+def tp(rank: int, text: str) -> str:
+    return f"[2026-12-01 01:44:43 TP{rank}] {text}"
+
+
+def test_marks_of_a_tp8_start_are_tp0s() -> None:
+    """Eight ranks log their own lines; the marks are TP0's (the rank the capacity report
+    shows), not whichever rank logged first, and the old "Load weight end" form counts."""
+    lines: list[tuple[float, str]] = []
+    for rank in (3, 5, 0, 1, 2, 4, 6, 7):  # TP3 finishes first, TP0 third
+        lines.append((4.0 + rank / 10 + (1.0 if rank == 0 else 0.0), tp(
+            rank, "Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail "
+            "mem=80.00 GB, mem usage=90.00 GB.")))
+    for rank in range(8):
+        lines.append((7.0 + (0.5 if rank == 0 else 0.0), tp(
+            rank, "KV Cache is allocated. #tokens: 9000, KV size: 2.00 GB")))
+        lines.append((7.1 + (0.5 if rank == 0 else 0.0), tp(
+            rank, "Memory pool end. avail mem=10.00 GB")))
+    lines.sort()
+    lines.append((20.0, "[2026-12-01 01:45:13] The server is fired up and ready to roll!"))
+    timing = timing_of(journal(*lines))
+    assert timing.marks["weights"] == T0 + 5.0 and timing.marks["kv"] == T0 + 7.6
+    assert not timing.mamba

@@ -56,12 +56,21 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+CAPACITY_PARTIAL = 4  # sglang-fleet capacity: the log ends before the server was up
+
+
 def cmd_capacity(args: argparse.Namespace) -> int:
-    """The capacity report and advice from a startup log (journal text or plain log)."""
+    """The capacity report and advice from a startup log (journal text or plain log).
+    Exit status: 0 a complete report, CAPACITY_PARTIAL a partial one, 1 no SGLang startup line
+    (or an unreadable log, or a release that is not supported)."""
     from pathlib import Path
 
     from sglang_fleet.remote import capacity
 
+    version = args.sglang_version
+    if version is not None and (problem := releases.version_problem(version)):
+        raise InputError.one("--sglang-version", "", problem, "give the release that wrote "
+                             "the log, or leave the option out")
     try:
         text = sys.stdin.read() if args.log == "-" else \
             Path(args.log).read_text(errors="replace")
@@ -70,18 +79,19 @@ def cmd_capacity(args: argparse.Namespace) -> int:
               "or - for standard input (e.g. journalctl -u sglang -o cat | sglang-fleet "
               "capacity -)", file=sys.stderr)
         return 1
-    cap = capacity.parse(text.splitlines(), args.sglang_version)
+    cap = capacity.parse(text.splitlines(), version)
+    status = {capacity.COMPLETE: 0, capacity.PARTIAL: CAPACITY_PARTIAL}.get(cap.state, 1)
     if args.json:
         print(json.dumps({**cap.as_json(), "advice": capacity.advice(cap)}, indent=2))
-        return 0
-    if cap.missing:
-        print(f"{args.log}: no {' or '.join(cap.missing)} line found: not an SGLang startup log, "
-              "or cut before the server was up", file=sys.stderr)
+        return status
+    if cap.state == capacity.NOT_A_LOG:
+        print(f"{args.log}: not an SGLang startup log: none of the lines the report reads "
+              "(Load weight end, KV Cache is allocated, Memory pool end, max_total_num_tokens=)",
+              file=sys.stderr)
         return 1
-    print("capacity: " + capacity.summary(cap))
-    for line in capacity.advice(cap):
-        print("advice: " + line)
-    return 0
+    for line in capacity.report(cap):
+        print(line)
+    return status
 
 
 def api_key_from(path: str) -> str:
@@ -232,7 +242,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-config", help="the model's config.json (or its directory)")
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("capacity", help="capacity report and advice from an SGLang startup log")
+    p = sub.add_parser("capacity", help="capacity report and advice from an SGLang startup log",
+                       description="Exit status: 0 a complete report, 4 a partial one (the log "
+                       "ends before the server was up), 1 not an SGLang startup log.")
     p.add_argument("log", help="a log file (journal text or plain log), or - for standard input")
     p.add_argument("--sglang-version", help="the release that wrote the log (lets the report "
                    "infer a mamba cap that releases before 0.5.17 do not log)")

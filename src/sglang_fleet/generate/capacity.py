@@ -2,7 +2,7 @@
 router's healthy workers (``/workers``) times one worker's ``max_running_requests`` (the
 router's ``/get_server_info``, which sglang-router 0.3.2 answers from one worker), or a single
 server's own ``/server_info``; ``None`` when neither answers (the caller then uses its fixed
-``--concurrency``).
+``--concurrency``); GenerateError when one answers 200 with a body that is not JSON.
 
 The key goes to no URL ``/workers`` lists: a worker's address is whatever the router was told
 (another host, plain http), and the user named only the router.
@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from sglang_fleet.generate.client import Pool
+from sglang_fleet.generate.errors import GenerateError
 
 
 def running_limit(info: dict[str, Any]) -> int | None:
@@ -37,7 +38,8 @@ def running_limit(info: dict[str, Any]) -> int | None:
 
 
 async def _json(http: Pool, url: str) -> tuple[Any, str]:
-    """(parsed JSON or None, why not)."""
+    """(parsed JSON or None, why not): no answer or another status is "not reported" (a
+    server without a router's /workers); a 200 that is not JSON is a broken answer, an error."""
     try:
         response = await http.get(url, 5)
     except httpx.HTTPError as exc:
@@ -47,7 +49,8 @@ async def _json(http: Pool, url: str) -> tuple[Any, str]:
     try:
         return response.json(), ""
     except ValueError:
-        return None, f"{url} answered no JSON"
+        raise GenerateError(f"{url} answered 200 but not JSON: {response.content[:80]!r} "
+                            "(is --url an SGLang server or router?)") from None
 
 
 async def server_limit(http: Pool, url: str) -> int | None:

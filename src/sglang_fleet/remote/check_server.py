@@ -223,7 +223,8 @@ def smoke(url: str, key: str | None, model: str, version: str | None = None) -> 
     """One streamed chat completion (TTFT, tokens/s) and one with meta_info (accept length).
     A reasoning model may answer with content null or "" and everything in reasoning_content.
     Releases before 0.5.13 have no ``return_meta_info``: the accept length is "not reported by
-    this release" there, which is not a failure."""
+    this release" there, which is not a failure; an answer that is not a chat completion is
+    (meta_info)."""
     body = {"model": model, "messages": [{"role": "user", "content": SMOKE_PROMPT}],
             "max_tokens": 512, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -265,15 +266,7 @@ def smoke(url: str, key: str | None, model: str, version: str | None = None) -> 
     status, raw = request(f"{url}/v1/chat/completions", key, {
         "model": model, "messages": [{"role": "user", "content": SMOKE_PROMPT}],
         "max_tokens": 64, "temperature": 0, "return_meta_info": True}, timeout=300)
-    meta: dict[str, Any] = {}
-    if status == 200:
-        try:
-            meta = json.loads(raw)["choices"][0].get("meta_info") or {}
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-            meta = {}  # the accept length is a report, not a requirement
-    if not isinstance(meta, dict) or not isinstance(meta.get("spec_accept_length"),
-                                                    int | float | None):
-        meta = {}
+    meta = meta_info(status, raw, where)
     return {"answer": answer[:80], "reasoning_chars": len(thought),
             "sane": "4" in answer or (not answer and bool(thought)),
             "ttft_s": round((first or end) - tic, 3), "tokens": tokens,
@@ -281,6 +274,36 @@ def smoke(url: str, key: str | None, model: str, version: str | None = None) -> 
             "accept_length": meta.get("spec_accept_length"),
             "meta_info": meta_info_reported(version) if not meta else True,
             "version": version}
+
+
+def meta_info(status: int, raw: bytes, where: str) -> dict[str, Any]:
+    """The meta_info of the answer to the smoke's ``return_meta_info`` request: {} for a chat
+    completion without one (a release or server that does not report it: "not reported"); a
+    GateError for an answer that is not a chat completion, or a meta_info that is not one, since
+    a broken answer is not a missing feature.
+
+        meta_info(200, b'{"choices": [{"message": {}}]}', "u")   # {}
+        meta_info(200, b'<html>', "u")                           # GateError
+    """
+    what = f"{where} (return_meta_info)"
+    if status != 200:
+        raise GateError(f"{what} {answered(status, raw)}")
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    choices = body.get("choices") if isinstance(body, dict) else None
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise GateError(f"{what} answered 200 but not a chat completion: {raw[:80]!r}")
+    meta = choices[0].get("meta_info")
+    if meta is None:
+        return {}
+    if not isinstance(meta, dict):
+        raise GateError(f"{what}: meta_info is {type(meta).__name__}, not an object")
+    accept = meta.get("spec_accept_length")
+    if accept is not None and (isinstance(accept, bool) or not isinstance(accept, int | float)):
+        raise GateError(f"{what}: spec_accept_length is {accept!r}, not a number")
+    return meta
 
 
 def accept_text(s: dict[str, Any]) -> str:
@@ -382,11 +405,28 @@ def describe(s: dict[str, Any]) -> str:
             f"{s['tokens_per_s']:.0f} tok/s{accept}")
 
 
+def server_info(status: int, raw: bytes) -> dict[str, Any]:
+    """/server_info's answer; a 200 that is not a JSON object is a broken server (GateError)."""
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        info = None
+    if not isinstance(info, dict):
+        raise GateError(f"/server_info answered {status} but not a JSON object: {raw[:80]!r}")
+    return info
+
+
 def api_key(env_file: str) -> str | None:
     for line in Path(env_file).read_text().splitlines():
         if line.startswith("SGLANG_API_KEY="):
             return line.split("=", 1)[1].strip().strip("'\"")
     return None
+
+
+def capacity_lines(cap: capacity.Capacity) -> list[str]:
+    """The capacity report's lines, as ``sglang-fleet capacity`` prints them for the same log
+    (one reader, one report: the two never disagree)."""
+    return capacity.report(cap) or ["capacity: no startup line in this invocation's journal"]
 
 
 def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -407,10 +447,7 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print("health: /health_generate 200")
     if args.health_only:
         status, raw = request(f"{args.url}/server_info", key)
-        try:
-            info = json.loads(raw) if status == 200 else {}
-        except ValueError:
-            info = {}
+        info = server_info(status, raw) if status == 200 else {}
         result["serving"] = {k: info.get(k) for k in ("version", "model_path")}
         print(f"serving: /server_info {status or 'no answer'}: SGLang {info.get('version')}, "
               f"model {info.get('model_path')}")
@@ -418,12 +455,7 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     status, raw = request(f"{args.url}/server_info", key)
     if status != 200:
         raise GateError(f"/server_info {answered(status, raw)}")
-    try:
-        info = json.loads(raw)
-    except ValueError:
-        info = None
-    if not isinstance(info, dict):
-        raise GateError(f"/server_info answered 200 but not a JSON object: {raw[:80]!r}")
+    info = server_info(status, raw)
     wrong = check_arguments(info, json.loads(args.expect))
     if wrong:
         raise GateError("effective arguments differ from the rendered ones (a stale process or "
@@ -441,9 +473,8 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     mrr = info.get("max_running_requests")
     run_soak(args, key, invocation, cap.max_running_requests
              or (mrr if isinstance(mrr, int) else None), result)
-    print("capacity: " + capacity.summary(cap))
-    for line in capacity.advice(cap):
-        print("advice: " + line)
+    for line in capacity_lines(cap):
+        print(line)
     if args.job and cap.max_running_requests:
         n, length = (int(x) for x in args.job.split(","))
         print("job: " + capacity.job_time(n, length, s["tokens_per_s"], cap.max_running_requests))

@@ -5,10 +5,11 @@ The marks, each the journal's own time of a line (microseconds, ``__REALTIME_TIM
 SGLang's ``[%Y-%m-%d %H:%M:%S]`` prefix has only seconds):
 
   start             systemd's "Started <unit>" job message (Type=exec: after the exec)
-  weights           "Load weight end. elapsed=..." (model_executor/model_runner.py, 0.5.10:1247,
-                    0.5.23:1373); 0.5.23's overlapped loading logs "Load weight end. Committed
-                    real weights after CUDA graph capture" instead (startup_weight_load.py:538):
-                    not this mark, the weights then load during the capture
+  weights           the target's "Load weight end. elapsed=..." (model_executor/model_runner.py,
+                    0.5.10:1247, 0.5.23:1373; older: "type=..., dtype=..." without elapsed);
+                    0.5.23's overlapped loading logs "Load weight end. Committed real weights
+                    after CUDA graph capture" instead (startup_weight_load.py:538): not this
+                    mark, the weights then load during the capture
   kv                the target's "Memory pool end." (0.5.10: model_runner_kv_cache_mixin.py:906,
                     0.5.23: mem_cache/kv_cache_configurator.py:499), logged once its KV cache
                     ("KV Cache is allocated", mem_cache/memory_pool.py) and, for a hybrid model,
@@ -24,6 +25,10 @@ SGLang's ``[%Y-%m-%d %H:%M:%S]`` prefix has only seconds):
   first_generation  the first "Prefill batch, ..." the scheduler logs after ready
                     (scheduler_metrics_mixin.py:389 in 0.5.10, metrics_reporter.py:754 in 0.5.23)
 
+Each line is read by the capacity report's reader (capacity.Reader): with tp > 1 every rank logs
+its own lines, and the marks are those of the rank the capacity report shows (TP0); the draft
+worker's lines are its own, not the target's.
+
     timing = parse(entries(json_lines))     # json_lines: journalctl -o json output
     describe(timing)   # 'ready in 31.2 s: start→weights 4.6 s, →KV+mamba 1.1 s, ...'
 """
@@ -36,10 +41,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import capacity  # uploaded to the host with this module
+
 MARKS = ("start", "weights", "kv", "graphs", "ready", "first_generation")
 UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"  # systemd's SD_MESSAGE_UNIT_STARTED
 CAPTURE_END = re.compile(r"Capture .*graph end\.", re.IGNORECASE)
-KV_OR_MAMBA = ("KV Cache is allocated.", "Mamba Cache is allocated.")
 READY = "The server is fired up and ready to roll!"
 
 
@@ -117,13 +123,23 @@ def entries(lines: Iterable[str]) -> list[Entry]:
     return sorted(out, key=lambda e: e.t)
 
 
+def _startup_events(log: list[Entry]) -> list[capacity.Event | None]:
+    """Each entry's startup event as the capacity report reads it (the same reader: ranks, the
+    draft worker, every "Load weight end" form), kept only for the rank whose figures the
+    report shows, so that each mark is one rank's (TP0's), never the earliest of eight."""
+    reader = capacity.Reader()
+    events = [reader.line(e.message) for e in log]
+    shown = reader.result().rank
+    return [ev if ev is not None and ev.rank == shown else None for ev in events]
+
+
 def parse(log: list[Entry]) -> Timing:
     """The marks found in one invocation's entries (see the module's docstring)."""
     timing = Timing()
     marks = timing.marks
     kv_line: float | None = None
-    for e in log:
-        text = e.message
+    for e, ev in zip(log, _startup_events(log), strict=True):
+        text, kind = e.message, ev.kind if ev else None
         if e.started:
             marks.setdefault("start", e.t)
         elif "ready" in marks:
@@ -131,13 +147,13 @@ def parse(log: list[Entry]) -> Timing:
                 marks.setdefault("first_generation", e.t)
         elif READY in text:
             marks["ready"] = e.t
-        elif "Load weight end. elapsed=" in text:
+        elif kind == "load" and ev is not None and ev.role == "target":
             marks.setdefault("weights", e.t)
-        elif any(k in text for k in KV_OR_MAMBA) and "graphs" not in marks:
-            timing.mamba = timing.mamba or "Mamba Cache" in text
+        elif kind in ("kv", "mamba") and "graphs" not in marks:
+            timing.mamba = timing.mamba or kind == "mamba"
             if "kv" not in marks:
                 kv_line = e.t
-        elif "Memory pool end." in text:
+        elif kind == "pool" and ev is not None and ev.role == "target":
             marks.setdefault("kv", e.t)
         elif CAPTURE_END.search(text):
             marks["graphs"] = e.t

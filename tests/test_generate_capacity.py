@@ -1,0 +1,41 @@
+"""Fleet sizing for generate: an answer that is missing is "not reported" (the fixed
+--concurrency is used); a 200 whose body is not JSON is a broken server, an error."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import cast
+
+import httpx
+import pytest
+
+from sglang_fleet.generate import capacity
+from sglang_fleet.generate.client import Pool
+from sglang_fleet.generate.errors import GenerateError
+
+
+class _Answers:
+    """A Pool's get, answering each URL from a table (404 for the rest)."""
+
+    def __init__(self, answers: dict[str, tuple[int, bytes]]) -> None:
+        self.answers = answers
+
+    async def get(self, url: str, timeout: float) -> httpx.Response:
+        status, body = self.answers.get(url, (404, b"not found"))
+        return httpx.Response(status, content=body)
+
+
+def sized(answers: dict[str, tuple[int, bytes]]) -> tuple[int | None, str]:
+    return asyncio.run(capacity.fleet_capacity(cast(Pool, _Answers(answers)), "http://s"))
+
+
+def test_a_server_without_workers_is_sized_from_its_server_info() -> None:
+    assert sized({"http://s/server_info": (200, b'{"max_running_requests": 48}')})[0] == 48
+    limit, how = sized({"http://s/server_info": (200, b'{"version": "0.5.23"}')})
+    assert limit is None and "has no max_running_requests" in how  # valid, lacks the field
+
+
+@pytest.mark.parametrize("url", ["http://s/workers", "http://s/server_info"])
+def test_a_200_that_is_not_json_is_an_error(url: str) -> None:
+    with pytest.raises(GenerateError, match="answered 200 but not JSON: b'<html>"):
+        sized({url: (200, b"<html>proxy error</html>")})
