@@ -48,6 +48,17 @@ def test_the_cause_of_a_scheduler_exception_is_its_exception_line() -> None:
         "allocate 2.00 GiB.")
 
 
+def test_the_cause_is_the_last_crashs_not_an_earlier_one() -> None:
+    """A unit's journal: a scheduler exception, the restart, then a kill -9 of the new server."""
+    later = [*SCHEDULER_EXCEPTION,
+             "[2026-12-01 10:34:09] The server is fired up and ready to roll!",
+             "sglang.service: Main process exited, code=killed, status=9/KILL",
+             "sglang.service: Scheduled restart job, restart counter is at 2."]
+    assert crash.cause(later) == "Main process exited, code=killed, status=9/KILL"
+    # the gate's journal of one invocation has no systemd lines: SGLang's own cause
+    assert crash.cause(SCHEDULER_EXCEPTION[:9]).startswith("Scheduler hit an exception: torch.")
+
+
 def test_the_cause_of_other_ends() -> None:
     child = ["[2026-12-01 10:33:21] Subprocess detokenizer (pid=77) crashed with exit code -9. "
              "Triggering SIGQUIT for cleanup...", "[2026-12-01 10:33:21] SIGQUIT received. ...",

@@ -35,6 +35,8 @@ KILLED = re.compile(r"(Main process exited, code=(killed|dumped), status=\S+"
                     r"|Main process exited, code=exited, status=[1-9]\S*"
                     r"|A process of this unit has been killed by the OOM killer\."
                     r"|Failed with result '[\w-]+'\.)")
+# systemd's job messages for the unit (``-o cat``): where an invocation begins
+STARTED = re.compile(r"^Start(ed|ing) [\w@.:-]+\.service\b")
 # A journal line's own prefix, as SGLang formats it: "[2026-12-01 10:33:21 TP0] "
 PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\] ")
 
@@ -53,7 +55,26 @@ def _exception_after(lines: list[str], start: int) -> str | None:
 
 
 def cause(lines: list[str]) -> str | None:
-    """The line that says why the server ended, as above (None: no sign of a crash)."""
+    """The line that says why the server last ended, as above (None: no sign of a crash). In a
+    unit's whole journal the last end systemd reports bounds the search: the cause is looked
+    for between it and the start before it, never in an earlier crash."""
+    end = _last(lines, KILLED)
+    if end is None:
+        return _sglang_cause(lines)
+    start = _last(lines[:end], STARTED) or 0
+    killed = KILLED.search(_text(lines[end]))
+    return _sglang_cause(lines[start:end]) or (killed.group(0) if killed else None)
+
+
+def _last(lines: list[str], pattern: re.Pattern[str]) -> int | None:
+    for i in range(len(lines) - 1, -1, -1):
+        if pattern.search(_text(lines[i])):
+            return i
+    return None
+
+
+def _sglang_cause(lines: list[str]) -> str | None:
+    """The latest cause SGLang itself logged in ``lines``."""
     for i in range(len(lines) - 1, -1, -1):
         text = _text(lines[i])
         hit = HIT.search(text)
@@ -67,8 +88,4 @@ def cause(lines: list[str]) -> str | None:
             found = _exception_after(lines, i + 1)
             if found:
                 return found
-    for line in reversed(lines):
-        killed = KILLED.search(_text(line))
-        if killed:
-            return killed.group(0)
     return None
