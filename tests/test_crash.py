@@ -56,7 +56,8 @@ def test_the_cause_is_the_last_crashs_not_an_earlier_one() -> None:
              "sglang.service: Scheduled restart job, restart counter is at 2."]
     assert crash.cause(later) == "Main process exited, code=killed, status=9/KILL"
     # the gate's journal of one invocation has no systemd lines: SGLang's own cause
-    assert crash.cause(SCHEDULER_EXCEPTION[:9]).startswith("Scheduler hit an exception: torch.")
+    assert str(crash.cause(SCHEDULER_EXCEPTION[:9])).startswith(
+        "Scheduler hit an exception: torch.")
 
 
 def test_the_cause_of_other_ends() -> None:
