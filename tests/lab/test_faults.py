@@ -190,6 +190,14 @@ def test_a_stop_under_load_drains_every_request(lab: None, release: str) -> None
         wait_serving()
 
 
+def deployed() -> None:
+    """lab1 serving from a deploy (run on its own, a test finds the module's lab fresh)."""
+    if health() != "200":
+        code, out = deploy()
+        assert code == 0, out[-3000:]
+    wait_serving()
+
+
 def main_pid() -> int:
     return int(unit("MainPID"))
 
@@ -235,20 +243,21 @@ def test_a_server_killed_with_sigkill_comes_back(lab: None) -> None:
     assert took <= restart_sec() + READY_BUDGET
     rows = status_rows()
     assert rows["lab1"]["restarts"] == restarts + 1
-    assert rows["lab1"]["last_crash"] == "Main process exited, code=killed, status=9/KILL"
+    assert rows["lab1"]["last_crash"] == \
+        "killed by SIGKILL, no error logged (the OOM killer, or kill -9)"
 
 
 def test_a_scheduler_exception_comes_back(lab: None) -> None:
     """The scheduler raises: SIGQUIT to the server, its tree and itself SIGKILLed (as SGLang),
     then systemd restarts it; status names the exception."""
-    wait_serving()
+    deployed()
     before, restarts = main_pid(), int(unit("NRestarts"))
     assert ssh("lab1", "pkill -USR1 -f '^sglang::scheduler_TP0'").returncode == 0
     took = back_serving(before, restarts, restart_sec() + READY_BUDGET)
     assert took <= restart_sec() + READY_BUDGET
     log = ssh("lab1", "journalctl -u sglang -o cat -n 400").stdout
     assert "SIGQUIT received. signum=3" in log and "kill_process_tree called" in log
-    assert "Main process exited, code=killed, status=9/KILL" in log
+    assert "Scheduled restart job, restart counter is at" in log
     rows = status_rows()
     assert rows["lab1"]["restarts"] == restarts + 1
     assert rows["lab1"]["last_crash"] == ("Scheduler hit an exception: RuntimeError: simulated "

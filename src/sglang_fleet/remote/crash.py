@@ -13,8 +13,10 @@ the last of these, latest first:
     SubprocessWatchdog: a child that died outright);
   - ``Scheduler watchdog timeout (...)`` (utils/watchdog.py: a batch that hung);
   - the last line of any other traceback (an error in the server process itself);
-  - ``Main process exited, code=killed, status=9/KILL`` (or a non-zero exit), the OOM killer's
-    line, from systemd (only in a unit's whole journal, ``journalctl -u``): killed from outside.
+  - from systemd (only in a unit's whole journal, ``journalctl -u``): ``Main process exited,
+    code=killed, status=9/KILL`` (or a non-zero exit), the OOM killer's line, or, for a restart
+    after an end systemd counted clean (it logs a SIGKILL listed in SuccessExitStatus at debug
+    level only), "killed by SIGKILL, no error logged": killed from outside.
 
     cause(["Scheduler hit an exception: Traceback (most recent call last):",
            '  File "x.py", line 1, in f', "RuntimeError: CUDA out of memory",
@@ -31,11 +33,14 @@ WATCHDOG_CHILD = re.compile(r"Subprocess \S+ \(pid=\d+\) crashed with exit code 
 WATCHDOG_HANG = re.compile(r"\w+ watchdog timeout \(")
 EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|[A-Z]\w*Error)"
                             r"(: .*)?$")
-KILLED = re.compile(r"(Main process exited, code=(killed|dumped), status=\S+"
-                    r"|Main process exited, code=exited, status=[1-9]\S*"
-                    r"|A process of this unit has been killed by the OOM killer\."
-                    r"|Failed with result '[\w-]+'\.)")
-# systemd's job messages for the unit (``-o cat``): where an invocation begins
+# systemd's messages for the unit (``-o cat``): how it ended, an unplanned end, and where an
+# invocation begins (KILLED's first match wins in the search, so the OOM killer's line comes
+# before the exit it caused)
+KILLED = re.compile(r"(A process of this unit has been killed by the OOM killer\."
+                    r"|Main process exited, code=(killed|dumped), status=\S+"
+                    r"|Main process exited, code=exited, status=[1-9]\S*)")
+RESTARTED = re.compile(r"Scheduled restart job, restart counter is at \d+")
+ENDED = re.compile(RESTARTED.pattern + r"|Failed with result '[\w-]+'\.|" + KILLED.pattern)
 STARTED = re.compile(r"^Start(ed|ing) [\w@.:-]+\.service\b")
 # A journal line's own prefix, as SGLang formats it: "[2026-12-01 10:33:21 TP0] "
 PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\] ")
@@ -56,14 +61,26 @@ def _exception_after(lines: list[str], start: int) -> str | None:
 
 def cause(lines: list[str]) -> str | None:
     """The line that says why the server last ended, as above (None: no sign of a crash). In a
-    unit's whole journal the last end systemd reports bounds the search: the cause is looked
-    for between it and the start before it, never in an earlier crash."""
-    end = _last(lines, KILLED)
+    unit's whole journal the last unplanned end systemd reports (a restart it scheduled, a
+    failure) bounds the search: the cause is looked for between it and the start before it,
+    never in an earlier crash."""
+    end = _last(lines, ENDED)
     if end is None:
         return _sglang_cause(lines)
     start = _last(lines[:end], STARTED) or 0
-    killed = KILLED.search(_text(lines[end]))
-    return _sglang_cause(lines[start:end]) or (killed.group(0) if killed else None)
+    own = _sglang_cause(lines[start:end])
+    if own:
+        return own
+    for line in lines[start:end + 1]:
+        killed = KILLED.search(_text(line))
+        if killed:
+            return killed.group(0)
+    if RESTARTED.search(_text(lines[end])) and any(
+            "Deactivated successfully." in line for line in lines[start:end]):
+        # Restart=on-failure restarted an end that SuccessExitStatus counts clean: only
+        # RestartForceExitStatus=SIGKILL does that, and systemd logs its exit at debug level.
+        return "killed by SIGKILL, no error logged (the OOM killer, or kill -9)"
+    return _text(lines[end]).split(": ", 1)[-1]
 
 
 def _last(lines: list[str], pattern: re.Pattern[str]) -> int | None:
