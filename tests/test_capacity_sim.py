@@ -5,6 +5,7 @@ the report must find the same figures, the draft worker apart, the cap logged or
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 
 import pytest
@@ -47,8 +48,12 @@ def startup_log(release: str, flags: list[str], tmp_path: Path,
     try:
         args = sim_args.parse(["--model-path", str(MODEL), *flags], release)
         faults = Faults(None, None, None, False, False, False, 0.0)
-        state = launch_server.load(args, release, faults, scheduler)
-        state.children.kill_tree(include_parent=False)
+        quit_handler = signal.getsignal(signal.SIGQUIT)  # load() installs the server's own
+        try:
+            state = launch_server.load(args, release, faults, scheduler)
+            state.children.kill_tree(include_parent=False)
+        finally:
+            signal.signal(signal.SIGQUIT, quit_handler)
     finally:
         server.removeHandler(handler)
     return handler.lines

@@ -29,7 +29,7 @@ line 6368, in run_scheduler_process
     scheduler.run_event_loop()
 torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.
 
-[2026-12-01 10:33:21] SIGQUIT received. signum=3, frame=<frame at 0x7f26>. It usually means \
+[2026-12-01 10:33:21] SIGQUIT received. signum=None, frame=None. It usually means \
 one child failed.
 [2026-12-01 10:33:21] kill_process_tree called: parent_pid=31375, include_parent=True, \
 pid=31375
@@ -59,9 +59,58 @@ def test_the_cause_is_the_last_crashs_not_an_earlier_one() -> None:
              "Started sglang.service - SGLang server for qwen3.6-27b."]
     # as systemd 252 logs a kill -9 that SuccessExitStatus=SIGKILL counts clean (lab host)
     assert crash.cause(later) == "killed by SIGKILL, no error logged (the OOM killer, or kill -9)"
-    failed = [*SCHEDULER_EXCEPTION, "sglang.service: Start request repeated too quickly.",
-              "sglang.service: Failed with result 'start-limit-hit'."]
-    assert crash.cause(failed) == "Failed with result 'start-limit-hit'."
+    # a crash loop that spent its start limit: the last crash's own cause
+    failed = [*SCHEDULER_EXCEPTION[:-2], "[2026-12-01 10:34:02 TP0] Scheduler hit an exception: "
+              "Traceback (most recent call last):", '  File "m.py", line 9, in load',
+              "ValueError: bad weights", "sglang.service: Deactivated successfully.",
+              "sglang.service: Scheduled restart job, restart counter is at 5.",
+              "Stopped sglang.service - SGLang server for qwen3.6-27b.",
+              "sglang.service: Start request repeated too quickly.",
+              "sglang.service: Failed with result 'start-limit-hit'.",
+              "Failed to start sglang.service - SGLang server for qwen3.6-27b."]
+    assert crash.cause(failed) == "Scheduler hit an exception: ValueError: bad weights"
+
+
+def test_the_cause_while_a_crash_waits_out_restart_sec() -> None:
+    """systemd logs 'Scheduled restart job' only when RestartSec is over: before that, the
+    latest invocation's own end is the one to explain."""
+    second = [*SCHEDULER_EXCEPTION, "[2026-12-01 10:35:00 TP0] Scheduler hit an exception: "
+              "Traceback (most recent call last):", '  File "s.py", line 1, in step',
+              "RuntimeError: NCCL error", "sglang.service: Deactivated successfully."]
+    assert crash.cause(second) == "Scheduler hit an exception: RuntimeError: NCCL error"
+
+
+def test_a_traceback_of_a_running_server_is_no_crash() -> None:
+    running = [*SCHEDULER_EXCEPTION, "[2026-12-01 10:35:00] Error in request:",
+               "Traceback (most recent call last):", '  File "h.py", line 1, in handle',
+               "ValueError: bad request"]
+    assert crash.cause(running) == ("Scheduler hit an exception: torch.OutOfMemoryError: "
+                                    "CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+
+def test_chained_tracebacks_and_other_ranks() -> None:
+    chained = ["[2026-12-01 10:33:21 TP1] Scheduler hit an exception: Traceback (most recent "
+               "call last):", '  File "a.py", line 1, in f', "KeyError: 'x'", "",
+               "During handling of the above exception, another exception occurred:", "",
+               "Traceback (most recent call last):", '  File "b.py", line 2, in g',
+               "triton.runtime.errors.OutOfResources: out of resource: shared memory",
+               "[2026-12-01 10:33:22 TP0] Scheduler hit an exception: Traceback (most recent "
+               "call last):", '  File "c.py", line 3, in h', "RuntimeError: NCCL timeout"]
+    # the first rank's first exception: the others' follow from it
+    assert crash.cause(chained) == "Scheduler hit an exception: KeyError: 'x'"
+    odd = ["Traceback (most recent call last):", '  File "b.py", line 2, in g',
+           "triton.runtime.errors.OutOfResources: out of resource: shared memory",
+           "sglang.service: Main process exited, code=exited, status=1/FAILURE"]
+    assert crash.cause(odd) == \
+        "triton.runtime.errors.OutOfResources: out of resource: shared memory"
+
+
+def test_the_oom_killer_is_named_before_what_it_caused() -> None:
+    child = ["[2026-12-01 10:33:21] Subprocess scheduler_0 (pid=9) crashed with exit code -9. "
+             "Triggering SIGQUIT for cleanup...",
+             "sglang.service: A process of this unit has been killed by the OOM killer.",
+             "sglang.service: Failed with result 'oom-kill'."]
+    assert crash.cause(child) == "A process of this unit has been killed by the OOM killer."
     # the gate's journal of one invocation has no systemd lines: SGLang's own cause
     assert str(crash.cause(SCHEDULER_EXCEPTION[:9])).startswith(
         "Scheduler hit an exception: torch.")

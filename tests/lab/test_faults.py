@@ -256,7 +256,8 @@ def test_a_scheduler_exception_comes_back(lab: None) -> None:
     took = back_serving(before, restarts, restart_sec() + READY_BUDGET)
     assert took <= restart_sec() + READY_BUDGET
     log = ssh("lab1", "journalctl -u sglang -o cat -n 400").stdout
-    assert "SIGQUIT received. signum=3" in log and "kill_process_tree called" in log
+    assert "SIGQUIT received. signum=None, frame=None." in log
+    assert "kill_process_tree called" in log
     assert "Scheduled restart job, restart counter is at" in log
     rows = status_rows()
     assert rows["lab1"]["restarts"] == restarts + 1

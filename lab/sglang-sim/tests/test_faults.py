@@ -157,7 +157,8 @@ def test_a_hung_batch_ends_at_the_schedulers_watchdog(sims: Launcher) -> None:
     with contextlib.suppress(httpx.HTTPError):
         sim.client(timeout=20).post("/v1/chat/completions", json=chat)
     died_of_a_child(*ended(sim, 20),
-                    "TP0] Scheduler watchdog timeout (self.watchdog_timeout=1, self.soft=False)")
+                    "TP0] Scheduler watchdog timeout (self.watchdog_timeout=1.0, "
+                    "self.soft=False)")
 
 
 def test_kill_process_tree_logs_itself_from_0_5_13(sims: Launcher) -> None:

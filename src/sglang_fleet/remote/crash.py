@@ -42,6 +42,13 @@ KILLED = re.compile(r"(A process of this unit has been killed by the OOM killer\
 RESTARTED = re.compile(r"Scheduled restart job, restart counter is at \d+")
 ENDED = re.compile(RESTARTED.pattern + r"|Failed with result '[\w-]+'\.|" + KILLED.pattern)
 STARTED = re.compile(r"^Start(ed|ing) [\w@.:-]+\.service\b")
+OOM = re.compile(r"A process of this unit has been killed by the OOM killer\.")
+FAILED = re.compile(r"Failed with result '[\w-]+'\.")
+# The invocation is over (whether or not systemd will restart it)
+GONE = re.compile(r"Deactivated successfully\.|" + FAILED.pattern + "|" + KILLED.pattern)
+TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
+CHAIN = ("During handling of the above exception", "The above exception was the direct cause",
+         "Traceback (most recent call last)")
 # A journal line's own prefix, as SGLang formats it: "[2026-12-01 10:33:21 TP0] "
 PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[^\]]*\] ")
 
@@ -51,36 +58,53 @@ def _text(line: str) -> str:
 
 
 def _exception_after(lines: list[str], start: int) -> str | None:
-    """The exception line that ends the traceback starting at ``lines[start]``."""
+    """The exception line that ends the traceback whose header is just before ``lines[start]``:
+    the first line after its frames (indented) that is not a chaining sentence."""
     for line in lines[start:start + 400]:
         text = _text(line)
-        if EXCEPTION_LINE.match(text):
-            return text
+        if not text or text[0].isspace() or text.startswith(CHAIN):
+            continue
+        return text
     return None
 
 
 def cause(lines: list[str]) -> str | None:
-    """The line that says why the server last ended, as above (None: no sign of a crash). In a
-    unit's whole journal the last unplanned end systemd reports (a restart it scheduled, a
-    failure) bounds the search: the cause is looked for between it and the start before it,
-    never in an earlier crash."""
+    """The line that says why the server last ended, as above (None: no sign of a crash).
+
+    In a unit's whole journal (systemd's lines in it) the search is bounded to one invocation:
+    the last one if it ended (a crash loop waiting out RestartSec), else the one before the
+    last unplanned end systemd reports (a restart it scheduled, a failure); never an earlier
+    crash, nor a traceback of a server still running."""
+    start = _last(lines, STARTED)
+    if start is not None:
+        tail = lines[start:]
+        ended = _last(tail, GONE)
+        if ended is not None:
+            return _window(tail[:ended + 1])
     end = _last(lines, ENDED)
     if end is None:
-        return _sglang_cause(lines)
-    start = _last(lines[:end], STARTED) or 0
-    own = _sglang_cause(lines[start:end])
+        return _sglang_cause(lines, generic=start is None)
+    return _window(lines[(_last(lines[:end], STARTED) or 0):end + 1])
+
+
+def _window(lines: list[str]) -> str | None:
+    """The cause of the one invocation ``lines`` hold, up to its end."""
+    if any(OOM.search(line) for line in lines):  # first: a child it killed looks like a crash
+        return "A process of this unit has been killed by the OOM killer."
+    own = _sglang_cause(lines, generic=True)
     if own:
         return own
-    for line in lines[start:end + 1]:
+    for line in lines:
         killed = KILLED.search(_text(line))
         if killed:
             return killed.group(0)
-    if RESTARTED.search(_text(lines[end])) and any(
-            "Deactivated successfully." in line for line in lines[start:end]):
+    if any(RESTARTED.search(_text(line)) for line in lines) and any(
+            "Deactivated successfully." in line for line in lines):
         # Restart=on-failure restarted an end that SuccessExitStatus counts clean: only
         # RestartForceExitStatus=SIGKILL does that, and systemd logs its exit at debug level.
         return "killed by SIGKILL, no error logged (the OOM killer, or kill -9)"
-    return _text(lines[end]).split(": ", 1)[-1]
+    failed = _last(lines, FAILED)
+    return _text(lines[failed]).split(": ", 1)[-1] if failed is not None else None
 
 
 def _last(lines: list[str], pattern: re.Pattern[str]) -> int | None:
@@ -90,19 +114,20 @@ def _last(lines: list[str], pattern: re.Pattern[str]) -> int | None:
     return None
 
 
-def _sglang_cause(lines: list[str]) -> str | None:
-    """The latest cause SGLang itself logged in ``lines``."""
-    for i in range(len(lines) - 1, -1, -1):
-        text = _text(lines[i])
+def _sglang_cause(lines: list[str], generic: bool) -> str | None:
+    """The first cause SGLang logged in ``lines`` (with tp > 1 the other ranks' errors follow
+    the first one's); else, if ``generic``, the exception of the last traceback."""
+    for i, line in enumerate(lines):
+        text = _text(line)
         hit = HIT.search(text)
         if hit:
             who, rest = hit.groups()
-            line = rest if EXCEPTION_LINE.match(rest) else _exception_after(lines, i + 1)
-            return f"{who} hit an exception: {line or rest or 'no exception line'}"
+            found = _exception_after(lines, i + 1) if rest.startswith("Traceback") else rest
+            return f"{who} hit an exception: {found or rest or 'no exception line'}"
         if WATCHDOG_CHILD.search(text) or WATCHDOG_HANG.search(text):
             return text
-        if text.startswith("Traceback (most recent call last)"):
-            found = _exception_after(lines, i + 1)
-            if found:
-                return found
+    if generic:
+        header = _last(lines, TRACEBACK)
+        if header is not None:
+            return _exception_after(lines, header + 1)
     return None

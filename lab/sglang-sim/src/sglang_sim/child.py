@@ -54,11 +54,13 @@ def _sigusr1(signum: int, frame: FrameType | None) -> None:
         exception(traceback.format_exc())
 
 
-def watchdog_timeout(seconds: float) -> None:
-    """WatchdogRaw._watchdog_once with soft=False, once a batch has not moved for ``seconds``."""
-    time.sleep(seconds)
+def watchdog_timeout(value: str) -> None:
+    """WatchdogRaw._watchdog_once with soft=False, once a batch has not moved for ``value``
+    seconds (as ServerArgs holds it: ``300`` by default, ``1.0`` from ``--watchdog-timeout 1``,
+    printed with ``{self.watchdog_timeout=}``)."""
+    time.sleep(float(value))
     logging.getLogger(logs.SCHEDULER).error(
-        f"Scheduler watchdog timeout (self.watchdog_timeout={seconds:g}, self.soft=False)")
+        f"Scheduler watchdog timeout (self.watchdog_timeout={value}, self.soft=False)")
     print(file=sys.stderr, flush=True)
     print(file=sys.stdout, flush=True)
     time.sleep(5)
@@ -71,7 +73,7 @@ def _commands() -> None:
         if verb == "exception":
             exception(json.loads(rest))
         elif verb == "hang":
-            watchdog_timeout(float(rest))
+            watchdog_timeout(rest)
 
 
 def main(argv: list[str]) -> None:

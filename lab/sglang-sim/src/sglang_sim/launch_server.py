@@ -99,7 +99,7 @@ def _load_in_scheduler(args: Namespace, release: str, faults: Faults,
                  engine=engine, faults=faults, startup_time=started, children=children)
 
 
-def _fault(children: processes.Children, watchdog_timeout: float, what: str) -> None:
+def _fault(children: processes.Children, watchdog_timeout: float | int, what: str) -> None:
     """The engine's scheduler stops: an exception (``crash MESSAGE``) or a batch that hangs
     until the scheduler's watchdog (``--watchdog-timeout``) ends it."""
     verb, _, message = what.partition(" ")
@@ -109,7 +109,7 @@ def _fault(children: processes.Children, watchdog_timeout: float, what: str) -> 
         except RuntimeError:
             children.exception(traceback.format_exc(), wait=False)
     else:
-        children.tell(f"hang {watchdog_timeout}")
+        children.tell(f"hang {watchdog_timeout!r}")
 
 
 def _log_server_args(args: Namespace, release: str) -> None:
@@ -230,6 +230,7 @@ async def serve(state: State) -> None:
     async def warmup() -> None:
         while not http.started:
             await asyncio.sleep(0.05)
+        state.children.handle_loop(loop)  # the first generate request: the warm-up's
         out = state.engine.compose("warmup", 1, False, None)
         async for _ in state.engine.run("warmup", 1, out, streaming=False):
             pass
@@ -272,8 +273,12 @@ def main(argv: list[str] | None = None) -> None:
     state.children.serving()
     try:
         asyncio.run(serve(state))
-    finally:
-        end_after_drain(state)
+    except BaseException:
+        # launch_server's own finally: the children go, the error ends the server (exit 1)
+        state.children.stop_watching()
+        state.children.kill_tree(include_parent=False)
+        raise
+    end_after_drain(state)
 
 
 def end_after_drain(state: State) -> None:

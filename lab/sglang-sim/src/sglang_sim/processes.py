@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -77,9 +79,7 @@ class Children:
         return all(p.poll() is None for p in self.procs.values())
 
     def serving(self) -> None:
-        """The model is loaded: the watchdog starts, SIGQUIT gets the running-phase handler."""
-        if self._signals:
-            signal.signal(signal.SIGQUIT, self._running_phase)
+        """The model is loaded (wait_for_ready): the watchdog starts."""
         self._watching = threading.Thread(target=self._watch, daemon=True,
                                           name="subprocess-watchdog")
         self._watching.start()
@@ -105,7 +105,14 @@ class Children:
             "Received sigquit from a child process. It usually means the child failed.")
         self.kill_tree(include_parent=True)
 
-    def _running_phase(self, signum: int, frame: FrameType | None) -> None:
+    def handle_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """TokenizerManager.auto_create_handle_loop, at the first generate request (the
+        warm-up): SIGQUIT gets the running-phase handler, through the loop, which calls it
+        without arguments (0.5.10 managers/tokenizer_manager.py:1515, 0.5.23 :2457)."""
+        if self._signals:
+            loop.add_signal_handler(signal.SIGQUIT, self._running_phase)
+
+    def _running_phase(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         logger.error(f"SIGQUIT received. {signum=}, {frame=}. It usually means one child failed.")
         self._stop.set()
         self.kill_tree(include_parent=True)
@@ -116,14 +123,14 @@ class Children:
             common.info(f"kill_process_tree called: parent_pid={os.getpid()}, "
                         f"include_parent={include_parent}, pid={os.getpid()}")
         for proc in self.procs.values():
-            if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-        for proc in self.procs.values():
-            proc.wait()
-        if include_parent:
+        if include_parent:  # as SGLang: no wait for the children, itself next
             logging.shutdown()
             sys.stderr.flush()
             os.kill(os.getpid(), signal.SIGKILL)
+        for proc in self.procs.values():
+            proc.wait()
 
 
 def _spawn(role: str, rank: int) -> subprocess.Popen[bytes]:
