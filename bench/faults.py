@@ -177,7 +177,8 @@ def gate_fault(name: str, pattern: str, *data: str) -> Row:
 
 
 def startup_crash() -> Row:
-    return gate_fault("startup crash", r"failed to start: RuntimeError: simulated",
+    return gate_fault("startup crash",
+                      r"failed to start: Scheduler hit an exception: RuntimeError: simulated",
                       "sglang.env.SGLANG_SIM_FAIL_STARTUP=simulated startup failure")
 
 

@@ -261,6 +261,9 @@ def smoke(url: str, key: str | None, model: str, version: str | None = None) -> 
     if not answer and not thought:
         raise GateError(f"smoke generation returned nothing: {where} streamed no content "
                         "and no reasoning")
+    sane = "4" in answer or (not answer and bool(thought))
+    if not sane:  # before the second request: the first answer is already wrong
+        raise GateError(f"smoke answer is not sane: {answer[:80]!r}")
     count = usage.get("completion_tokens") if isinstance(usage, dict) else None
     tokens = count if isinstance(count, int) and not isinstance(count, bool) else 0
     status, raw = request(f"{url}/v1/chat/completions", key, {
@@ -268,7 +271,7 @@ def smoke(url: str, key: str | None, model: str, version: str | None = None) -> 
         "max_tokens": 64, "temperature": 0, "return_meta_info": True}, timeout=300)
     meta = meta_info(status, raw, where)
     return {"answer": answer[:80], "reasoning_chars": len(thought),
-            "sane": "4" in answer or (not answer and bool(thought)),
+            "sane": sane,
             "ttft_s": round((first or end) - tic, 3), "tokens": tokens,
             "tokens_per_s": round(tokens / max(end - (first or tic), 1e-3), 1),
             "accept_length": meta.get("spec_accept_length"),
@@ -439,8 +442,6 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
             raise GateError(f"{args.url}/health_generate answered {status or 'nothing'}")
         result["smoke"] = s = smoke(args.url, key, args.model)
         print(describe(s))
-        if not s["sane"]:
-            raise GateError(f"smoke answer is not sane: {s['answer']!r}")
         return
     invocation = wait_healthy(args.unit, args.url, args.budget)
     result["invocation"] = invocation
@@ -463,8 +464,6 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(f"arguments: SGLang {info.get('version')}, {info.get('speculative_algorithm')}, "
           f"model {info.get('model_path')}: as rendered")
     result["smoke"] = s = smoke(args.url, key, args.model, info.get("version"))
-    if not s["sane"]:
-        raise GateError(f"smoke answer is not sane: {s['answer']!r}")
     print(describe(s))
     timing = time_to_ready(invocation)
     print(readiness.describe(timing))
