@@ -261,8 +261,7 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 
 COLUMNS = ("host", "unit", "state", "restarts", "since", "release", "model", "algo", "health",
-           "run",
-           "queue", "tok/s", "accept", "GPU used/free GiB", "router", "notes")
+           "run", "queue", "tok/s", "accept", "GPU used/free GiB", "router", "notes")
 
 
 def cells(row: Row) -> list[str]:
@@ -274,8 +273,7 @@ def cells(row: Row) -> list[str]:
     crash = [f"last crash: {row.last_crash}"] if row.last_crash else []
     notes = "; ".join([*crash, *row.gpu_health, *([row.error] if row.error else [])])
     return [row.host, row.unit, row.state, _num(row.restarts), " ".join(row.since.split()[1:3]),
-            row.release,
-            row.model, row.algorithm, row.health, _num(row.running), _num(row.queued),
+            row.release, row.model, row.algorithm, row.health, _num(row.running), _num(row.queued),
             _num(row.tokens_per_s), _num(row.accept_length, 2), mem, row.router or "-", notes]
 
 

@@ -4,19 +4,21 @@ on the host; ``status`` reads the same lines over SSH).
 A crashed SGLang server's last lines are its cleanup, not its cause: the scheduler logs
 ``Scheduler hit an exception: Traceback ...`` (the exception's own line ends the traceback,
 lines later), the server's SIGQUIT handler logs that a child failed and, from 0.5.13,
-``kill_process_tree called: ...``; systemd then says the main process was killed. The cause is
-the last of these, latest first:
+``kill_process_tree called: ...``; systemd then says the main process was killed. Within the
+one invocation that ended (see ``cause``) the cause is the first of these that is there:
 
-  - the exception line that ends a ``... hit an exception: Traceback`` (a scheduler, the
-    detokenizer, the tokenizer manager or the DP controller: managers/*.py, 0.5.10 - 0.5.23);
+  - the OOM killer's line, from systemd (a child it killed looks like a crash);
+  - the first ``... hit an exception: Traceback`` and its exception line, the first after the
+    frames (a scheduler, the detokenizer, the tokenizer manager or the DP controller:
+    managers/*.py, 0.5.10 - 0.5.23; with tp > 1 the other ranks' errors follow the first);
   - ``Subprocess NAME (pid=P) crashed with exit code C. ...`` (utils/watchdog.py
     SubprocessWatchdog: a child that died outright);
   - ``Scheduler watchdog timeout (...)`` (utils/watchdog.py: a batch that hung);
-  - the last line of any other traceback (an error in the server process itself);
+  - the exception of the last other traceback (an error in the server process itself);
   - from systemd (only in a unit's whole journal, ``journalctl -u``): ``Main process exited,
-    code=killed, status=9/KILL`` (or a non-zero exit), the OOM killer's line, or, for a restart
-    after an end systemd counted clean (it logs a SIGKILL listed in SuccessExitStatus at debug
-    level only), "killed by SIGKILL, no error logged": killed from outside.
+    code=killed, status=9/KILL`` (or a non-zero exit), or, for a restart after an end systemd
+    counted clean (it logs a SIGKILL listed in SuccessExitStatus at debug level only), "killed
+    by SIGKILL, no error logged"; else its ``Failed with result '...'``.
 
     cause(["Scheduler hit an exception: Traceback (most recent call last):",
            '  File "x.py", line 1, in f', "RuntimeError: CUDA out of memory",
@@ -31,21 +33,18 @@ import re
 HIT = re.compile(r"(\w+) hit an exception: ?(.*)$")
 WATCHDOG_CHILD = re.compile(r"Subprocess \S+ \(pid=\d+\) crashed with exit code -?\d+\.")
 WATCHDOG_HANG = re.compile(r"\w+ watchdog timeout \(")
-EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)|[A-Z]\w*Error)"
-                            r"(: .*)?$")
 # systemd's messages for the unit (``-o cat``): how it ended, an unplanned end, and where an
-# invocation begins (KILLED's first match wins in the search, so the OOM killer's line comes
-# before the exit it caused)
-KILLED = re.compile(r"(A process of this unit has been killed by the OOM killer\."
+# invocation begins
+OOM = re.compile(r"A process of this unit has been killed by the OOM killer\.")
+KILLED = re.compile(rf"({OOM.pattern}"
                     r"|Main process exited, code=(killed|dumped), status=\S+"
                     r"|Main process exited, code=exited, status=[1-9]\S*)")
 RESTARTED = re.compile(r"Scheduled restart job, restart counter is at \d+")
-ENDED = re.compile(RESTARTED.pattern + r"|Failed with result '[\w-]+'\.|" + KILLED.pattern)
-STARTED = re.compile(r"^Start(ed|ing) [\w@.:-]+\.service\b")
-OOM = re.compile(r"A process of this unit has been killed by the OOM killer\.")
 FAILED = re.compile(r"Failed with result '[\w-]+'\.")
+ENDED = re.compile(f"{RESTARTED.pattern}|{FAILED.pattern}|{KILLED.pattern}")
 # The invocation is over (whether or not systemd will restart it)
-GONE = re.compile(r"Deactivated successfully\.|" + FAILED.pattern + "|" + KILLED.pattern)
+GONE = re.compile(f"Deactivated successfully\\.|{FAILED.pattern}|{KILLED.pattern}")
+STARTED = re.compile(r"^Start(ed|ing) [\w@.:-]+\.service\b")
 TRACEBACK = re.compile(r"^Traceback \(most recent call last\):")
 CHAIN = ("During handling of the above exception", "The above exception was the direct cause",
          "Traceback (most recent call last)")
@@ -89,8 +88,10 @@ def cause(lines: list[str]) -> str | None:
 
 def _window(lines: list[str]) -> str | None:
     """The cause of the one invocation ``lines`` hold, up to its end."""
-    if any(OOM.search(line) for line in lines):  # first: a child it killed looks like a crash
-        return "A process of this unit has been killed by the OOM killer."
+    for line in lines:  # the kernel's word first: a child it killed looks like a crash
+        oom = OOM.search(line)
+        if oom:
+            return oom.group(0)
     own = _sglang_cause(lines, generic=True)
     if own:
         return own

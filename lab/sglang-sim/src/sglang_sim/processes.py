@@ -75,9 +75,6 @@ class Children:
         while time.monotonic() < deadline and self.scheduler.poll() is None:
             time.sleep(0.1)
 
-    def alive(self) -> bool:
-        return all(p.poll() is None for p in self.procs.values())
-
     def serving(self) -> None:
         """The model is loaded (wait_for_ready): the watchdog starts."""
         self._watching = threading.Thread(target=self._watch, daemon=True,
