@@ -88,8 +88,11 @@ class Origin:
         first = Origin({"/v1/models": (302, {"Location": elsewhere.url + "/v1/models"}, b"")})
     """
 
-    def __init__(self, routes: dict[str, tuple[int, dict[str, str], bytes]]) -> None:
+    def __init__(self, routes: dict[str, tuple[int, dict[str, str], bytes]],
+                 tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: (certificate, key) files: it answers https with them."""
         import http.server
+        import ssl
         import threading
 
         self.routes = routes
@@ -114,7 +117,12 @@ class Origin:
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        if tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        scheme = "https" if tls else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def keys(self) -> list[str | None]:

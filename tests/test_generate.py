@@ -879,44 +879,17 @@ def private_ca(tmp: Path) -> tuple[Path, Path, Path]:
 @pytest.fixture
 def tls_router(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A router answering over TLS with a certificate of a private CA: (its URL, ca.pem)."""
-    import http.server
-    import ssl
-    import threading
+    from tests.conftest import Origin
 
     ca, cert, key = private_ca(tmp_path)
-
-    class Router(http.server.BaseHTTPRequestHandler):
-        def answer(self, status: int, body: dict[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            if self.path == "/v1/models":
-                self.answer(200, {"data": [{"id": "m"}]})
-            else:
-                self.answer(404, {"error": "no"})
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            self.answer(200, {"choices": [{"message": {"content": "4"},
-                                           "finish_reason": "stop"}], "usage": {}})
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Router)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"https://127.0.0.1:{server.server_address[1]}", ca
-    server.shutdown()
-    server.server_close()
+    json_type = {"Content-Type": "application/json"}
+    router = Origin({
+        "/v1/models": (200, json_type, json.dumps({"data": [{"id": "m"}]}).encode()),
+        "/v1/chat/completions": (200, json_type, json.dumps(
+            {"choices": [{"message": {"content": "4"}, "finish_reason": "stop"}],
+             "usage": {}}).encode())}, tls=(cert, key))
+    yield router.url, ca
+    router.close()
 
 
 def test_a_router_behind_a_private_ca_is_reached_with_ca_bundle(
