@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import gate, ops, profile, service, weights
+from sglang_fleet import gate, ops, service, weights
 from sglang_fleet.engine import Release
 from sglang_fleet.hostcode import program
 from sglang_fleet.paths import (
@@ -26,7 +26,7 @@ from sglang_fleet.paths import (
 from sglang_fleet.remote.download_model import MANIFEST
 from sglang_fleet.render import Launch, render
 from sglang_fleet.service import start_command
-from tests.conftest import FIELD_PROFILE
+from tests.conftest import field_profile
 from tests.test_operations import Host, commands
 
 UNIT = "sglang.service"
@@ -81,11 +81,11 @@ def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
 
 @pytest.fixture(scope="module")
 def launch() -> Launch:
-    return render(profile.load(FIELD_PROFILE))
+    return render(field_profile(gpus=1))  # one server: sglang.service
 
 
 def run_gate(launch: Launch, verdict: gate.Verdict) -> list[Any]:
-    return commands(gate.gate, profile.load(FIELD_PROFILE), launch, 60, "", verdict)
+    return commands(gate.gate, field_profile(gpus=1), launch, 60, "", verdict)
 
 
 def test_a_passing_gate_keeps_its_release_as_the_last_good_once(
@@ -134,9 +134,9 @@ def test_a_failed_gate_without_a_last_good_release_fails_at_once(
 def test_gate_failed_says_what_serves_after_the_restore(
         use: Callable[[Host], Host], launch: Launch) -> None:
     use(GateHost({"PortListeners": []}))
-    assert commands(gate.gate_failed, profile.load(FIELD_PROFILE), launch, 60,
+    assert commands(gate.gate_failed, field_profile(gpus=1), launch, 60,
                     gate.Verdict()) == []
-    [command] = commands(gate.gate_failed, profile.load(FIELD_PROFILE), launch, 60,
+    [command] = commands(gate.gate_failed, field_profile(gpus=1), launch, 60,
                          gate.Verdict("soak: 3 of 32 failed"))
     assert ("error: soak: 3 of 32 failed; the last good release serves again (sglang.service "
             "alone on port 30000, /health_generate 200, /server_info: SGLang 0.5.22") in command
@@ -235,8 +235,8 @@ def test_staged_again_when_the_manifest_records_another_source(
 
 def test_a_changed_source_names_the_served_directory_and_the_restart(
         use: Callable[[Host], Host]) -> None:
-    old = render(profile.load(FIELD_PROFILE, {"model.source": "hf://org/model@v1"}))
-    new = profile.load(FIELD_PROFILE, {"model.source": "s3://org/model/v1"})
+    old = render(field_profile({"model.source": "hf://org/model@v1"}, gpus=1))
+    new = field_profile({"model.source": "s3://org/model/v1"}, gpus=1)
     line = f"ExecStart={service.exec_start(old, Release('p', '1', (), None, None, 'py'))}"
     use(Host({"FindInFile": lambda path, pattern: [line] if path == unit_path(UNIT) else None}))
     served = weights.served_model(new)

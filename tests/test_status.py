@@ -92,7 +92,7 @@ def inventory(tmp_path: Path, port: int, dcgm: bool = False) -> Path:
     path.write_text(
         f"gpus = [('gpu1', {{'ssh_hostname': '127.0.0.1', 'ssh_port': {free_port()},\n"
         f"    'sglang_profile': {str(profile)!r}, 'sglang.server.host': '127.0.0.1',\n"
-        f"    'sglang.server.port': {port}, 'install_dcgm': {dcgm},\n"
+        f"    'sglang.server.port': {port}, 'install_dcgm': {dcgm}, 'gpu_count': 1,\n"
         "    'secrets': {'sglang-api-key': 'k' * 20, 'sglang-router-admin-key': 'a' * 20},\n"
         f"    'router_host': '127.0.0.1', 'router_port': {free_port()}}})]\n"
         "routers = ['gpu1']\n")

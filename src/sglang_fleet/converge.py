@@ -16,6 +16,7 @@ from pyinfra.context import host, inventory
 from sglang_fleet import fleet, hostdata, metrics_targets, preflight
 from sglang_fleet.driver import install_driver
 from sglang_fleet.engine import Release, install_engine
+from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.gate import (
     files_back,
     gate_programs,
@@ -24,7 +25,8 @@ from sglang_fleet.gate import (
     smoke_test,
 )
 from sglang_fleet.gpucheck import require_gpu_health
-from sglang_fleet.render import render_all
+from sglang_fleet.profile import Profile
+from sglang_fleet.render import Launch, render_all
 from sglang_fleet.router import install_router, remove_router
 from sglang_fleet.service import install_service, require_free_ports, startup_budget
 from sglang_fleet.teardown import Purge, teardown
@@ -32,14 +34,23 @@ from sglang_fleet.warmup import warm_caches
 from sglang_fleet.weights import stage_weights
 
 
+def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
+    """This host's profile for the GPUs nvidia-smi lists on it (or host data's ``gpu_count``
+    before it has a driver) and its launches; ``check``: preflight them before any change."""
+    smi = host.get_fact(NvidiaSmi)
+    profile = hostdata.profile_for(host, smi)
+    launches = render_all(profile)
+    if check:
+        preflight.require_host(profile, launches, host.name, hostdata.gpu_count(host, smi))
+    return profile, launches
+
+
 def serve() -> None:
     """preflight → driver → engine → weights → warm-up → service → gate. Preflight (the profile, its
     rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
     port, the GPUs' health) fails before any host changes. In a roll, the service stage waits
     for the host's turn, and the host leaves the routers at its first restart (``cutover``)."""
-    profile = hostdata.profile_for(host)
-    launches = render_all(profile)
-    preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+    profile, launches = host_launches(check=True)
     require_free_ports(launches)
     require_gpu_health()
     # The fleet's Prometheus targets, on this machine, once a run (prometheus_file_sd).
@@ -60,9 +71,7 @@ def prepare() -> None:
     """What a roll does on every host while it still serves: the engine release installed, the
     weights staged, the caches warmed; nothing restarts and ``current`` stays (the driver and
     the switch wait for the cutover)."""
-    profile = hostdata.profile_for(host)
-    launches = render_all(profile)
-    preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+    profile, launches = host_launches(check=True)
     release = cast(Release, install_engine(profile=profile))
     stage_weights(profile=profile)
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
@@ -87,23 +96,23 @@ def router() -> None:
 
 def restore() -> None:
     """The last release that passed the gate, back and gated again."""
-    profile = hostdata.profile_for(host)
-    restore_last_good(profile=profile, launches=render_all(profile))
+    profile, launches = host_launches()
+    restore_last_good(profile=profile, launches=launches)
 
 
 def unstage() -> None:
     """The last good units' files back without a restart: a roll stopped after this host's
     turn and before its restart (its server still runs the last good release)."""
-    profile = hostdata.profile_for(host)
-    for launch in render_all(profile):
+    _, launches = host_launches()
+    for launch in launches:
         files_back(name=f"Files of {launch.unit} back to the last good release",
                    unit=launch.unit)
 
 
 def smoke() -> None:
     """A smoke generation against every server of the host, changing nothing."""
-    profile = hostdata.profile_for(host)
-    smoke_test(profile=profile, launches=render_all(profile))
+    profile, launches = host_launches()
+    smoke_test(profile=profile, launches=launches)
 
 
 def take_down() -> None:

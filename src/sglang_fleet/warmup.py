@@ -54,7 +54,7 @@ def spare_gpus(profile: Profile, gpu_count: int) -> list[int]:
     [1]
     """
     size = profile.parallel.gpus_per_instance
-    first = profile.parallel.instances * size
+    first = profile.parallel.servers * size
     return list(range(first, first + size)) if first + size <= gpu_count else []
 
 

@@ -57,7 +57,7 @@ def fleet(fresh: dict[str, list[str]]) -> dict[str, list[str]]:
         result = pyinfra(deploy)
         assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     for host in HOSTS:
-        assert ssh(host, "stat -c '%U %a' /etc/sglang/sglang.env").stdout.split() == \
+        assert ssh(host, "stat -c '%U %a' /etc/sglang/sglang-0.env").stdout.split() == \
             ["root", "600"]
         for secret in (key(), ADMIN_KEY_FILE.read_text().strip()):
             found = ssh(host, f"grep -rlF {shlex.quote(secret)} /tmp /var/tmp /home")
@@ -87,7 +87,7 @@ def test_a_hand_started_server_stops_the_deploy_before_any_change(
     # Started over SSH without a login session, it runs in ssh.service's control group here.
     assert re.search(r"host lab2: port 30000: held by pid \d+ \(root, started \w{3} \w{3} .*, "
                      r"(unit ssh\.service|no systemd unit \(started by hand\))\): "
-                     r"python3 -m http.server 30000 --bind 127.0.0.12, not by sglang.service",
+                     r"python3 -m http.server 30000 --bind 127.0.0.12, not by sglang-0.service",
                      out), out[-3000:]
     assert "replace_stale_servers=true" in out
     for host in HOSTS:
@@ -113,9 +113,9 @@ def admin_key() -> str:
 
 
 def starts_since(host: str, since: float) -> int:
-    """How many times sglang.service started since ``since`` (epoch seconds)."""
-    out = ssh(host, f"journalctl -u sglang.service --since @{since:.0f} -o cat --no-pager "
-                    "| grep -c '^Started sglang.service' || true").stdout
+    """How many times sglang-0.service started since ``since`` (epoch seconds)."""
+    out = ssh(host, f"journalctl -u sglang-0.service --since @{since:.0f} -o cat --no-pager "
+                    "| grep -c '^Started sglang-0.service' || true").stdout
     return int(out.strip() or 0)
 
 
@@ -178,7 +178,7 @@ def test_router_deploy_puts_a_missing_worker_back_without_a_restart(
 
 def test_a_deploy_replaces_a_hand_started_server_when_asked(
         fleet: dict[str, list[str]]) -> None:
-    ssh("lab2", "systemctl stop sglang.service; setsid -f python3 -m http.server 30000 "
+    ssh("lab2", "systemctl stop sglang-0.service; setsid -f python3 -m http.server 30000 "
                 "--bind 127.0.0.12 >/dev/null 2>&1 </dev/null; sleep 1")
     refused = pyinfra("deploys/sglang.py", "--limit", "lab2")
     assert refused.returncode != 0 and "port 30000: held by pid" in refused.stdout + \
@@ -225,7 +225,7 @@ def test_release_failing_to_start_stops_the_roll_at_the_first_host(
         assert re.search(rf"^{host}\s+untouched", out, re.M)
         assert starts_since(host, since) == 0, host
     assert "sglang-sim-0.5.23" in ssh("lab1", "readlink /opt/sglang/current").stdout
-    assert "SGLANG_SIM_FAIL_STARTUP" not in ssh("lab1", "cat /etc/sglang/sglang.env").stdout
+    assert "SGLANG_SIM_FAIL_STARTUP" not in ssh("lab1", "cat /etc/sglang/sglang-0.env").stdout
     assert load.sent / load.seconds >= 20
     assert load.failed == 0, load.errors[:5]
     assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
@@ -236,8 +236,8 @@ def test_teardown_purges_back_to_a_fresh_host_and_deploy_works_again(
     kept = pyinfra("deploys/teardown.py", "--limit", "lab3")
     assert kept.returncode == 0, kept.stdout[-3000:]
     assert "http://127.0.0.13:30000" not in router_workers()
-    assert ssh("lab3", "systemctl cat sglang.service").returncode != 0
-    assert ssh("lab3", "ls /etc/sglang/sglang.env").returncode != 0
+    assert ssh("lab3", "systemctl cat sglang-0.service").returncode != 0
+    assert ssh("lab3", "ls /etc/sglang/sglang-0.env").returncode != 0
     assert ssh("lab3", "ls /opt/sglang/releases /var/lib/sglang/models").stdout.strip()
     assert ssh("lab3", "dpkg -s nvidia-open-580").returncode == 0
 
@@ -259,4 +259,4 @@ def test_unknown_purge_is_refused_before_any_change(fleet: dict[str, list[str]])
     assert result.returncode != 0
     assert "purge: unknown 'models'" in out and "fix: a comma-separated subset" in out
     assert "Traceback" not in out
-    assert ssh("lab1", "systemctl is-active sglang.service").stdout.strip() == "active"
+    assert ssh("lab1", "systemctl is-active sglang-0.service").stdout.strip() == "active"

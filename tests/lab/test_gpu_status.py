@@ -38,13 +38,13 @@ def rows() -> list[dict[str, Any]]:
 
 
 def main_pid() -> str:
-    return ssh("lab1", "systemctl show -p MainPID --value sglang.service").stdout.strip()
+    return ssh("lab1", "systemctl show -p MainPID --value sglang-0.service").stdout.strip()
 
 
 def test_status_of_a_deployed_host(deployed: None) -> None:
     server, router = rows()
     assert (server["kind"], server["host"], server["unit"]) == ("server", "lab1",
-                                                                "sglang.service")
+                                                                "sglang-0.service")
     assert server["state"] == "active/running" and server["since"]
     assert server["release"].startswith("sglang-sim-0.5.23-")
     assert (server["model"], server["algorithm"], server["health"]) == \
@@ -60,7 +60,7 @@ def test_status_of_a_deployed_host(deployed: None) -> None:
     started = time.monotonic()
     table = run("sglang-fleet", "status", "inventories/lab.py", timeout=120).stdout
     print(f"{table}\n(status took {time.monotonic() - started:.1f} s)")
-    assert table.splitlines()[1].split()[:3] == ["lab1", "sglang.service", "active/running"]
+    assert table.splitlines()[1].split()[:3] == ["lab1", "sglang-0.service", "active/running"]
 
 
 def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Path) -> None:
