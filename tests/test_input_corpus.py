@@ -553,7 +553,8 @@ def test_smoke_inputs(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[
 def _host_data(**data: Any) -> Callable[[], Any]:
     def profile() -> Any:
         inv = Inventory(  # type: ignore[no-untyped-call]
-            ([("h1", data)], {}), b200=(["h1"], {"sglang_profile": str(FIELD_PROFILE), "gpu_count": 8}))
+            ([("h1", data)], {}),
+            b200=(["h1"], {"sglang_profile": str(FIELD_PROFILE), "gpu_count": 8}))
         return hostdata.profile_for(inv.get_host("h1"))
 
     return profile
