@@ -268,3 +268,32 @@ def test_a_batch_that_cannot_go_back_stops_the_roll_and_the_next_one_unstages(
     assert ("remove", "http://h2:30000") not in router.log
     assert rolled.outcomes["h2"].result == "not restarted: last good files back"
     assert rolled.outcomes["h3"].result == "untouched"
+
+
+def test_the_end_of_a_roll_prints_the_fleets_capacity_and_job_time(router: FakeRouter) -> None:
+    """After the table: what the fleet serves once the roll is over, read then (as ``status``
+    reads it) and summed from each server's gate record; a host that did not come back is
+    named, not counted."""
+    from sglang_fleet import status
+    from tests.test_status import measured_row, record
+
+    reads: list[str] = []
+
+    def read_fleet() -> status.Fleet:
+        reads.append("read")
+        rows = [measured_row(n, "sglang.service", "i", record(
+            "sglang.service", "i", "0.5.23", f"2026-07-01T10:0{k}:00Z", 48, 6000.0))
+            for k, n in enumerate(("h1", "h3"))]
+        rows.insert(1, measured_row("h2", "sglang.service", "j", None, health="HTTP 503"))
+        return status.Fleet(rows, (900_000, 1000))
+
+    rolled = make(router, Runs(("serve", "h2")))
+    rolled.read_fleet = read_fleet
+    assert not rolled() and reads == []  # nothing read while the roll runs
+    ending = rolled.ending().splitlines()
+    assert reads == ["read"]
+    assert ending[:4] == rolled.report().splitlines()
+    assert ending[4].startswith("fleet: 96 running requests on 2 of 3 servers")
+    assert ending[5].startswith("fleet: 12,000 output tok/s, the sum of 2 of 3 servers'")
+    assert ending[6].startswith("fleet: job 900,000 completions x 1,000 tokens: about 20.8 h")
+    assert ending[7] == "fleet: not counted: h2 sglang.service (down: /health HTTP 503)"
