@@ -6,10 +6,7 @@ as ``status`` reads it."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +14,7 @@ import pytest
 from sglang_fleet import paths
 from sglang_fleet.facts.units import GateRecords
 from sglang_fleet.remote import check_server, eta
-from tests.conftest import ROOT, free_port, wait_for_health
+from tests.test_status import KEY, server  # noqa: F401  (the simulator, as status reads it)
 
 JOB = (900_000, 1000)
 
@@ -114,10 +111,10 @@ def test_a_record_counts_only_for_the_start_it_measured() -> None:
     record = eta.record("sglang-2.service", "abc123", "0.5.23", "2026-07-01T10:00:00Z", 48,
                         {"requests": 96, "output_tokens": 1536, "seconds": 0.5,
                          "tokens_per_s": 3072.0}, {"tokens_per_s": 150.0})
-    server = eta.from_record("sglang-2.service", record, "abc123")
-    assert (server.running, server.tokens_per_s, server.per_request_tps, server.release) == \
-        (48, 3072.0, 150.0, "0.5.23")
-    assert server.left_out is None
+    measured = eta.from_record("sglang-2.service", record, "abc123")
+    assert (measured.running, measured.tokens_per_s, measured.per_request_tps,
+            measured.release) == (48, 3072.0, 150.0, "0.5.23")
+    assert measured.left_out is None
     later = eta.from_record("sglang-2.service", record, "def456")
     assert later.left_out == ("restarted since its gate measured it at 2026-07-01T10:00:00Z: "
                               "not measured since") and later.running is None
@@ -128,31 +125,7 @@ def test_a_record_counts_only_for_the_start_it_measured() -> None:
         (None, None, None, None)
 
 
-KEY = "eta-test-key-01234567"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The SGLang simulator serving the field's model (metrics off, API key on)."""
-    tmp = tmp_path_factory.mktemp("eta")
-    smi = tmp / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
-    smi.chmod(0o755)
-    port = free_port()
-    env = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
-         str(ROOT / "lab" / "models" / "qwen3.6-27b"), "--host", "127.0.0.1", "--port", str(port),
-         "--served-model-name", "qwen3.6-27b", "--api-key", KEY],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_for_health(url)
-    yield url
-    proc.terminate()
-    proc.wait(20)
-
-
-def test_the_soak_measures_output_tokens_per_second(server: str) -> None:
+def test_the_soak_measures_output_tokens_per_second(server: str) -> None:  # noqa: F811
     s = check_server.soak(server, KEY, "qwen3.6-27b", 8)
     assert s["failed"] == 0 and s["output_tokens"] > 0
     assert s["tokens_per_s"] == pytest.approx(s["output_tokens"] / s["seconds"], rel=0.05)

@@ -42,7 +42,7 @@ def main_pid() -> str:
 
 
 def test_status_of_a_deployed_host(deployed: None) -> None:
-    server, router = rows()
+    server, router, fleet = rows()
     assert (server["kind"], server["host"], server["unit"]) == ("server", "lab1",
                                                                 "sglang.service")
     assert server["state"] == "active/running" and server["since"]
@@ -54,6 +54,13 @@ def test_status_of_a_deployed_host(deployed: None) -> None:
     assert server["gpu_health"] == [] and server["error"] == ""
     assert server["router"] == "healthy"
     assert (router["kind"], router["health"], router["router"]) == ("router", "ok", "1/1")
+    # what the deploy's gate measured, kept on the host, read back for this start of the unit
+    assert server["not_measured"] == "" and server["capacity"] > 0 and server["measured_at"]
+    assert server["measured_tokens_per_s"] > 0 and server["measured_release"] == "0.5.23"
+    assert fleet["kind"] == "fleet" and fleet["capacity_servers"] == ["lab1 sglang.service"]
+    assert (fleet["running"], fleet["tokens_per_s"]) == (server["capacity"],
+                                                         server["measured_tokens_per_s"])
+    assert fleet["not_counted"] == [] and fleet["job"] is None  # the lab sets no job_estimate
     # the router's Prometheus target (metrics_targets.ROUTER_METRICS_PORT) is real
     metrics = httpx.get("http://127.0.0.11:29000/metrics", timeout=10)
     assert metrics.status_code == 200 and "# TYPE" in metrics.text
@@ -61,6 +68,8 @@ def test_status_of_a_deployed_host(deployed: None) -> None:
     table = run("sglang-fleet", "status", "inventories/lab.py", timeout=120).stdout
     print(f"{table}\n(status took {time.monotonic() - started:.1f} s)")
     assert table.splitlines()[1].split()[:3] == ["lab1", "sglang.service", "active/running"]
+    assert f"fleet: {server['capacity']} running requests on 1 of 1 servers" in table
+    assert "servers' measured throughput (from the gates' soaks at " in table
 
 
 def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Path) -> None:
