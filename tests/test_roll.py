@@ -290,10 +290,18 @@ def test_the_end_of_a_roll_prints_the_fleets_capacity_and_job_time(router: FakeR
     rolled = make(router, Runs(("serve", "h2")))
     rolled.read_fleet = read_fleet
     assert not rolled() and reads == []  # nothing read while the roll runs
-    ending = rolled.ending().splitlines()
+    ending = rolled.fleet_lines()
     assert reads == ["read"]
-    assert ending[:4] == rolled.report().splitlines()
-    assert ending[4].startswith("fleet: 96 running requests on 2 of 3 servers")
-    assert ending[5].startswith("fleet: 12,000 output tok/s, the sum of 2 of 3 servers'")
-    assert ending[6].startswith("fleet: job 900,000 completions x 1,000 tokens: about 20.8 h")
-    assert ending[7] == "fleet: not counted: h2 sglang.service (down: /health HTTP 503)"
+    assert ending[0].startswith("fleet: 96 running requests on 2 of 3 servers")
+    assert ending[1].startswith("fleet: 12,000 output tok/s, the sum of 2 of 3 servers'")
+    assert ending[2].startswith("fleet: job 900,000 completions x 1,000 tokens: about 20.8 h")
+    assert ending[3] == "fleet: not counted: h2 sglang.service (down: /health HTTP 503)"
+
+
+def test_a_fleet_that_cannot_be_read_after_the_roll_is_one_line(router: FakeRouter) -> None:
+    def unreadable() -> Any:
+        raise InputError.one("inv.py", "sglang_profile", "no serving hosts", "give hosts one")
+
+    rolled = make(router, Runs())
+    rolled.read_fleet = unreadable
+    assert rolled.fleet_lines() == ["fleet: not read: inv.py: sglang_profile: no serving hosts"]

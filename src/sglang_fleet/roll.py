@@ -458,10 +458,14 @@ class Roll:
             rows += [f"{'':<16}{note}" for note in outcome.notes]
         return "\n".join(rows)
 
-    def ending(self) -> str:
-        """The table, then the fleet's capacity and job time as it serves now (what each
-        server's last passed gate measured, as ``status`` shows it)."""
-        return "\n".join([self.report(), *self.read_fleet().lines()])
+    def fleet_lines(self) -> list[str]:
+        """The fleet's capacity and job time as it serves once the roll is over (what each
+        server's last passed gate measured, read as ``status`` reads it)."""
+        try:
+            return self.read_fleet().lines()
+        except InputError as err:  # checked before the roll; said, should it change since
+            return ["fleet: not read: " + "; ".join(f"{p.source}: {p.key}: {p.message}"
+                                                   for p in err.problems)]
 
 
 def _seconds(option: str, value: float) -> None:
@@ -483,7 +487,8 @@ def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
     except RouterError as err:
         say(f"stopped: {err}")
         ok = False
-    print(roll.ending())
+    print(roll.report(), flush=True)  # before the fleet is read: it takes a moment
+    print("\n".join(roll.fleet_lines()))
     if warning:
         print(f"roll: {warning}", file=sys.stderr)
     if not ok:
