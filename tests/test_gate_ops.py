@@ -21,8 +21,10 @@ from sglang_fleet.paths import (
     RELEASES,
     TOOLS,
     env_file,
+    gate_record,
     unit_path,
 )
+from sglang_fleet.remote import eta
 from sglang_fleet.remote.download_model import MANIFEST
 from sglang_fleet.render import Launch, render
 from sglang_fleet.service import start_command
@@ -38,9 +40,11 @@ class GateHost(Host):
     """A host whose gate program passes or fails with ``error``."""
 
     def __init__(self, facts: dict[str, Any], error: str | None = None,
-                 shell: dict[str, list[str]] | None = None) -> None:
+                 shell: dict[str, list[str]] | None = None,
+                 measured: dict[str, Any] | None = None) -> None:
         super().__init__(facts, shell)
         self.error = error
+        self.measured = measured
         self.ran: list[str] = []
 
     def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
@@ -48,7 +52,8 @@ class GateHost(Host):
             return super().run_shell_command(command, **kwargs)
         self.ran.append(command)
         result = {"ok": self.error is None, "error": self.error,
-                  "serving": {"version": "0.5.22", "model_path": "/m"}}
+                  "serving": {"version": "0.5.22", "model_path": "/m"},
+                  **({"measured": self.measured} if self.measured else {})}
         lines = ["health: /health_generate 200", f"GATE {json.dumps(result)}"]
         return self.error is None, CommandOutput([OutputLine("stdout", x) for x in lines])
 
@@ -110,6 +115,34 @@ def test_the_gate_runs_check_server_with_the_system_python(
     run_gate(launch, gate.Verdict())
     [command] = fake.ran  # type: ignore[attr-defined]
     assert shlex.split(command)[:5] == program("python3", "check_server")
+
+
+def test_the_gate_keeps_its_record_and_the_host_line_sums_every_unit(
+        use: Callable[[Host], Host], launch: Launch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each unit's gate writes its Verdict when it runs; the host's line, built before any of
+    them ran, reads all of them after the last one."""
+    verdicts = []
+    for i, tps in enumerate((5000.0, 7000.0, None)):  # the third soak was disabled
+        soak = {"tokens_per_s": tps} if tps else None
+        fake = use(GateHost({"Sha256File": sums()}, measured=eta.record(
+            f"sglang-{i}.service", f"inv{i}", "0.5.23", f"2026-07-01T10:0{i}:00Z", 48, soak,
+            {"tokens_per_s": 140.0})))
+        verdicts.append(gate.Verdict())
+        run_gate(launch, verdicts[-1])
+        [command] = fake.ran  # type: ignore[attr-defined]
+        assert shlex.split(command)[-2:] == ["--record", gate_record(UNIT)]
+    assert verdicts[1].measured and verdicts[1].measured["tokens_per_s"] == 7000.0
+    units = [f"sglang-{i}.service" for i in range(3)]
+    assert commands(gate.host_capacity, units, verdicts, "900000,1000") == []
+    out = capsys.readouterr().out.splitlines()
+    assert "[h1] host: 144 running requests on 3 of 3 servers (each server's effective max " \
+        "running requests, from its startup log)" in out
+    assert "[h1] host: 12,000 output tok/s, the sum of 2 of 3 servers' measured throughput " \
+        "(from this run's gate soaks at 2026-07-01T10:00:00Z … 2026-07-01T10:01:00Z)" in out
+    assert any(line.startswith("[h1] host: job 900,000 completions x 1,000 tokens: about "
+                               "20.8 h at the measured 12,000 output tok/s") for line in out)
+    assert any(line.startswith("[h1] host: not counted: sglang-2.service (in the capacity, not "
+                               "the throughput") for line in out)
 
 
 def test_a_failed_gate_leaves_the_restore_to_the_next_operation(

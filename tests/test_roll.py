@@ -268,3 +268,40 @@ def test_a_batch_that_cannot_go_back_stops_the_roll_and_the_next_one_unstages(
     assert ("remove", "http://h2:30000") not in router.log
     assert rolled.outcomes["h2"].result == "not restarted: last good files back"
     assert rolled.outcomes["h3"].result == "untouched"
+
+
+def test_the_end_of_a_roll_prints_the_fleets_capacity_and_job_time(router: FakeRouter) -> None:
+    """After the table: what the fleet serves once the roll is over, read then (as ``status``
+    reads it) and summed from each server's gate record; a host that did not come back is
+    named, not counted."""
+    from sglang_fleet import status
+    from tests.test_status import measured_row, record
+
+    reads: list[str] = []
+
+    def read_fleet() -> status.Fleet:
+        reads.append("read")
+        rows = [measured_row(n, "sglang.service", "i", record(
+            "sglang.service", "i", "0.5.23", f"2026-07-01T10:0{k}:00Z", 48, 6000.0))
+            for k, n in enumerate(("h1", "h3"))]
+        rows.insert(1, measured_row("h2", "sglang.service", "j", None, health="HTTP 503"))
+        return status.Fleet(rows, (900_000, 1000))
+
+    rolled = make(router, Runs(("serve", "h2")))
+    rolled.read_fleet = read_fleet
+    assert not rolled() and reads == []  # nothing read while the roll runs
+    ending = rolled.fleet_lines()
+    assert reads == ["read"]
+    assert ending[0].startswith("fleet: 96 running requests on 2 of 3 servers")
+    assert ending[1].startswith("fleet: 12,000 output tok/s, the sum of 2 of 3 servers'")
+    assert ending[2].startswith("fleet: job 900,000 completions x 1,000 tokens: about 20.8 h")
+    assert ending[3] == "fleet: not counted: h2 sglang.service (down: /health HTTP 503)"
+
+
+def test_a_fleet_that_cannot_be_read_after_the_roll_is_one_line(router: FakeRouter) -> None:
+    def unreadable() -> Any:
+        raise InputError.one("inv.py", "sglang_profile", "no serving hosts", "give hosts one")
+
+    rolled = make(router, Runs())
+    rolled.read_fleet = unreadable
+    assert rolled.fleet_lines() == ["fleet: not read: inv.py: sglang_profile: no serving hosts"]

@@ -194,8 +194,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     """One row per server instance and router of an inventory (see sglang_fleet.status)."""
     from sglang_fleet import status
 
-    rows = status.collect(args.inventory)
-    print(json.dumps(status.as_json(rows), indent=2) if args.json else status.table(rows))
+    fleet = status.collect(args.inventory)
+    if args.json:
+        print(json.dumps(fleet.as_json(), indent=2))
+    else:
+        print("\n".join([status.table(fleet.rows), "", *fleet.lines()]))
     return 0
 
 

@@ -28,8 +28,9 @@ from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import ANY_ADDRESS
 from sglang_fleet.hostcode import module_file, program, upload
 from sglang_fleet.ops import Ops, fail, run
-from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
+from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, gate_record, unit_path
 from sglang_fleet.profile import Profile
+from sglang_fleet.remote import eta
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
 from sglang_fleet.service import (
     foreign_listeners,
@@ -109,12 +110,14 @@ def _saved(unit: str) -> str:
 @dataclass
 class Verdict:
     """What the gate of one unit found, for the operations after it: the operations are all
-    built before any runs, so the gate writes here when it runs and they read it then.
+    built before any runs, so the gate writes here when it runs and they read it then
+    (``last_good_back`` and ``gate_failed`` its error, ``host_capacity`` what it measured).
 
         verdict = Verdict(); verdict.error = "soak: 3 of 32 failed"; verdict.failed()  # True
     """
 
     error: str | None = None
+    measured: dict[str, Any] | None = None  # the GATE line's "measured", once it passed
 
     def failed(self) -> bool:
         return self.error is not None
@@ -143,18 +146,18 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdi
         return
     unit, env, saved = launch.unit, env_file(launch.unit), _saved(launch.unit)
     ok, lines = _check(profile, launch, "--expect", json.dumps(expectations(launch)),
-                       *(["--job", job] if job else []),
+                       *(["--job", job] if job else []), "--record", gate_record(unit),
                        *(["--soak-requests", str(soak)] if soak is not None else []),
                        budget=budget)
     if ok:
+        verdict.measured = _gate_result(lines).get("measured")
         if _files_are_last_good(unit):
             host.noop(f"{unit} passed the gate and is the last good release already")
             return
         yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
                f"cp -p {env} {saved}.env")
         return
-    error = next((json.loads(line[5:]).get("error", "gate failed") for line in lines
-                  if line.startswith("GATE ")), "gate failed")
+    error = _gate_result(lines).get("error", "gate failed")
     if not host.get_fact(File, path=saved):
         yield fail(f"{error} (no earlier good release to return to)")
         return
@@ -182,6 +185,35 @@ def gate_failed(profile: Profile, launch: Launch, budget: int, verdict: Verdict)
     yield fail(f"{verdict.error}; {what_serves(launch, back, lines)}")
 
 
+def _gate_result(lines: list[str]) -> dict[str, Any]:
+    """The ``GATE {json}`` line of check_server's output ({} without one)."""
+    found: Any = next((json.loads(line[5:]) for line in lines if line.startswith("GATE ")), {})
+    return found if isinstance(found, dict) else {}
+
+
+@operation(is_idempotent=True)
+def host_capacity(units: list[str], verdicts: list[Verdict], job: str) -> Ops:
+    """After the host's last gate: its servers' effective max running requests and measured
+    output tok/s summed, and with a job its time (``eta``), from what each gate measured.
+
+    + units: the host's server units, in the order of ``verdicts``
+    + verdicts: what each unit's gate found (filled in when the gates ran)
+    + job: ``COMPLETIONS,TOKENS``, or empty
+
+        host_capacity(name="Capacity of the host", units=["sglang.service"],
+                      verdicts=[verdict], job="900000,1000")
+    """
+    if not state.is_executing:
+        return
+    servers = [eta.from_record(unit, v.measured) for unit, v in zip(units, verdicts,
+                                                                     strict=True)]
+    for line in eta.lines(eta.estimate(servers, eta.parse_job(job)), "host",
+                          "this run's gate soaks"):
+        logger.info(f"{host.print_prefix}{line}")
+    host.noop(f"capacity of {len(units)} server{'s' if len(units) > 1 else ''} summed")
+    yield from ()
+
+
 def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
     """What answers on the launch's port after a restore, as checked: its health, who listens
     and what /server_info says; never a claim nobody checked."""
@@ -191,9 +223,7 @@ def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
                 f"{'; '.join(p.describe() for p in stale)}")
     if not healthy:
         return "the last good release did not come back either (/health_generate)"
-    result: dict[str, Any] = next((json.loads(line[5:]) for line in lines
-                                   if line.startswith("GATE ")), {})
-    info = result.get("serving") or {}
+    info = _gate_result(lines).get("serving") or {}
     return (f"the last good release serves again ({launch.unit} alone on port {launch.port}, "
             f"/health_generate 200, /server_info: SGLang {info.get('version')}, model "
             f"{info.get('model_path')})")
@@ -345,7 +375,7 @@ def smoke_test(profile: Profile, launches: list[Launch]) -> None:
 def gate_programs() -> None:
     """The host programs the gate runs (``check_server`` and what it imports), uploaded before
     the service stage so that none of it happens while the server restarts."""
-    upload("capacity", "crash", "readiness", CHECKER)
+    upload("capacity", "crash", "eta", "readiness", CHECKER)
 
 
 @deploy("Gate")
@@ -353,10 +383,12 @@ def run_gate(profile: Profile, launches: list[Launch]) -> None:
     """Health, effective arguments, smoke generation, soak and capacity report; rollback on
     failure. The programs it runs are on the host already (``gate_programs``)."""
     summary.failed_hosts_at_exit()
-    job = host.data.get("job_estimate", "")  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
+    job = host.data.get("job_estimate") or ""  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
     soak = soak_requests(host.data, host.name)
+    verdicts = []
     for launch in launches:
         verdict = Verdict()
+        verdicts.append(verdict)
         gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, soak, capacity",
              profile=profile, launch=launch, budget=startup_budget(), job=str(job),
              verdict=verdict, soak=soak)
@@ -365,3 +397,6 @@ def run_gate(profile: Profile, launches: list[Launch]) -> None:
         gate_failed(name=f"Gate verdict on {launch.unit} (if it failed: what serves now)",
                     profile=profile, launch=launch, budget=startup_budget(), verdict=verdict,
                     _if=verdict.failed)
+    host_capacity(name=f"Capacity of the host ({len(launches)} server"
+                  f"{'s' if len(launches) > 1 else ''}): summed from the gates",
+                  units=[launch.unit for launch in launches], verdicts=verdicts, job=str(job))

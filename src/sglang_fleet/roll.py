@@ -30,7 +30,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
-from sglang_fleet import fleet, hostdata, preflight, validators
+from sglang_fleet import fleet, hostdata, preflight, status, validators
 from sglang_fleet.cutover import Handoff
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import render_all
@@ -263,8 +263,12 @@ def pyinfra(inventory: str, deploy: str, hosts: list[str], data: Sequence[str],
 
 class Roll:
     def __init__(self, plan: Plan, drain_timeout: float, health_timeout: float,
-                 run: Start = pyinfra) -> None:
+                 run: Start = pyinfra,
+                 read_fleet: Callable[[], status.Fleet] | None = None) -> None:
         self.plan = plan
+        # What the fleet serves once the roll ends, read as ``status`` reads it.
+        self.read_fleet = read_fleet or (lambda: status.collect(
+            plan.inventory, parse_data(plan.data), with_routers=False))
         self.drain_timeout = drain_timeout
         self.health_timeout = health_timeout
         self.run = run
@@ -454,6 +458,15 @@ class Roll:
             rows += [f"{'':<16}{note}" for note in outcome.notes]
         return "\n".join(rows)
 
+    def fleet_lines(self) -> list[str]:
+        """The fleet's capacity and job time as it serves once the roll is over (what each
+        server's last passed gate measured, read as ``status`` reads it)."""
+        try:
+            return self.read_fleet().lines()
+        except InputError as err:  # checked before the roll; said, should it change since
+            return ["fleet: not read: " + "; ".join(f"{p.source}: {p.key}: {p.message}"
+                                                   for p in err.problems)]
+
 
 def _seconds(option: str, value: float) -> None:
     if not math.isfinite(value) or not 0 <= value <= 86400:
@@ -474,7 +487,8 @@ def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
     except RouterError as err:
         say(f"stopped: {err}")
         ok = False
-    print(roll.report())
+    print(roll.report(), flush=True)  # before the fleet is read: it takes a moment
+    print("\n".join(roll.fleet_lines()))
     if warning:
         print(f"roll: {warning}", file=sys.stderr)
     if not ok:

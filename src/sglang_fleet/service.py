@@ -157,7 +157,8 @@ def _removal(unit: str) -> str:
     env = paths.env_file(unit)
     logger.info(f"{host.print_prefix}removing {unit} and its secret file {env}")
     return (f"systemctl disable --now {unit}; rm -f {paths.unit_path(unit)} {env} "
-            f"&& systemctl daemon-reload && systemctl reset-failed {unit} 2>/dev/null; true")
+            f"{paths.gate_record(unit)} && systemctl daemon-reload && "
+            f"systemctl reset-failed {unit} 2>/dev/null; true")
 
 
 def installed_units() -> list[str]:

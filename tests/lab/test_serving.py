@@ -65,6 +65,15 @@ def test_fresh_hosts_converge_and_pass_the_gate(lab: None) -> None:
         assert re.search(rf"\[{host}\] capacity: KV tokens \d+, mamba slots \d+ .*max running "
                          r"requests \d+, GPU memory free", out)
         assert f"[{host}] advice: max running requests" in out
+        assert re.search(rf"\[{host}\] soak: \d+ concurrent requests, all answered in [\d.]+ "
+                         r"s; sglang\.service still serving; \d+ output tokens, [\d,]+ tok/s", out)
+        assert re.search(rf"\[{host}\] host: \d+ running requests on 1 of 1 servers", out)
+        assert re.search(rf"\[{host}\] host: [\d,]+ output tok/s, the sum of 1 of 1 servers' "
+                         r"measured throughput \(from this run's gate soaks at ", out)
+        kept = json.loads(ssh(host, "cat /var/lib/sglang-fleet/gate/sglang.json").stdout)
+        assert kept["unit"] == "sglang.service" and kept["running"] > 0
+        assert kept["invocation"] == ssh(host, "systemctl show -p InvocationID --value "
+                                               "sglang.service").stdout.strip()
         ready_in_parts(host, out)
     staged = ssh("lab1", f"ls {LAB_MODEL}").stdout.split()
     assert "config.json" in staged and len([f for f in staged if f.endswith(".safetensors")]) == 4
