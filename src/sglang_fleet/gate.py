@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +22,11 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet import summary
+from sglang_fleet.checker import CHECKER, check
 from sglang_fleet.cutover import leave_routers
 from sglang_fleet.errors import InputError
-from sglang_fleet.fleet import ANY_ADDRESS
-from sglang_fleet.hostcode import module_file, program, upload
-from sglang_fleet.ops import Ops, fail, run
+from sglang_fleet.hostcode import module_file, upload
+from sglang_fleet.ops import Ops, fail
 from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
@@ -39,7 +38,6 @@ from sglang_fleet.service import (
     unit_condition,
 )
 
-CHECKER = "check_server"  # the host program (remote/check_server.py), run by the system python
 _RELEASE = re.compile(re.escape(RELEASES) + r"/[^/ ]+")
 
 
@@ -56,27 +54,6 @@ def expectations(launch: Launch) -> dict[str, Any]:
     if args.get("max_running_requests") is not None:
         expect["max_running_requests"] = args["max_running_requests"]
     return expect
-
-
-def url(profile: Profile, launch: Launch) -> str:
-    """Where the gate on the host reaches the server: its loopback when it listens on any
-    address (the same set ``fleet`` uses for the address routers reach)."""
-    address = profile.server.host
-    return f"http://{'127.0.0.1' if address in ANY_ADDRESS else address}:{launch.port}"
-
-
-def _check(profile: Profile, launch: Launch, *flags: str, budget: int | None = None,
-           show: bool = True, label: str = "") -> tuple[bool, list[str]]:
-    """Run check_server on the host for one launch; show its human lines (after ``label``)."""
-    argv = program("python3", CHECKER, "--unit", launch.unit, "--url", url(profile, launch),
-                   "--env-file", env_file(launch.unit), "--model", profile.model.served_name,
-                   *(["--budget", str(budget)] if budget is not None else []), *flags)
-    ok, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
-    lines = list(output.stdout_lines)
-    for line in lines if show else ():
-        if not line.startswith("GATE "):
-            logger.info(f"{host.print_prefix}{label}{line}")
-    return ok, lines
 
 
 def soak_requests(data: Any, host_name: str) -> int | None:
@@ -142,7 +119,7 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdi
     if not state.is_executing:
         return
     unit, env, saved = launch.unit, env_file(launch.unit), _saved(launch.unit)
-    ok, lines = _check(profile, launch, "--expect", json.dumps(expectations(launch)),
+    ok, lines = check(profile, launch, "--expect", json.dumps(expectations(launch)),
                        *(["--job", job] if job else []),
                        *(["--soak-requests", str(soak)] if soak is not None else []),
                        budget=budget)
@@ -178,7 +155,7 @@ def gate_failed(profile: Profile, launch: Launch, budget: int, verdict: Verdict)
     """
     if not state.is_executing or not verdict.failed():
         return
-    back, lines = _check(profile, launch, "--health-only", budget=budget, show=False)
+    back, lines = check(profile, launch, "--health-only", budget=budget, show=False)
     yield fail(f"{verdict.error}; {what_serves(launch, back, lines)}")
 
 
@@ -213,7 +190,7 @@ def smoke(profile: Profile, launch: Launch) -> Ops:
     if not host.get_fact(File, path=module_file(CHECKER)):
         yield fail(f"{module_file(CHECKER)} is missing: run deploys/sglang.py first")
         return
-    ok, _ = _check(profile, launch, "--smoke-only", label=f"{launch.unit}: ")
+    ok, _ = check(profile, launch, "--smoke-only", label=f"{launch.unit}: ")
     if not ok:
         yield fail(f"{launch.unit}: smoke test failed")
         return
@@ -317,11 +294,11 @@ def regate(profile: Profile, launch: Launch, budget: int) -> Ops:
     """
     if not state.is_executing:
         return
-    for check in ("--health-only", "--smoke-only"):
-        ok, _ = _check(profile, launch, check, budget=budget, label=f"{launch.unit}: ")
+    for only in ("--health-only", "--smoke-only"):
+        ok, _ = check(profile, launch, only, budget=budget, label=f"{launch.unit}: ")
         if not ok:
             yield fail(f"{launch.unit}: the last good release does not pass the gate either "
-                       f"({check.removeprefix('--').replace('-only', '')})")
+                       f"({only.removeprefix('--').replace('-only', '')})")
             return
 
 
