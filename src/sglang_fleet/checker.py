@@ -7,6 +7,7 @@ and the service stage's restart waves both run it.
 
 from __future__ import annotations
 
+import json
 import shlex
 
 from pyinfra import logger
@@ -41,3 +42,12 @@ def check(profile: Profile, launch: Launch, *flags: str, budget: int | None = No
         if not line.startswith("GATE "):
             logger.info(f"{host.print_prefix}{label}{line}")
     return ok, lines
+
+
+def error_of(lines: list[str]) -> str:
+    """What check_server found wrong, from its ``GATE`` line.
+
+        error_of(['GATE {"ok": false, "error": "sglang.service failed to start: ..."}'])
+    """
+    return next((json.loads(line[5:]).get("error", "gate failed") for line in lines
+                 if line.startswith("GATE ")), "gate failed")

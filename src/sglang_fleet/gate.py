@@ -22,7 +22,7 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet import summary
-from sglang_fleet.checker import CHECKER, check
+from sglang_fleet.checker import CHECKER, check, error_of
 from sglang_fleet.cutover import leave_routers
 from sglang_fleet.errors import InputError
 from sglang_fleet.hostcode import module_file, upload
@@ -130,8 +130,7 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdi
         yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
                f"cp -p {env} {saved}.env")
         return
-    error = next((json.loads(line[5:]).get("error", "gate failed") for line in lines
-                  if line.startswith("GATE ")), "gate failed")
+    error = error_of(lines)
     if not host.get_fact(File, path=saved):
         yield fail(f"{error} (no earlier good release to return to)")
         return
