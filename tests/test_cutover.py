@@ -267,8 +267,12 @@ def per_server(handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
     """A roll of b200-01's three servers, at its go; every drain ends at once, recorded."""
     routers(monkeypatch, *found)
     drains: list[str] = []
-    monkeypatch.setattr(cutover, "drained",
-                        lambda url, timeout: (drains.append(url), (True, 0))[1])
+
+    def drained(url: str, timeout: float) -> tuple[bool, int]:
+        drains.append(url)
+        return True, 0
+
+    monkeypatch.setattr(cutover, "drained", drained)
     handoff.plan({"b200-01": list(SERVERS.values())}, drain_timeout=600,
                  units={"b200-01": SERVERS}, batch_instances=batch_instances,
                  health_timeout=42)
