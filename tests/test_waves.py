@@ -143,6 +143,13 @@ def test_in_a_roll_with_batch_instances_each_wave_rejoins_the_routers(
     handoff = cutover.Handoff.create()
     monkeypatch.setenv(cutover.ENV, str(handoff.directory))
     try:
+        # without --batch-instances the host left whole, and comes back whole after its gate
+        handoff.plan({"h1": ["http://h1:30000"]}, drain_timeout=1)
+        waves = Waves()
+        restart("sglang-0.service", waves)
+        assert ready(launches, waves) == [] and shell.noops == ["sglang-0.service ready"]
+        handoff.plan({"h1": ["http://h1:30000"]}, drain_timeout=1, batch_instances=2)
+        shell.checked = []
         waves = Waves(per_wave=2)
         [leave, start] = restart("sglang-0.service", waves)
         assert isinstance(leave, FunctionCommand) and leave.args == (["sglang-0.service"],)

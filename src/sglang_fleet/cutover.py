@@ -250,7 +250,7 @@ def rejoin(urls: list[str]) -> Iterator[FunctionCommand]:
     """In a roll with ``--batch-instances``: a command that puts these servers (a wave, ready)
     back into every router and waits until each router sees them healthy, before the next wave
     leaves. Nothing otherwise: a host that left whole comes back whole, after its gate."""
-    if current() is not None:
+    if batch_instances():
         yield FunctionCommand(_rejoin, (urls,), {})
 
 
