@@ -206,7 +206,8 @@ def test_a_restore_that_restarts_leaves_first(handoff: cutover.Handoff,
                  "FindInFile": [], "Link": None})
     monkeypatch.setattr(gate, "host", fake)
     found = commands(gate.last_good_back, "sglang.service")
-    assert isinstance(found[0], FunctionCommand) and found[0].function is cutover._leave
+    assert isinstance(found[0], FunctionCommand) and found[0].function is cutover._leave_units
+    assert found[0].args == (["sglang.service"],)  # the whole host, unless --batch-instances
     assert "systemctl restart sglang.service" in found[1]
 
 

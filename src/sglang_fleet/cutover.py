@@ -300,7 +300,8 @@ def _leave_units(state: Any, host: Any, units: list[str]) -> bool:
     if not urls:  # a new server: in no router yet, nothing leaves
         return True
     left = left or Left(None)
-    left.open_wave(time.time()).urls += urls
+    wave = left.open_wave(time.time())
+    wave.urls = list(dict.fromkeys([*wave.urls, *urls]))
     return _out(handoff, state, host, urls, left)
 
 

@@ -241,7 +241,7 @@ def last_good_back(unit: str) -> Ops:
         yield fail(f"{unit}: no release has passed the gate on this host: nothing to go back to")
         return
     if not _files_are_last_good(unit):
-        yield from leave_routers()
+        yield from leave_routers([unit])
         yield f"{_files_back(unit)} && {start_command(unit)}"
     else:
         condition = unit_condition(unit)
@@ -249,7 +249,7 @@ def last_good_back(unit: str) -> Ops:
         if down:
             logger.warning(f"{host.print_prefix}{down}")
         if condition.get("ActiveState") != "active":
-            yield from leave_routers()
+            yield from leave_routers([unit])
             yield start_command(unit)
         else:
             host.noop(f"{unit} runs its last good release")
