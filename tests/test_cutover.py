@@ -37,6 +37,11 @@ class Router:
         self.registered.remove(url)
         return True
 
+    def workers(self) -> dict[str, dict[str, Any]]:
+        if self.broken:
+            raise RouterError(f"router {self.url}: GET /workers answered 500")
+        return {url: {"is_healthy": True} for url in self.registered}
+
     def add(self, url: str) -> bool:
         if url in self.registered:
             return False
@@ -275,7 +280,8 @@ def per_server(handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
 
     monkeypatch.setattr(cutover, "drained", drained)
     handoff.plan({"b200-01": list(SERVERS.values())}, drain_timeout=600,
-                 units={"b200-01": SERVERS}, batch_instances=batch_instances,
+                 units={"b200-01": {u: [url] for u, url in SERVERS.items()}},
+                 batch_instances=batch_instances,
                  health_timeout=42)
     handoff.give("turn", ["b200-01"])
     handoff.give("go", ["b200-01"])
@@ -322,14 +328,28 @@ def test_without_batch_instances_a_restarting_server_takes_its_host_out_whole(
 
 def test_a_new_server_takes_nothing_out_and_joins_when_ready(
         handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
-    router = Router("http://r1:30080", list(SERVERS.values()))
+    u0, u1, new = SERVERS.values()
+    router = Router("http://r1:30080", [u0, u1])  # sglang-2 is new: in the plan, not routed
     drains = per_server(handoff, monkeypatch, 1, router)
-    new = "http://10.0.0.11:30003"
-    assert cutover._leave_units(STATE, HOST, ["sglang-3.service"])  # in no router yet
-    assert router.registered == list(SERVERS.values()) and drains == []
+    assert cutover._leave_units(STATE, HOST, ["sglang-2.service"])
+    assert router.registered == [u0, u1] and drains == []
     assert handoff.left("b200-01") is None
     assert cutover._rejoin(STATE, HOST, [new])
-    assert router.registered == [*SERVERS.values(), new] and router.waited == [(new, 42)]
+    assert router.registered == [u0, u1, new] and router.waited == [(new, 42)]
+
+
+def test_a_server_the_roll_does_not_know_takes_its_host_out_whole(
+        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the host runs a fourth server from an earlier roll's --data; this roll retires it
+    fourth = "http://10.0.0.11:30003"
+    router = Router("http://r1:30080", [*SERVERS.values(), fourth, "http://10.0.0.12:30000"])
+    drains = per_server(handoff, monkeypatch, 1, router)
+    assert cutover._leave_units(STATE, HOST, ["sglang-3.service"])
+    # every worker at the host's address leaves, the other host's stays
+    assert router.registered == ["http://10.0.0.12:30000"]
+    assert drains == [*SERVERS.values(), fourth]
+    left = handoff.left("b200-01")
+    assert left is not None and left.at is not None
 
 
 def test_a_whole_leave_after_some_waves_takes_every_server_out(
@@ -371,7 +391,8 @@ def test_a_server_waits_for_its_go_before_it_leaves(
     routers(monkeypatch, router)
     monkeypatch.setattr(os, "getppid", os.getpid)
     handoff.plan({"b200-01": list(SERVERS.values())}, drain_timeout=600,
-                 units={"b200-01": SERVERS}, batch_instances=1)
+                 units={"b200-01": {u: [url] for u, url in SERVERS.items()}},
+                 batch_instances=1)
     handoff.give("turn", ["b200-01"])
     handoff.abort()
     assert cutover._leave_units(STATE, HOST, ["sglang-0.service"]) is False

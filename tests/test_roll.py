@@ -335,7 +335,9 @@ def test_with_batch_instances_a_host_keeps_serving_and_the_table_shows_each_wave
     hosts = [cast(Any, SimpleNamespace(name=n)) for n in units]
     every = {h: list(by_unit.values()) for h, by_unit in units.items()}
     plan = roll.Plan(inventory="inv.py", data=[], batches=[[h] for h in hosts], before=every,
-                     after=every, routers=[cast(Any, fake)], units=units, batch_instances=1)
+                     after=every, routers=[cast(Any, fake)], batch_instances=1,
+                     units={h: {u: [url] for u, url in by_unit.items()}
+                            for h, by_unit in units.items()})
     rolled = roll.Roll(plan, drain_timeout=1, health_timeout=1, run=WaveRuns())
     assert rolled()
     assert fewest and min(fewest) == 8  # of 9: one server out at a time

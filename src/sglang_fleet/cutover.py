@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
@@ -100,7 +101,8 @@ class Handoff:
         return {ENV: str(self.directory)}
 
     def plan(self, hosts: dict[str, list[str]], drain_timeout: float,
-             units: dict[str, dict[str, str]] | None = None, batch_instances: int | None = None,
+             units: dict[str, dict[str, list[str]]] | None = None,
+             batch_instances: int | None = None,
              health_timeout: float = 300) -> None:
         """The roll's hosts and the URLs each serves at now (``units``: by server unit); runs
         wait for the roll that wrote it (this process) and give up when it is gone."""
@@ -140,10 +142,12 @@ class Handoff:
         found = (self._read(_PLAN) or {}).get("hosts", {})
         return {str(k): list(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
-    def unit_urls(self, name: str) -> dict[str, str]:
-        """The URL each server unit of the host serves at now (what the routers know)."""
+    def unit_urls(self, name: str) -> dict[str, list[str]]:
+        """The URLs a router may know each server unit of the host by: where it serves with
+        the inventory, and with the roll's data (a host may run an earlier roll's)."""
         found = (self._read(_PLAN) or {}).get("units", {}).get(name, {})
-        return {str(k): str(v) for k, v in found.items()} if isinstance(found, dict) else {}
+        return {str(k): [str(u) for u in v] for k, v in found.items()} \
+            if isinstance(found, dict) else {}
 
     def drain_timeout(self) -> float:
         return float((self._read(_PLAN) or {}).get("drain_timeout", 0))
@@ -278,10 +282,11 @@ def _leave(state: Any, host: Any) -> bool:
         return False
     left = left or Left(None)
     left.at = time.time()
-    # servers of earlier waves are back at their new URLs: those leave too
+    # what the routers may know: its URLs now, with the roll's data, and of waves back already
     urls = list(dict.fromkeys([*handoff.hosts()[host.name],
+                               *(u for us in handoff.unit_urls(host.name).values() for u in us),
                                *(u for w in left.waves for u in w.urls)]))
-    return _out(handoff, state, host, urls, left)
+    return _out(handoff, state, host, urls, left, None)
 
 
 def _leave_units(state: Any, host: Any, units: list[str]) -> bool:
@@ -296,29 +301,31 @@ def _leave_units(state: Any, host: Any, units: list[str]) -> bool:
     if not _go(handoff, state, host):
         return False
     known = handoff.unit_urls(host.name)
-    urls = [known[unit] for unit in units if unit in known]
-    if not urls:  # a new server: in no router yet, nothing leaves
-        return True
-    left = left or Left(None)
-    wave = left.open_wave(time.time())
-    wave.urls = list(dict.fromkeys([*wave.urls, *urls]))
-    return _out(handoff, state, host, urls, left)
+    if any(unit not in known for unit in units):  # e.g. from an earlier roll's --data
+        logger.info(f"{host.print_prefix}{', '.join(u for u in units if u not in known)}: "
+                    "a server the roll does not know the URL of: the host leaves whole")
+        return _leave(state, host)
+    urls = list(dict.fromkeys(u for unit in units for u in known[unit]))
+    return _out(handoff, state, host, urls, left or Left(None), time.time())
 
 
-def _out(handoff: Handoff, state: Any, host: Any, urls: list[str], left: Left) -> bool:
-    """``urls`` out of every router, then drained; recorded either way (the roll puts back
-    what may be out)."""
+def _out(handoff: Handoff, state: Any, host: Any, urls: list[str], left: Left,
+         wave_from: float | None) -> bool:
+    """``urls`` out of every router, then drained (those a router had); recorded either way
+    (the roll puts back what may be out), as a wave of servers from ``wave_from`` if given."""
+    removed: list[str] = []
     try:
         for router in (config.api() for config in fleet.routers(state.inventory)):
-            for url in urls:
+            # a host leaving whole: every worker at its address, whatever its port
+            for url in (urls if wave_from is not None else _at_host(router, urls)):
                 if router.remove(url):
                     logger.info(f"{host.print_prefix}{url} out of the router {router.url}")
+                    removed = list(dict.fromkeys([*removed, url]))
     except RouterError as err:
         logger.error(f"{host.print_prefix}taking {', '.join(urls)} out of the routers: {err}")
-        handoff.record(host.name, left)  # possibly out of some: the roll puts it back
-        return False
+        return _noted(handoff, host, left, wave_from, urls, ok=False)
     drain_timeout = handoff.drain_timeout()
-    for url in urls:
+    for url in removed:
         tic = time.monotonic()
         done, unfinished = drained(url, drain_timeout)
         if done:
@@ -329,8 +336,29 @@ def _out(handoff: Handoff, state: Any, host: Any, urls: list[str], left: Left) -
                 else f"{url}: no metrics to drain by")
         logger.warning(f"{host.print_prefix}{note}")
         left.notes.append(note)
-    handoff.record(host.name, left)
-    return True
+    return _noted(handoff, host, left, wave_from, removed, ok=True)
+
+
+def _at_host(router: Any, urls: list[str]) -> list[str]:
+    """``urls`` and every worker the router has at one of their addresses (servers the host
+    runs from an earlier roll's data, say, which the inventory does not name).
+
+        _at_host(router, ["http://10.0.0.11:30000"])   # + 'http://10.0.0.11:30001', ...
+    """
+    hosts = {urlsplit(url).hostname for url in urls}
+    return list(dict.fromkeys([*urls, *(url for url in router.workers()
+                                        if urlsplit(url).hostname in hosts)]))
+
+
+def _noted(handoff: Handoff, host: Any, left: Left, wave_from: float | None, out: list[str],
+           ok: bool) -> bool:
+    """The host's record, with ``out`` in its open wave when servers left wave by wave."""
+    if wave_from is not None and out:
+        wave = left.open_wave(wave_from)
+        wave.urls = list(dict.fromkeys([*wave.urls, *out]))
+    if left.at is not None or left.waves:
+        handoff.record(host.name, left)
+    return ok
 
 
 def _rejoin(state: Any, host: Any, urls: list[str]) -> bool:

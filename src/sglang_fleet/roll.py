@@ -82,7 +82,8 @@ class Plan:
     before: dict[str, list[str]]  # host -> worker URLs now (what the routers know)
     after: dict[str, list[str]]  # host -> worker URLs once converged with the roll's data
     routers: list[Router]
-    units: dict[str, dict[str, str]] = field(default_factory=dict)  # host -> unit -> URL now
+    # host -> unit -> the URLs a router may know it by (with the inventory; with --data)
+    units: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     batch_instances: int | None = None  # a host's servers restarted at a time (None: whole)
 
 
@@ -195,13 +196,15 @@ def plan(inventory: str, data: Sequence[str], batch: int,
     if not hosts:
         raise InputError.one(inventory, "sglang_profile", "no serving hosts",
                              "give hosts a serving profile in their group data")
-    after, errors = {}, {}
+    after, units, errors = {}, {}, {}
     for host in hosts:  # every host's change is checked before the first one is touched
         try:
             profile = hostdata.profile_for(host)
             launches = render_all(profile)
             preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
             after[host.name] = fleet.urls(host, profile, launches)
+            units[host.name] = {launch.unit: [url] for launch, url in
+                                zip(launches, after[host.name], strict=True)}
         except InputError as err:
             errors[host.name] = err
     if errors:
@@ -218,10 +221,14 @@ def plan(inventory: str, data: Sequence[str], batch: int,
                              "no router: a roll takes hosts out of the router and puts them "
                              "back", "put the router hosts in a group 'routers' and run "
                              "deploys/router.py")
-    units = {h.name: fleet.unit_urls(h) for h in fleet.serving_hosts(now)}
+    before = {h.name: fleet.unit_urls(h) for h in fleet.serving_hosts(now)}
+    for name, by_unit in before.items():
+        for unit, url in by_unit.items():
+            known = units.setdefault(name, {}).setdefault(unit, [])
+            known[:0] = [url] if url not in known else []
     return Plan(inventory=inventory, data=list(data),
                 batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
-                before={name: list(by_unit.values()) for name, by_unit in units.items()},
+                before={name: list(by_unit.values()) for name, by_unit in before.items()},
                 after=after,
                 routers=[r.api() for r in routers], units=units,
                 batch_instances=batch_instances)
