@@ -166,3 +166,50 @@ def test_in_a_roll_with_batch_instances_each_wave_rejoins_the_routers(
         assert shell.checked == ["sglang-0.service", "sglang-1.service", "sglang-2.service"]
     finally:
         handoff.close()
+
+
+def test_a_units_files_and_start_come_after_the_wave_before_it_and_stop_with_a_failed_one(
+        ) -> None:
+    """The service stage as pyinfra builds it (facts of this machine, nothing executed): each
+    unit's environment, unit file, reload and start come after the wait for the wave before
+    it, and each carries the waves' condition, so a failed first wave leaves every later unit
+    as it was (files, release, process)."""
+    from pyinfra.api.config import Config
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.inventory import Inventory
+    from pyinfra.api.state import State
+    from pyinfra.context import ctx_state
+
+    from sglang_fleet.engine import Release
+
+    inventory = Inventory((["@local"], {"secrets": {"sglang-api-key": "k" * 32}}))  # type: ignore[no-untyped-call]
+    state = State(inventory, Config())  # type: ignore[no-untyped-call]
+    with ctx_state.use(state):
+        connect_all(state)
+        found = profile.load(FIELD_PROFILE, overrides={"parallel.instances": 3})
+        add_deploy(state, service.install_service, profile=found, launches=render_all(found),
+                   release=Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3"),
+                   restart_if=[])
+    host = inventory.get_host("@local")
+    ops = [(sorted(state.op_meta[h].names)[0].split(" | ")[-1],
+            state.ops[host][h].global_arguments.get("_if"))
+           for h in state.get_op_order() if h in state.ops[host]]  # type: ignore[no-untyped-call]
+    names = [name for name, _ in ops]
+    for i in range(3):
+        unit = f"sglang-{i}.service"
+        mine = [n for n, (name, _) in enumerate(ops) if unit in name and "wave" not in name]
+        assert [names[n].split(" ")[0] for n in mine] == ["Environment", "Unit", "Enable"]
+        if i:  # after the wait for the wave before it
+            assert min(mine) > names.index(f"Restart wave ready (after sglang-{i - 1}.service, "
+                                           "when its wave is whole)")
+    conditions = [cond for name, cond in ops if name.startswith(("Environment", "Unit ",
+                                                                 "Reload", "Enable"))]
+    going: list[Any] = [c for cond in conditions
+                        for c in (cond if isinstance(cond, list) else [cond])
+                        if getattr(c, "__name__", "") == "going"]
+    assert len(going) == len(conditions) == 12
+    waves = going[0].__self__
+    assert all(c.__self__ is waves for c in going) and all(c() for c in going)
+    waves.error = "sglang-0.service failed to start"
+    assert not any(c() for c in going)  # every later unit's operations are skipped
