@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import gate, ops, service, weights
+from sglang_fleet import checker, gate, ops, service, weights
 from sglang_fleet.engine import Release
 from sglang_fleet.hostcode import program
 from sglang_fleet.paths import (
@@ -77,7 +77,7 @@ def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
     monkeypatch.setattr(gate, "logger", type("L", (), {"warning": print, "info": print})())
 
     def install(fake: Host) -> Host:
-        for module in (gate, ops, service, weights):
+        for module in (checker, gate, ops, service, weights):
             monkeypatch.setattr(module, "host", fake, raising=False)
         return fake
 

@@ -187,7 +187,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
     from sglang_fleet import roll
 
     return roll.main(args.inventory, args.data, args.batch, args.drain_timeout,
-                     args.health_timeout)
+                     args.health_timeout, args.batch_instances)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -273,6 +273,10 @@ def _parser() -> argparse.ArgumentParser:
                        "first failure and putting that host's last good release back")
     p.add_argument("inventory", help="a pyinfra inventory, e.g. inventories/b200.py")
     p.add_argument("--batch", type=int, default=1, help="hosts at a time (default 1)")
+    p.add_argument("--batch-instances", type=int, default=None, metavar="K",
+                   help="a host's servers restarted K at a time (after the first, alone), "
+                   "only those out of the router, so the host keeps serving (default: the "
+                   "host leaves the router whole)")
     p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
                    help="pyinfra data for the deploy, e.g. sglang.memory.page_size=64")
     p.add_argument("--drain-timeout", type=float, default=600,

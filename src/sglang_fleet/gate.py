@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,11 +22,11 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet import summary
+from sglang_fleet.checker import CHECKER, check, error_of, result_of
 from sglang_fleet.cutover import leave_routers
 from sglang_fleet.errors import InputError
-from sglang_fleet.fleet import ANY_ADDRESS
-from sglang_fleet.hostcode import module_file, program, upload
-from sglang_fleet.ops import Ops, fail, run
+from sglang_fleet.hostcode import module_file, upload
+from sglang_fleet.ops import Ops, fail
 from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, gate_record, unit_path
 from sglang_fleet.profile import Profile
 from sglang_fleet.remote import eta
@@ -40,7 +39,6 @@ from sglang_fleet.service import (
     unit_condition,
 )
 
-CHECKER = "check_server"  # the host program (remote/check_server.py), run by the system python
 _RELEASE = re.compile(re.escape(RELEASES) + r"/[^/ ]+")
 
 
@@ -57,27 +55,6 @@ def expectations(launch: Launch) -> dict[str, Any]:
     if args.get("max_running_requests") is not None:
         expect["max_running_requests"] = args["max_running_requests"]
     return expect
-
-
-def url(profile: Profile, launch: Launch) -> str:
-    """Where the gate on the host reaches the server: its loopback when it listens on any
-    address (the same set ``fleet`` uses for the address routers reach)."""
-    address = profile.server.host
-    return f"http://{'127.0.0.1' if address in ANY_ADDRESS else address}:{launch.port}"
-
-
-def _check(profile: Profile, launch: Launch, *flags: str, budget: int | None = None,
-           show: bool = True, label: str = "") -> tuple[bool, list[str]]:
-    """Run check_server on the host for one launch; show its human lines (after ``label``)."""
-    argv = program("python3", CHECKER, "--unit", launch.unit, "--url", url(profile, launch),
-                   "--env-file", env_file(launch.unit), "--model", profile.model.served_name,
-                   *(["--budget", str(budget)] if budget is not None else []), *flags)
-    ok, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
-    lines = list(output.stdout_lines)
-    for line in lines if show else ():
-        if not line.startswith("GATE "):
-            logger.info(f"{host.print_prefix}{label}{line}")
-    return ok, lines
 
 
 def soak_requests(data: Any, host_name: str) -> int | None:
@@ -145,19 +122,19 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdi
     if not state.is_executing:
         return
     unit, env, saved = launch.unit, env_file(launch.unit), _saved(launch.unit)
-    ok, lines = _check(profile, launch, "--expect", json.dumps(expectations(launch)),
-                       *(["--job", job] if job else []), "--record", gate_record(unit),
+    ok, lines = check(profile, launch, "--expect", json.dumps(expectations(launch)),
+                      *(["--job", job] if job else []), "--record", gate_record(unit),
                        *(["--soak-requests", str(soak)] if soak is not None else []),
                        budget=budget)
     if ok:
-        verdict.measured = _gate_result(lines).get("measured")
+        verdict.measured = result_of(lines).get("measured")
         if _files_are_last_good(unit):
             host.noop(f"{unit} passed the gate and is the last good release already")
             return
         yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
                f"cp -p {env} {saved}.env")
         return
-    error = _gate_result(lines).get("error", "gate failed")
+    error = error_of(lines)
     if not host.get_fact(File, path=saved):
         yield fail(f"{error} (no earlier good release to return to)")
         return
@@ -181,14 +158,8 @@ def gate_failed(profile: Profile, launch: Launch, budget: int, verdict: Verdict)
     """
     if not state.is_executing or not verdict.failed():
         return
-    back, lines = _check(profile, launch, "--health-only", budget=budget, show=False)
+    back, lines = check(profile, launch, "--health-only", budget=budget, show=False)
     yield fail(f"{verdict.error}; {what_serves(launch, back, lines)}")
-
-
-def _gate_result(lines: list[str]) -> dict[str, Any]:
-    """The ``GATE {json}`` line of check_server's output ({} without one)."""
-    found: Any = next((json.loads(line[5:]) for line in lines if line.startswith("GATE ")), {})
-    return found if isinstance(found, dict) else {}
 
 
 @operation(is_idempotent=True)
@@ -223,7 +194,7 @@ def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
                 f"{'; '.join(p.describe() for p in stale)}")
     if not healthy:
         return "the last good release did not come back either (/health_generate)"
-    info = _gate_result(lines).get("serving") or {}
+    info = result_of(lines).get("serving") or {}
     return (f"the last good release serves again ({launch.unit} alone on port {launch.port}, "
             f"/health_generate 200, /server_info: SGLang {info.get('version')}, model "
             f"{info.get('model_path')})")
@@ -243,7 +214,7 @@ def smoke(profile: Profile, launch: Launch) -> Ops:
     if not host.get_fact(File, path=module_file(CHECKER)):
         yield fail(f"{module_file(CHECKER)} is missing: run deploys/sglang.py first")
         return
-    ok, _ = _check(profile, launch, "--smoke-only", label=f"{launch.unit}: ")
+    ok, _ = check(profile, launch, "--smoke-only", label=f"{launch.unit}: ")
     if not ok:
         yield fail(f"{launch.unit}: smoke test failed")
         return
@@ -295,7 +266,7 @@ def last_good_back(unit: str) -> Ops:
         yield fail(f"{unit}: no release has passed the gate on this host: nothing to go back to")
         return
     if not _files_are_last_good(unit):
-        yield from leave_routers()
+        yield from leave_routers([unit])
         yield f"{_files_back(unit)} && {start_command(unit)}"
     else:
         condition = unit_condition(unit)
@@ -303,7 +274,7 @@ def last_good_back(unit: str) -> Ops:
         if down:
             logger.warning(f"{host.print_prefix}{down}")
         if condition.get("ActiveState") != "active":
-            yield from leave_routers()
+            yield from leave_routers([unit])
             yield start_command(unit)
         else:
             host.noop(f"{unit} runs its last good release")
@@ -347,11 +318,11 @@ def regate(profile: Profile, launch: Launch, budget: int) -> Ops:
     """
     if not state.is_executing:
         return
-    for check in ("--health-only", "--smoke-only"):
-        ok, _ = _check(profile, launch, check, budget=budget, label=f"{launch.unit}: ")
+    for only in ("--health-only", "--smoke-only"):
+        ok, _ = check(profile, launch, only, budget=budget, label=f"{launch.unit}: ")
         if not ok:
             yield fail(f"{launch.unit}: the last good release does not pass the gate either "
-                       f"({check.removeprefix('--').replace('-only', '')})")
+                       f"({only.removeprefix('--').replace('-only', '')})")
             return
 
 
