@@ -30,7 +30,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
-from sglang_fleet import fleet, hostdata, preflight, validators
+from sglang_fleet import compiled, fleet, hostdata, preflight, validators
 from sglang_fleet.cutover import Handoff
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import render_all
@@ -292,6 +292,8 @@ class Roll:
             if left is not None and name not in self.out_since:
                 self.out_since[name] = left.at
                 self.outcomes[name].notes += left.notes
+            self.outcomes[name].notes += [n for n in compiled.notes(self.handoff, name)
+                                          if n not in self.outcomes[name].notes]
         return ok
 
     def left(self, name: str) -> None:

@@ -82,11 +82,7 @@ def warm_key(launch: Launch, release: Release, mode: str) -> str:
 
 def unchanged_kernels(unit: UnitState, launch: Launch, release: Release) -> bool:
     """The unit runs this release with these flags already: nothing new to compile."""
-    if unit.release != release.id:
-        return False
-    module = launch.argv[2]
-    running = list(unit.argv)
-    return module in running and running[running.index(module) + 1:] == list(launch.argv[3:])
+    return unit.runs(release.id, launch.argv[2], launch.argv[3:])
 
 
 def free_port(start: int) -> int:
