@@ -167,13 +167,17 @@ def test_a_host_with_nothing_to_receive_compiles(offers: list[dict[str, Any]], s
     assert decision.offer is None and said in decision.why and decision.mismatch is mismatch
 
 
-def test_the_first_host_with_a_digest_shares_it_but_not_the_last() -> None:
+def test_the_first_host_with_a_digest_shares_it_with_hosts_still_to_restart() -> None:
     order = ["h1", "h2", "h3"]
     assert compiled.share_problem("h1", order, BASE, []) is None
     assert "shared the kernels" in str(compiled.share_problem("h2", order, BASE,
                                                               [shared(inputs())]))
     assert compiled.share_problem("h2", order, BASE, [shared(inputs(arch="9.0"))]) is None
-    assert "the last host" in str(compiled.share_problem("h3", order, BASE, []))
+    assert "no host of the roll after it" in str(compiled.share_problem("h3", order, BASE, []))
+    # --batch 3: the whole roll in one batch, every host past its turn
+    assert "no host of the roll after it" in str(compiled.share_problem(
+        "h1", order, BASE, [], past=set(order)))
+    assert compiled.share_problem("h1", order, BASE, [], past={"h1", "h2"}) is None
 
 
 def test_one_claim_per_digest(tmp_path: Path) -> None:
@@ -261,6 +265,15 @@ def test_the_first_host_packs_and_the_controller_keeps_its_archive(roll: Any) ->
     assert offer["inputs"] == inputs().as_dict() and offer["files"] == 40
     assert compiled.notes(handoff, "h1") == [
         "kernels: shared with the hosts after it: 40 files (4 MB)"]
+
+
+def test_nothing_is_packed_when_every_later_host_is_past_its_turn(roll: Any) -> None:
+    fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
+    handoff = roll(fake)
+    handoff.give("took", ["h1", "h2", "h3"])  # one batch of three
+    assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == []
+    assert fake.ran == [] and compiled.offers(handoff) == []
+    assert "no host of the roll after it is still to restart" in fake.noops[0]
 
 
 def test_an_archive_that_arrives_changed_is_not_offered(roll: Any) -> None:

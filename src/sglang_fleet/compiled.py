@@ -28,6 +28,7 @@ import os
 import re
 import shlex
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,16 +224,17 @@ def decide(inputs: Inputs, recorded: bool, offers: list[dict[str, Any]]) -> Deci
                     "kernels then go to the hosts after it)")
 
 
-def share_problem(name: str, order: list[str], digest: str,
-                  offers: list[dict[str, Any]]) -> str | None:
-    """Why this host does not share its kernels (None: it does).
+def share_problem(name: str, order: list[str], digest: str, offers: list[dict[str, Any]],
+                  past: AbstractSet[str] = frozenset()) -> str | None:
+    """Why this host does not share its kernels (None: it does); ``past`` are the hosts past
+    their turn already (its own batch, and those before).
 
-        share_problem("h3", ["h1", "h2", "h3"], d, [])   # 'the last host of the roll: ...'
+        share_problem("h3", ["h1", "h2", "h3"], d, [])   # 'no host of the roll after it ...'
     """
     if name not in order:
         return "not a host of this roll"
-    if order.index(name) == len(order) - 1:
-        return "the last host of the roll: no host after it to receive them"
+    if all(other in past for other in order[order.index(name) + 1:]):
+        return "no host of the roll after it is still to restart"
     for offer in offers:
         if offer.get("digest") == digest:
             return f"{offer.get('host')} shared the kernels for {digest} already"
@@ -384,7 +386,9 @@ def kernels_shared(launches: list[Launch], release: Release) -> Ops:
         host.noop(f"its kernels are not shared: {inputs}")
         return
     digest = inputs.digest
-    why = share_problem(host.name, list(handoff.hosts()), digest, offers(handoff))
+    order = list(handoff.hosts())
+    past = {other for other in order if handoff.has(other, "took")}
+    why = share_problem(host.name, order, digest, offers(handoff), past)
     if why or not claim(handoff, digest):
         host.noop(f"its kernels are not shared: {why or 'another host of its batch shares them'}")
         return
