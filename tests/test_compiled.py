@@ -180,6 +180,16 @@ def test_the_first_host_with_a_digest_shares_it_with_hosts_still_to_restart() ->
     assert compiled.share_problem("h1", order, BASE, [], past={"h1", "h2"}) is None
 
 
+def test_a_host_shares_only_what_a_host_after_it_said_it_lacks() -> None:
+    order, other = ["h1", "h2", "h3"], inputs(arch="9.0").digest
+    has = {"h2": {"digest": BASE, "needs": False}, "h3": {"digest": other, "needs": True}}
+    assert "every host after it holds these kernels already or compiles for other inputs" in \
+        str(compiled.share_problem("h1", order, BASE, [], wants=has))
+    assert compiled.share_problem("h1", order, BASE, [], wants={
+        **has, "h3": {"digest": BASE, "needs": True}}) is None
+    assert compiled.share_problem("h1", order, BASE, [], wants={"h2": has["h2"]}) is None
+
+
 def test_one_claim_per_digest(tmp_path: Path) -> None:
     handoff = Handoff(tmp_path)
     assert compiled.claim(handoff, BASE) and not compiled.claim(handoff, BASE)
@@ -274,6 +284,26 @@ def test_nothing_is_packed_when_every_later_host_is_past_its_turn(roll: Any) -> 
     assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == []
     assert fake.ran == [] and compiled.offers(handoff) == []
     assert "no host of the roll after it is still to restart" in fake.noops[0]
+
+
+@pytest.mark.parametrize("recorded, needs", [(False, True), (True, False)])
+def test_a_prepared_host_says_which_kernels_it_needs(roll: Any, recorded: bool,
+                                                      needs: bool) -> None:
+    fake = CopyHost("h2", facts(recorded=recorded), {})
+    handoff = roll(fake)
+    [say] = commands(compiled.kernels_announced, LAUNCHES, RELEASE)
+    assert say.function(None, fake, *say.args, **say.kwargs)
+    assert compiled.wants(handoff) == {"h2": {"digest": BASE, "needs": needs}}
+    assert fake.ran == []
+
+
+def test_nothing_is_packed_when_the_hosts_after_it_have_the_kernels(roll: Any) -> None:
+    fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
+    handoff = roll(fake)
+    for name in ("h2", "h3"):
+        compiled.want(handoff, name, BASE, needs=False)
+    assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == []
+    assert fake.ran == [] and "holds these kernels already" in fake.noops[0]
 
 
 def test_an_archive_that_arrives_changed_is_not_offered(roll: Any) -> None:

@@ -8,16 +8,19 @@ environment that change which kernels a server compiles. A host records it
 (``/var/cache/sglang-fleet/compiled/<release>-<digest>.json``, root's) once a server of that
 release passed the gate there, or once it received the cache of a host that did.
 
+    announce_kernels(launches=launches, release=release)  # preparing (converge.prepare)
     share_kernels(launches=launches, release=release)     # after the gate (converge.serve)
     receive_kernels(launches=launches, release=release)   # after the turn, before the restart
 
-In a roll the first host with a digest packs its cache (``sglang_fleet_remote.cache_copy``) and
-the controller keeps the archive and its sha256 in the roll's handoff directory (root's, 0700;
-files 0600). A later host whose own cache lacks that digest receives it after its turn, before
-its restart: uploaded to root's staging, unpacked by the host program (sha256, the manifest's
-digest, every member checked; written as the service user). A host whose digest differs
-compiles itself, and the roll says in what the inputs differ. Nothing here fails a deploy: a
-cache that cannot be shared or received is said, and that host's restart compiles.
+In a roll the hosts say while they are prepared which digest they need, and whether they lack
+it; after its gate, the first host with a digest a later host lacks packs its cache
+(``sglang_fleet_remote.cache_copy``) and the controller keeps the archive and its sha256 in
+the roll's handoff directory (root's, 0700; files 0600). A later host whose own cache lacks
+that digest receives it after its turn, before its restart: uploaded to root's staging,
+unpacked by the host program (sha256, the manifest's digest, every member checked; written as
+the service user). A host whose digest differs compiles itself, and the roll says in what the
+inputs differ. Nothing here fails a deploy: a cache that cannot be shared or received is said,
+and that host's restart compiles.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
@@ -225,16 +229,24 @@ def decide(inputs: Inputs, recorded: bool, offers: list[dict[str, Any]]) -> Deci
 
 
 def share_problem(name: str, order: list[str], digest: str, offers: list[dict[str, Any]],
-                  past: AbstractSet[str] = frozenset()) -> str | None:
-    """Why this host does not share its kernels (None: it does); ``past`` are the hosts past
-    their turn already (its own batch, and those before).
+                  past: AbstractSet[str] = frozenset(),
+                  wants: dict[str, dict[str, Any]] | None = None) -> str | None:
+    """Why this host does not share its kernels (None: it does). ``past`` are the hosts past
+    their turn already (its own batch, and those before); ``wants`` what the others said
+    while they were prepared (their digest, whether they need its kernels): a host that said
+    nothing may need them.
 
         share_problem("h3", ["h1", "h2", "h3"], d, [])   # 'no host of the roll after it ...'
     """
     if name not in order:
         return "not a host of this roll"
-    if all(other in past for other in order[order.index(name) + 1:]):
+    later = [other for other in order[order.index(name) + 1:] if other not in past]
+    if not later:
         return "no host of the roll after it is still to restart"
+    said = wants or {}
+    if all(other in said and (said[other].get("digest") != digest or
+                              not said[other].get("needs")) for other in later):
+        return "every host after it holds these kernels already or compiles for other inputs"
     for offer in offers:
         if offer.get("digest") == digest:
             return f"{offer.get('host')} shared the kernels for {digest} already"
@@ -287,6 +299,24 @@ def _write(path: Path, data: dict[str, Any]) -> None:
 def offer(handoff: Handoff, data: dict[str, Any]) -> None:
     """Publish what this host shares (or why it could not) for the hosts after it."""
     _write(stage(handoff) / f"{data['digest']}.json", data)
+
+
+def want(handoff: Handoff, name: str, digest: str, needs: bool) -> None:
+    """What a host said while it was prepared: its digest, and whether it lacks the kernels."""
+    _write(stage(handoff) / f"{name}.wants", {"digest": digest, "needs": needs})
+
+
+def wants(handoff: Handoff) -> dict[str, dict[str, Any]]:
+    """What the hosts said while they were prepared, by host."""
+    found = {}
+    for path in stage(handoff).glob("*.wants"):
+        try:
+            said = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(said, dict):
+            found[path.name.removesuffix(".wants")] = said
+    return found
 
 
 def note(handoff: Handoff, name: str, text: str) -> None:
@@ -388,7 +418,7 @@ def kernels_shared(launches: list[Launch], release: Release) -> Ops:
     digest = inputs.digest
     order = list(handoff.hosts())
     past = {other for other in order if handoff.has(other, "took")}
-    why = share_problem(host.name, order, digest, offers(handoff), past)
+    why = share_problem(host.name, order, digest, offers(handoff), past, wants(handoff))
     if why or not claim(handoff, digest):
         host.noop(f"its kernels are not shared: {why or 'another host of its batch shares them'}")
         return
@@ -445,9 +475,7 @@ def kernels_received(launches: list[Launch], release: Release) -> Ops:
     handoff = cutover.current()
     if not state.is_executing or handoff is None or host.name not in handoff.hosts():
         return
-    units = host.get_fact(UnitStates, units=[launch.unit for launch in launches]) or {}
-    if all((unit := units.get(launch.unit)) is not None and
-           unit.runs(release.id, launch.argv[2], launch.argv[3:]) for launch in launches):
+    if running_these(launches, release):
         host.noop("its servers run this release with these flags: nothing to compile")
         return
     inputs = host_inputs(launches, release)
@@ -460,6 +488,42 @@ def kernels_received(launches: list[Launch], release: Release) -> Ops:
         _said(handoff, decision.why, warn=decision.mismatch)
         return
     yield from _receive(handoff, decision.offer, release)
+
+
+def running_these(launches: list[Launch], release: Release) -> bool:
+    """Every server of the host runs this release with these flags already."""
+    units = host.get_fact(UnitStates, units=[launch.unit for launch in launches]) or {}
+    return all((unit := units.get(launch.unit)) is not None and
+               unit.runs(release.id, launch.argv[2], launch.argv[3:]) for launch in launches)
+
+
+@operation(is_idempotent=True)
+def kernels_announced(launches: list[Launch], release: Release) -> Ops:
+    """In a roll, while the host is prepared: its digest and whether it lacks those kernels,
+    so the host before it shares them only when a host after it needs them.
+
+    + launches: the host's servers, as they will restart
+    + release: the release they will run
+
+        kernels_announced(name="Say which kernels it needs", launches=launches,
+                          release=release)
+    """
+    handoff = cutover.current()
+    if not state.is_executing or handoff is None or host.name not in handoff.hosts():
+        return
+    inputs = host_inputs(launches, release)
+    if isinstance(inputs, str):
+        host.noop(f"which kernels it needs is not known: {inputs}")
+        return
+    needs = not (running_these(launches, release) or
+                 host.get_fact(File, path=record_path(release, inputs.digest)))
+    yield FunctionCommand(_announce, (handoff, inputs.digest, needs), {})
+
+
+def _announce(state: Any, host: Any, handoff: Handoff, digest: str, needs: bool) -> bool:
+    """On the controller, into the roll's handoff, when the operation runs."""
+    want(handoff, host.name, digest, needs)
+    return True
 
 
 def _said(handoff: Handoff, text: str, warn: bool = False) -> None:
@@ -495,6 +559,13 @@ def receive_kernels(launches: list[Launch], release: Release) -> None:
     upload(PROGRAM, "prune_caches")
     kernels_received(name="In a roll, the kernels a host before it compiled (if it lacks them)",
                      launches=launches, release=release)
+
+
+@deploy("Compiled kernels announced")
+def announce_kernels(launches: list[Launch], release: Release) -> None:
+    """In a roll's preparation: which kernels this host will need."""
+    kernels_announced(name="In a roll, which compiled kernels it needs", launches=launches,
+                      release=release)
 
 
 @deploy("Compiled kernels shared")

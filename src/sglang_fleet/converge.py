@@ -14,7 +14,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host, inventory
 
 from sglang_fleet import fleet, hostdata, metrics_targets, preflight
-from sglang_fleet.compiled import share_kernels
+from sglang_fleet.compiled import announce_kernels, share_kernels
 from sglang_fleet.driver import install_driver
 from sglang_fleet.engine import Release, install_engine
 from sglang_fleet.gate import (
@@ -62,14 +62,15 @@ def serve() -> None:
 
 def prepare() -> None:
     """What a roll does on every host while it still serves: the engine release installed, the
-    weights staged, the caches warmed; nothing restarts and ``current`` stays (the driver and
-    the switch wait for the cutover)."""
+    weights staged, the caches warmed, which compiled kernels it needs said; nothing restarts
+    and ``current`` stays (the driver and the switch wait for the cutover)."""
     profile = hostdata.profile_for(host)
     launches = render_all(profile)
     preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
     release = cast(Release, install_engine(profile=profile))
     stage_weights(profile=profile)
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
+    announce_kernels(launches=launches, release=release)  # which kernels it will need
 
 
 def driver() -> None:
