@@ -50,7 +50,7 @@ from sglang_fleet.facts.nvidia import NvidiaSmi, SmiReport
 from sglang_fleet.facts.python import DeepGemm
 from sglang_fleet.facts.units import UnitStates
 from sglang_fleet.hostcode import program, upload
-from sglang_fleet.ops import Ops, privilege, run
+from sglang_fleet.ops import Ops, privilege, result_line, run
 from sglang_fleet.render import RENAMED_DESTS, Launch
 
 PROGRAM = "cache_copy"
@@ -350,18 +350,18 @@ def host_inputs(launches: list[Launch], release: Release) -> Inputs | str:
                       gpu_arch(host.get_fact(NvidiaSmi)))
 
 
+def in_roll() -> Handoff | None:
+    """The roll's handoff while an operation runs on one of its hosts; None otherwise."""
+    handoff = cutover.current()
+    if not state.is_executing or handoff is None or host.name not in handoff.hosts():
+        return None
+    return handoff
+
+
 def _result(lines: list[str]) -> dict[str, Any]:
-    """The host program's ``CACHECOPY <json>`` line."""
-    for line in reversed(lines):
-        if line.startswith("CACHECOPY "):
-            try:
-                found = json.loads(line[10:])
-            except ValueError:
-                break
-            if isinstance(found, dict):
-                return found
-    return {"ok": False, "error": "the host program printed no result: "
-            + " | ".join(lines[-3:])}
+    """The host program's ``CACHECOPY <json>`` line (an error when it printed none)."""
+    return result_line(lines, "CACHECOPY") or {"ok": False, "error": "the host program "
+                                                "printed no result: " + " | ".join(lines[-3:])}
 
 
 def _program(*args: str) -> dict[str, Any]:
@@ -408,8 +408,8 @@ def kernels_shared(launches: list[Launch], release: Release) -> Ops:
 
         kernels_shared(name="Share the compiled kernels", launches=launches, release=release)
     """
-    handoff = cutover.current()
-    if not state.is_executing or handoff is None:
+    handoff = in_roll()
+    if handoff is None:
         return
     inputs = host_inputs(launches, release)
     if isinstance(inputs, str):
@@ -472,8 +472,8 @@ def kernels_received(launches: list[Launch], release: Release) -> Ops:
         kernels_received(name="Receive the compiled kernels", launches=launches,
                          release=release)
     """
-    handoff = cutover.current()
-    if not state.is_executing or handoff is None or host.name not in handoff.hosts():
+    handoff = in_roll()
+    if handoff is None:
         return
     if running_these(launches, release):
         host.noop("its servers run this release with these flags: nothing to compile")
@@ -508,8 +508,8 @@ def kernels_announced(launches: list[Launch], release: Release) -> Ops:
         kernels_announced(name="Say which kernels it needs", launches=launches,
                           release=release)
     """
-    handoff = cutover.current()
-    if not state.is_executing or handoff is None or host.name not in handoff.hosts():
+    handoff = in_roll()
+    if handoff is None:
         return
     inputs = host_inputs(launches, release)
     if isinstance(inputs, str):
