@@ -263,7 +263,8 @@ def test_the_first_host_packs_and_the_controller_keeps_its_archive(roll: Any) ->
     fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
     handoff = roll(fake)
     outgoing = f"{paths.CACHE_COPY}/{BASE}.tar.gz"
-    assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == [f"rm -f {outgoing}"]
+    assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == [
+        f"rm -f {outgoing} {outgoing}.part"]
     pack = shlex.split(fake.ran[0])
     assert pack[:5] == program("/usr/bin/python3", compiled.PROGRAM)[:5]
     assert pack[5:] == ["pack", "--root", paths.CACHE, "--digest", BASE, "--inputs",
@@ -309,7 +310,8 @@ def test_nothing_is_packed_when_the_hosts_after_it_have_the_kernels(roll: Any) -
 def test_an_archive_that_arrives_changed_is_not_offered(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, b"other bytes")
     handoff = roll(fake)
-    assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == []
+    [removed] = commands(compiled.kernels_shared, LAUNCHES, RELEASE)  # the host's archive
+    assert removed.startswith(f"rm -f {paths.CACHE_COPY}/{BASE}.tar.gz")
     [offer] = compiled.offers(handoff)
     assert "arrived with sha256" in offer["error"] and "sha256" not in offer
     assert not compiled.archive(handoff, BASE).exists()

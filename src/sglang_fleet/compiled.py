@@ -425,8 +425,8 @@ def kernels_shared(launches: list[Launch], release: Release) -> Ops:
     tic = time.monotonic()
     outgoing = f"{paths.CACHE_COPY}/{digest}.tar.gz"
     packed = _program("pack", "--root", paths.CACHE, "--digest", digest,
-                            "--inputs", json.dumps(inputs.as_dict(), sort_keys=True),
-                            "--out", outgoing)
+                      "--inputs", json.dumps(inputs.as_dict(), sort_keys=True),
+                      "--out", outgoing)
     shared = {"digest": digest, "inputs": inputs.as_dict(), "host": host.name}
     if packed.get("ok") and packed.get("files"):
         packed = _fetch(outgoing, archive(handoff, digest), packed)
@@ -434,30 +434,29 @@ def kernels_shared(launches: list[Launch], release: Release) -> Ops:
         offer(handoff, {**shared, "error": str(packed.get("error"))})
         logger.warning(f"{host.print_prefix}its kernels could not be shared: "
                        f"{packed.get('error')}; the hosts after it compile their own")
-        return
-    offer(handoff, {**shared, "files": packed["files"], "bytes": packed["bytes"],
-                    "sha256": packed["sha256"], "archive_bytes": packed["archive_bytes"]})
-    note(handoff, host.name, f"shared with the hosts after it: {packed['files']} files "
-         f"({_mb(packed['bytes'])})")
-    logger.info(f"{host.print_prefix}shared the kernels compiled for {digest}: "
-                f"{packed['files']} files, {_mb(packed['archive_bytes'])} packed, on the "
-                f"controller in {time.monotonic() - tic:.1f} s")
-    yield f"rm -f {shlex.quote(outgoing)}"
+    else:
+        offer(handoff, {**shared, "files": packed["files"], "bytes": packed["bytes"],
+                        "sha256": packed["sha256"], "archive_bytes": packed["archive_bytes"]})
+        note(handoff, host.name, f"shared with the hosts after it: {packed['files']} files "
+             f"({_mb(packed['bytes'])})")
+        logger.info(f"{host.print_prefix}shared the kernels compiled for {digest}: "
+                    f"{packed['files']} files, {_mb(packed['archive_bytes'])} packed, on the "
+                    f"controller in {time.monotonic() - tic:.1f} s")
+    yield f"rm -f {shlex.quote(outgoing)} {shlex.quote(outgoing + '.part')}"
 
 
 def _fetch(outgoing: str, local: Path, packed: dict[str, Any]) -> dict[str, Any]:
     """The host's archive onto the controller (0600), checked against the sha256 the host
     program printed."""
     with os.fdopen(os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
-        if not host.get_file(outgoing, out, **privilege()):
-            return {"ok": False, "error": f"the download of {outgoing} failed"}
-    with open(local, "rb") as got:
-        found = hashlib.file_digest(got, "sha256").hexdigest()
-    if found != packed["sha256"]:
-        local.unlink()
-        return {"ok": False, "error": f"the archive arrived with sha256 {found}, not "
-                f"{packed['sha256']}"}
-    return packed
+        got = host.get_file(outgoing, out, **privilege())
+    with open(local, "rb") as done:
+        found = hashlib.file_digest(done, "sha256").hexdigest()
+    if got and found == packed["sha256"]:
+        return packed
+    local.unlink()
+    return {"ok": False, "error": f"the archive arrived with sha256 {found}, not "
+            f"{packed['sha256']}" if got else f"the download of {outgoing} failed"}
 
 
 @operation(is_idempotent=True)
