@@ -50,7 +50,12 @@ from typing import IO, Any
 
 from .prune_caches import open_root, remove_directory  # uploaded to the host with this module
 
-COPIED = ("deep_gemm/cache",)  # DeepGEMM's kernels (SGLANG_DG_CACHE_DIR is <root>/deep_gemm)
+# DeepGEMM's kernels (SGLANG_DG_CACHE_DIR is <root>/deep_gemm): a directory per kernel under
+# cache/, "kernel.{}.{}" holding kernel.cu and kernel.cubin, built elsewhere and renamed into
+# place (strings of deep_gemm/_C.so, sgl-deep-gemm 0.1.2: "cache", "kernel.{}.{}", "Corrupted
+# JIT cache directory (missing kernel.cu or kernel.cubin)"; 0.2.3.post2: "cache", "{}.{}",
+# std::filesystem::rename). Locks and builds under way stay behind.
+COPIED = ("deep_gemm/cache",)
 MANIFEST = "MANIFEST.json"
 MAX_MEMBERS = 1_000_000
 MAX_BYTES = 256 << 30
