@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
-from sglang_fleet import cutover, fleet, roll
+from sglang_fleet import compiled, cutover, fleet, roll
+from sglang_fleet.cutover import Handoff
 from sglang_fleet.errors import InputError
 from sglang_fleet.routerctl import RouterError
 from tests.conftest import ROOT
@@ -385,3 +387,17 @@ def test_with_batch_instances_a_host_keeps_serving_and_the_table_shows_each_wave
         f"{'':<16}wave 1 out of the router 20.0 s: http://h1:30000",
         f"{'':<16}wave 2 out of the router 21.0 s: http://h1:30001",
         f"{'':<16}wave 3 out of the router 22.0 s: http://h1:30002"]
+
+
+def test_the_table_says_what_each_host_did_with_its_kernels(router: FakeRouter) -> None:
+    class NotingRuns(Runs):
+        def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
+            for name in hosts if deploy == "serve" else []:
+                compiled.note(Handoff(Path(env[cutover.ENV])), name, f"received ({name})")
+            return super().work(deploy, hosts, env)
+
+    rolled = make(router, NotingRuns())
+    assert rolled()
+    report = rolled.report()
+    assert [line.strip() for line in report.splitlines() if "kernels:" in line] == [
+        f"kernels: received ({name})" for name in URLS]

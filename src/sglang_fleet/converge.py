@@ -14,6 +14,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host, inventory
 
 from sglang_fleet import fleet, hostdata, metrics_targets, preflight
+from sglang_fleet.compiled import announce_kernels, share_kernels
 from sglang_fleet.driver import install_driver
 from sglang_fleet.engine import Release, install_engine
 from sglang_fleet.facts.nvidia import NvidiaSmi
@@ -49,7 +50,9 @@ def serve() -> None:
     """preflight → driver → engine → weights → warm-up → service → gate. Preflight (the profile, its
     rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
     port, the GPUs' health) fails before any host changes. In a roll, the service stage waits
-    for the host's turn, and the host leaves the routers at its first restart (``cutover``)."""
+    for the host's turn, receives the kernels a host before it compiled (``compiled``), and the
+    host leaves the routers at its first restart (``cutover``); after its gate, the first host
+    with its inputs shares its kernels with the hosts after it."""
     profile, launches = host_launches(check=True)
     require_free_ports(launches)
     require_gpu_health()
@@ -65,16 +68,18 @@ def serve() -> None:
     gate_programs()  # up before the restart: out of the routers only for restart and checks
     install_service(profile=profile, launches=launches, release=release, restart_if=weights)
     run_gate(profile=profile, launches=launches)
+    share_kernels(launches=launches, release=release)  # in a roll, for the hosts after it
 
 
 def prepare() -> None:
     """What a roll does on every host while it still serves: the engine release installed, the
-    weights staged, the caches warmed; nothing restarts and ``current`` stays (the driver and
-    the switch wait for the cutover)."""
+    weights staged, the caches warmed, which compiled kernels it needs said; nothing restarts
+    and ``current`` stays (the driver and the switch wait for the cutover)."""
     profile, launches = host_launches(check=True)
     release = cast(Release, install_engine(profile=profile))
     stage_weights(profile=profile)
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
+    announce_kernels(launches=launches, release=release)  # which kernels it will need
 
 
 def driver() -> None:

@@ -30,7 +30,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
-from sglang_fleet import fleet, hostdata, preflight, status, validators
+from sglang_fleet import compiled, fleet, hostdata, preflight, status, validators
 from sglang_fleet.cutover import Handoff
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import render_all
@@ -351,6 +351,9 @@ class Roll:
             since = left.still_out()
             if since is not None and name not in self.out_since:
                 self.out_since[name] = since
+        for name in names:  # a host that never left still says why it compiled itself
+            notes = self.outcomes[name].notes
+            notes += [n for n in compiled.notes(self.handoff, name) if n not in notes]
         return ok
 
     def left(self, name: str) -> None:

@@ -23,6 +23,7 @@ from pyinfra.operations import files, systemd
 from sglang_fleet import cutover, fleet, paths
 from sglang_fleet.caches import cache_env
 from sglang_fleet.checker import check, error_of
+from sglang_fleet.compiled import receive_kernels
 from sglang_fleet.cutover import leave_routers, rejoin, turn
 from sglang_fleet.engine import Release, switch_release
 from sglang_fleet.errors import InputError, Problem
@@ -363,6 +364,7 @@ def install_service(profile: Profile, launches: list[Launch], release: Release,
     secrets_directory()
     [launcher] = upload(LAUNCHER)  # keys in-process, never on the command line
     turn(name="In a roll, this host's turn (the batch before it back in the routers)")
+    receive_kernels(launches=launches, release=release)  # in a roll, before any restart
     retire_other_units(name="Retire units of instances no longer wanted",
                        keep=[launch.unit for launch in launches])
     waves = Waves(per_wave=cutover.batch_instances())

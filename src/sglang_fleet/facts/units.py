@@ -45,6 +45,15 @@ class UnitState:
         match = _RELEASE.search(" ".join(self.argv))
         return match.group(1) if match else None
 
+    def runs(self, release: str, module: str, flags: tuple[str, ...]) -> bool:
+        """Whether the unit runs ``release``'s ``module`` with exactly ``flags`` already.
+
+            unit.runs("sglang-0.5.23-0123456789", "sglang.launch_server", ("--tp-size", "1"))
+        """
+        if self.release != release or module not in self.argv:
+            return False
+        return self.argv[self.argv.index(module) + 1:] == flags
+
     def flag(self, name: str) -> str | None:
         """The value of ``--name VALUE`` in the unit's command line."""
         for i, word in enumerate(self.argv[:-1]):
