@@ -25,6 +25,7 @@ from sglang_fleet.gate import (
 )
 from sglang_fleet.gpucheck import require_gpu_health
 from sglang_fleet.render import render_all
+from sglang_fleet.resize import with_remembered_size
 from sglang_fleet.router import install_router, remove_router
 from sglang_fleet.service import install_service, require_free_ports, startup_budget
 from sglang_fleet.teardown import Purge, teardown
@@ -37,7 +38,7 @@ def serve() -> None:
     rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
     port, the GPUs' health) fails before any host changes. In a roll, the service stage waits
     for the host's turn, and the host leaves the routers at its first restart (``cutover``)."""
-    profile = hostdata.profile_for(host)
+    profile = with_remembered_size(hostdata.profile_for(host))
     launches = render_all(profile)
     preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
     require_free_ports(launches)
@@ -53,14 +54,14 @@ def serve() -> None:
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
     gate_programs()  # up before the restart: out of the routers only for restart and checks
     install_service(profile=profile, launches=launches, release=release, restart_if=weights)
-    run_gate(profile=profile, launches=launches)
+    run_gate(profile=profile, launches=launches, release=release)
 
 
 def prepare() -> None:
     """What a roll does on every host while it still serves: the engine release installed, the
     weights staged, the caches warmed; nothing restarts and ``current`` stays (the driver and
     the switch wait for the cutover)."""
-    profile = hostdata.profile_for(host)
+    profile = with_remembered_size(hostdata.profile_for(host))
     launches = render_all(profile)
     preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
     release = cast(Release, install_engine(profile=profile))
