@@ -45,7 +45,8 @@ def sim_flags(launch: Launch, *more: str) -> list[str]:
 def test_the_seeds_log_names_why_48_cannot_fit() -> None:
     """24 slots, 5 per request, 4 running, 30 GB free on 0.5.12: the slots for 48 requests come
     out of the KV cache (77,000 tokens), which would keep less than one 262,144-token request;
-    the 30 GB free are outside the pools, so only mem_fraction_static could reach them."""
+    the 30 GB free are outside the pools, and mem_fraction_static would have to pass 1 to give
+    the pools the missing 51 GiB."""
     cap = capacity.parse(field_0_5_12(), "0.5.12")
     assert (cap.mamba_slots, cap.slots_per_request, cap.max_running_requests) == (24, 5, 4)
     assert round(cap.available_gpu_gb or 0) == 30
@@ -59,7 +60,9 @@ def test_the_seeds_log_names_why_48_cannot_fit() -> None:
                              f"request, {240 * per_slot:.1f} GiB)")
     assert f"below the 262144 it must hold (one request of the full context (context_len)): " \
            f"{short:.1f} GiB short" in reason
-    assert "memory.mem_fraction_static cannot give it: 30.1 GB is free" in reason
+    wanted = math.ceil((0.85 + short / B200_GB) * 100) / 100
+    assert f"memory.mem_fraction_static cannot give it: it would have to be {wanted:.2f} " \
+           "(now 0.85), above 1" in reason
     assert "parallel.tp 2 (" in reason
     assert "memory.target_running_requests" in reason.split("Levers: ")[0]
 
@@ -83,6 +86,11 @@ def test_the_seeds_numbers_with_memory_to_spare_name_the_fraction_that_fits() ->
     assert f"memory.mem_fraction_static {wanted:.2f} (now 0.85; 90.0 GB is free)" in reason
     most = max(n for n in range(1, 24) if left(n) >= 16384)
     assert most == 13 and "memory.target_running_requests 13 (the most that fit now)" in reason
+    tight = capacity.parse([x.replace("available_gpu_mem=90.00", "available_gpu_mem=10.00")
+                            for x in lines], "0.5.12")
+    reason = sizing.size(tight, 24, first_launch("0.5.12", 24), gpu_gb=B200_GB).reason or ""
+    assert f"memory.mem_fraction_static cannot give it: 10.0 GB is free, {short + 4:.1f} GB " \
+           "would be needed with 4 GB left for activations" in reason
 
 
 @pytest.mark.parametrize("release", ["0.5.10", "0.5.12", "0.5.13", "0.5.16", "0.5.17",

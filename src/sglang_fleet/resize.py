@@ -111,7 +111,7 @@ def sized(profile: Profile, launch: Launch, slots: int) -> Launch:
     return render(sizing.apply(profile, slots), launch.version, launch.instance)
 
 
-@operation(is_idempotent=False)
+@operation(is_idempotent=True)
 def sized_restart(profile: Profile, launch: Launch, release: Release, verdict: Verdict) -> Ops:
     """Write the launch's unit again, rendered with the mamba cache size the gate computed
     (the service stage's own unit file, ``service.unit_file``), and restart it once.

@@ -89,12 +89,12 @@ def remembered(text: str, digest: str) -> int | None:
         remembered('{"key": "ab", "max_mamba_cache_size": 240}', "ab")   # 240
     """
     try:
-        data = json.loads(text)
+        saved = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(data, dict) or data.get("key") != digest:
+    if not isinstance(saved, dict) or saved.get("key") != digest:
         return None
-    slots = data.get("max_mamba_cache_size")
+    slots = saved.get("max_mamba_cache_size")
     if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= 2**31 - 1:
         return None
     return slots
@@ -260,11 +260,14 @@ def _fraction_lever(cap: capacity.Capacity, launch: Launch, short_gb: float,
     if now is None or free is None or not gpu_gb:
         return "memory.mem_fraction_static higher (gives the pools more of the GPU)"
     wanted = math.ceil((now + short_gb / gpu_gb) * 100) / 100
-    if free - short_gb >= FREE_RESERVE_GB and wanted < 1:
-        return f"memory.mem_fraction_static {wanted:.2f} (now {now:g}; {free:.1f} GB is free)"
-    return (f"memory.mem_fraction_static cannot give it: {free:.1f} GB is free, "
-            f"{short_gb + FREE_RESERVE_GB:.1f} GB would be needed with "
-            f"{FREE_RESERVE_GB:.0f} GB left for activations")
+    if wanted >= 1:
+        return (f"memory.mem_fraction_static cannot give it: it would have to be {wanted:.2f} "
+                f"(now {now:g}), above 1")
+    if free - short_gb < FREE_RESERVE_GB:
+        return (f"memory.mem_fraction_static cannot give it: {free:.1f} GB is free, "
+                f"{short_gb + FREE_RESERVE_GB:.1f} GB would be needed with "
+                f"{FREE_RESERVE_GB:.0f} GB left for activations")
+    return f"memory.mem_fraction_static {wanted:.2f} (now {now:g}; {free:.1f} GB is free)"
 
 
 def _number(value: Any) -> float | None:
