@@ -118,3 +118,16 @@ def test_insecure_index_needs_the_flag(write_profile: Write) -> None:
     refused = cli("render", str(path))
     assert refused.returncode == 1 and "plain http" in refused.stderr
     assert cli("render", str(path), "--allow-insecure-urls").returncode == 0
+
+
+def test_render_shows_a_targets_first_start(write_profile: Write) -> None:
+    """memory.target_running_requests renders --max-running-requests, never a size (the size
+    is the host's, from the log of a start)."""
+    text = FIELD_PROFILE.read_text().replace("  context_length: 262144\n",
+                                             "  context_length: 262144\n"
+                                             "  target_running_requests: 64\n")
+    result = cli("render", str(write_profile(text)), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    argv = json.loads(result.stdout)["argv"]
+    assert argv[argv.index("--max-running-requests") + 1] == "64"
+    assert "--max-mamba-cache-size" not in argv and "--target-running-requests" not in argv

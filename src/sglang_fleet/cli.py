@@ -15,7 +15,7 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 
-from sglang_fleet import preflight, profile, releases, safeyaml, validators
+from sglang_fleet import preflight, profile, releases, safeyaml, sizing, validators
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import Launch, render
 
@@ -29,8 +29,10 @@ LAB_COMMANDS = {"lab": "simulated B200 hosts on this machine (needs root; the la
 
 
 def _load(args: argparse.Namespace) -> tuple[profile.Profile, Launch]:
+    """The profile and its first server's launch as a first start on a host of ``--gpus`` runs
+    it (a target's size is the host's)."""
     prof = profile.load(args.profile, allow_insecure_urls=args.allow_insecure_urls)
-    prof = prof.for_gpus(args.gpus, f"a host of --gpus {args.gpus}")
+    prof = sizing.apply(prof.for_gpus(args.gpus, f"a host of --gpus {args.gpus}"), None)
     return prof, render(prof, args.sglang_version)
 
 

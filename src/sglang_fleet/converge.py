@@ -28,6 +28,7 @@ from sglang_fleet.gate import (
 from sglang_fleet.gpucheck import require_gpu_health
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch, render_all
+from sglang_fleet.resize import with_remembered_size
 from sglang_fleet.router import install_router, remove_router
 from sglang_fleet.service import install_service, require_free_ports, startup_budget
 from sglang_fleet.teardown import Purge, teardown
@@ -37,9 +38,12 @@ from sglang_fleet.weights import stage_weights
 
 def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
     """This host's profile for the GPUs nvidia-smi lists on it (or host data's ``gpu_count``
-    before it has a driver) and its launches; ``check``: preflight them before any change."""
+    before it has a driver) and its launches; ``check`` (a deploy): with the mamba cache size
+    remembered for ``memory.target_running_requests``, preflighted before any change."""
     smi = host.get_fact(NvidiaSmi)
     profile = hostdata.profile_for(host, smi)
+    if check:
+        profile = with_remembered_size(profile)
     launches = render_all(profile)
     if check:
         preflight.require_host(profile, launches, host.name, hostdata.gpu_count(host, smi))
@@ -67,7 +71,7 @@ def serve() -> None:
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
     gate_programs()  # up before the restart: out of the routers only for restart and checks
     install_service(profile=profile, launches=launches, release=release, restart_if=weights)
-    run_gate(profile=profile, launches=launches)
+    run_gate(profile=profile, launches=launches, release=release)
     share_kernels(launches=launches, release=release)  # in a roll, for the hosts after it
 
 

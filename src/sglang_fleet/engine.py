@@ -248,7 +248,7 @@ def install_engine(profile: Profile) -> Release:
 def remove_engine(with_home: bool) -> None:
     """Every release, uv, the caches, the service user, and python3-venv if the product
     installed it; the service's home too when ``with_home`` (the staged weights live there)."""
-    for path in (paths.ROOT, paths.CACHE, paths.STATE, paths.ROOT_CACHE):
+    for path in (paths.ROOT, paths.CACHE, paths.STATE, paths.ROOT_CACHE, paths.SIZING):
         files.directory(name=f"Engine {path}", path=path, present=False)
     packages_purged(name="Engine packages", owned=[], shared=ENGINE_PACKAGES)
     server.user(name="Service user", user=paths.USER, present=False)

@@ -21,9 +21,10 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
-from sglang_fleet import summary
+from sglang_fleet import resize, summary
 from sglang_fleet.checker import CHECKER, check, error_of, result_of
 from sglang_fleet.cutover import leave_routers
+from sglang_fleet.engine import Release
 from sglang_fleet.errors import InputError
 from sglang_fleet.hostcode import module_file, upload
 from sglang_fleet.ops import Ops, fail
@@ -95,16 +96,23 @@ class Verdict:
 
     error: str | None = None
     measured: dict[str, Any] | None = None  # the GATE line's "measured", once it passed
+    resize: int | None = None  # the mamba cache size for the target: restart once with it
 
     def failed(self) -> bool:
         return self.error is not None
 
+    def resizing(self) -> bool:
+        """The gate found fewer running requests than the target and a size that fits; true
+        until a gate fails."""
+        return self.resize is not None and self.error is None
+
 
 @operation(is_idempotent=True)
 def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdict,
-         soak: int | None = None) -> Ops:
-    """Run the gate's checks of the launch's server on the host; when it passes, keep its unit
-    and environment as the last good release.
+         soak: int | None = None, final: bool = True) -> Ops:
+    """Run the gate's checks of the launch's server on the host; when it passes (and its log's
+    max running requests reaches ``memory.target_running_requests``), keep its unit and
+    environment as the last good release.
 
     + profile: the profile the server was rendered from
     + launch: the rendered server (unit, port, expected arguments)
@@ -112,6 +120,8 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdi
     + job: ``COMPLETIONS,TOKENS`` for the job estimate, or empty
     + verdict: where the result goes for ``last_good_back`` and ``gate_failed`` after it
     + soak: concurrent requests of the soak (None: twice max running requests; 0: none)
+    + final: False for a first gate that may ask for a sized restart (``verdict.resize``)
+      instead of failing short of the target
 
     A failed gate changes nothing here: ``last_good_back`` puts the last good release back and
     ``gate_failed`` fails the deploy; with no last good release this operation fails at once.
@@ -122,19 +132,29 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdi
     if not state.is_executing:
         return
     unit, env, saved = launch.unit, env_file(launch.unit), _saved(launch.unit)
+    target = profile.memory.target_running_requests
     ok, lines = check(profile, launch, "--expect", json.dumps(expectations(launch)),
                       *(["--job", job] if job else []), "--record", gate_record(unit),
                        *(["--soak-requests", str(soak)] if soak is not None else []),
+                       *(["--target", str(target)] if target else []),
                        budget=budget)
-    if ok:
-        verdict.measured = result_of(lines).get("measured")
+    result = result_of(lines)
+    error = None if ok else error_of(lines)
+    if error is None:
+        error, slots = resize.judge(profile, launch, result, final, verdict.resize)
+        if slots is not None:
+            verdict.resize = slots
+            host.noop(f"{unit} passed the gate short of its target: the next operation "
+                      f"restarts it with --max-mamba-cache-size {slots}")
+            return
+    if error is None:
+        verdict.measured = result.get("measured")
         if _files_are_last_good(unit):
             host.noop(f"{unit} passed the gate and is the last good release already")
             return
         yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
                f"cp -p {env} {saved}.env")
         return
-    error = error_of(lines)
     if not host.get_fact(File, path=saved):
         yield fail(f"{error} (no earlier good release to return to)")
         return
@@ -336,6 +356,22 @@ def restore_last_good(profile: Profile, launches: list[Launch]) -> None:
                launch=launch, budget=startup_budget())
 
 
+def _sized_restart(profile: Profile, launch: Launch, release: Release, verdict: Verdict,
+                   target: int, job: str, soak: int | None) -> None:
+    """What follows a gate short of the target, each only when it found a size: the restart
+    with it, the gate again (final: short again fails), and the size remembered."""
+    resize.sized_restart(name=f"{launch.unit}: restart once with the mamba cache sized for "
+                         f"{target} running requests (only if the gate found fewer)",
+                         profile=profile, launch=launch, release=release, verdict=verdict,
+                         _if=verdict.resizing)
+    gate(name=f"Gate {launch.unit} after the sized restart (only if there was one)",
+         profile=profile, launch=launch, budget=startup_budget(), job=job, verdict=verdict,
+         soak=soak, _if=verdict.resizing)
+    resize.remember_size(name=f"Remember the mamba cache size of {launch.unit} for later "
+                         "deploys (only after a sized restart passed)", profile=profile,
+                         launch=launch, verdict=verdict, _if=verdict.resizing)
+
+
 @deploy("Smoke test")
 def smoke_test(profile: Profile, launches: list[Launch]) -> None:
     for launch in launches:
@@ -350,19 +386,24 @@ def gate_programs() -> None:
 
 
 @deploy("Gate")
-def run_gate(profile: Profile, launches: list[Launch]) -> None:
-    """Health, effective arguments, smoke generation, soak and capacity report; rollback on
-    failure. The programs it runs are on the host already (``gate_programs``)."""
+def run_gate(profile: Profile, launches: list[Launch], release: Release) -> None:
+    """Health, effective arguments, smoke generation, soak and capacity report; with
+    ``memory.target_running_requests``, one restart with the mamba cache sized for it when the
+    log shows fewer; rollback on failure. The programs it runs are on the host already
+    (``gate_programs``)."""
     summary.failed_hosts_at_exit()
     job = host.data.get("job_estimate") or ""  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
     soak = soak_requests(host.data, host.name)
     verdicts = []
+    target = profile.memory.target_running_requests
     for launch in launches:
         verdict = Verdict()
         verdicts.append(verdict)
         gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, soak, capacity",
              profile=profile, launch=launch, budget=startup_budget(), job=str(job),
-             verdict=verdict, soak=soak)
+             verdict=verdict, soak=soak, final=target is None)
+        if target is not None:
+            _sized_restart(profile, launch, release, verdict, target, str(job), soak)
         last_good_back(name=f"Back to the last good {launch.unit} (only if the gate failed)",
                        unit=launch.unit, _if=verdict.failed)
         gate_failed(name=f"Gate verdict on {launch.unit} (if it failed: what serves now)",

@@ -25,6 +25,7 @@ USER = "sglang"
 HOME = "/var/lib/sglang"
 STATE = f"{HOME}/state"  # the service's home and working directory, its own to write
 MODELS = f"{HOME}/models"  # root-owned (0755): the service reads the weights, cannot replace them
+SIZING = f"{HOME}/sizing"  # root's: the mamba cache sizes computed for a target (sizing.py)
 CACHE = "/var/cache/sglang"  # the service's kernel and hub caches, its own to write
 RELEASE_CACHES = f"{CACHE}/release"  # caches.PER_RELEASE ones, one directory per version
 

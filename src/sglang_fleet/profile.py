@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -65,6 +65,7 @@ class Memory:
     context_length: int | None
     page_size: int | None
     chunked_prefill_size: int | None
+    target_running_requests: int | None = None  # the deploy sizes the mamba cache for it
 
 
 @dataclass(frozen=True)
@@ -319,6 +320,7 @@ def _consistency(values: dict[str, Any], located: Located, allow_insecure_urls: 
             and "CUDA_VISIBLE_DEVICES" in env:
         problem("env", "CUDA_VISIBLE_DEVICES is set per instance by parallel.instances",
                 "remove CUDA_VISIBLE_DEVICES from env")
+    _target_consistency(values.get("memory") or {}, invalid, problem)
     url = (values.get("engine") or {}).get("index_url")
     if isinstance(url, str):
         wrong = validators.url_problem(url, allow_insecure_urls)
@@ -327,6 +329,26 @@ def _consistency(values: dict[str, Any], located: Located, allow_insecure_urls: 
                     "use an https:// index; an http one only with allow_insecure_urls "
                     "(host data) or --allow-insecure-urls (check, render)"
                     if url.startswith("http://") else "write an https:// URL")
+
+
+def _target_consistency(memory: dict[str, Any], invalid: set[str],
+                        problem: Callable[[str, str, str], None]) -> None:
+    """memory.target_running_requests against the keys that would defeat it."""
+    target = memory.get("target_running_requests")
+    if not isinstance(target, int) or "memory.target_running_requests" in invalid:
+        return
+    if memory.get("max_mamba_cache_size") is not None:
+        problem("memory.max_mamba_cache_size", "is set with memory.target_running_requests: "
+                "both decide the mamba cache's size",
+                "remove memory.max_mamba_cache_size (the deploy sizes the cache for "
+                f"{target} running requests and remembers it), or remove "
+                "memory.target_running_requests")
+    mrr = memory.get("max_running_requests")
+    if isinstance(mrr, int) and mrr < target:
+        problem("memory.max_running_requests", f"{mrr} is below memory.target_running_requests "
+                f"{target}: SGLang would never run that many",
+                f"raise it to at least {target}, or leave it null (the deploy then passes "
+                f"--max-running-requests {target})")
 
 
 def validate(data: Mapping[str, Any], located: Located,

@@ -198,6 +198,8 @@ SCHEMA: dict[str, dict[str, Field]] = {
                                      "a fraction in (0, 1], e.g. 0.85", nullable=True),
         "max_running_requests": _int(fix="e.g. 48"),
         "max_mamba_cache_size": _int(fix="mamba state slots, e.g. 240"),
+        # Not an SGLang flag: the deploy sizes --max-mamba-cache-size for it (sizing.py).
+        "target_running_requests": _int(fix="running requests the deploy guarantees, e.g. 48"),
         "context_length": _int(fix="tokens, e.g. 262144"),
         "page_size": _int(fix="tokens per KV page, e.g. 64"),
         "chunked_prefill_size": _int(low=-1, fix="tokens per prefill chunk, -1 to disable"),

@@ -324,28 +324,37 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
     yield from back
 
 
+def unit_file(profile: Profile, launch: Launch, release: Release) -> dict[str, Any]:
+    """The unit file of one launch as ``files.template`` arguments: the service stage writes
+    it, and the gate's sized restart writes it again for a computed mamba cache size.
+
+        files.template(name="Unit sglang.service", **unit_file(profile, launch, release))
+    """
+    budget = startup_budget()
+    return dict(
+        src=TEMPLATE, dest=paths.unit_path(launch.unit), mode="644",
+        profile_path=unit_text(profile.path), version=launch.version,
+        release_id=release.id, env_file=paths.env_file(launch.unit),
+        served_name=unit_text(profile.model.served_name or profile.model.source),
+        paths=paths.template_values(), allowed_clients=allowed_clients(),
+        exec_start=exec_start(launch, release), timeout_start=budget,
+        timeout_stop=drain_budget(), start_limit_interval=budget * 4,
+        **restart_policy(host.get_fact(SystemdVersion)))
+
+
 def _unit(profile: Profile, launch: Launch, release: Release, launcher: OperationMeta,
           restart_if: list[OperationMeta], waves: Waves) -> None:
     unit_name = launch.unit
     secrets = secret_values(launch, host.name, host.data)
     try:
-        env_text, command = environment(launch, secrets), exec_start(launch, release)
+        env_text, values = environment(launch, secrets), unit_file(profile, launch, release)
     except UnsafeValue as err:
         raise InputError.one(profile.path, "env or extra_args", str(err),
                              "remove control characters from the value") from None
     # A failed wave leaves the units after it as they are: files, release and process.
     env = secret_file(name=f"Environment and secrets of {unit_name} (root, 0600)",
                       dest=paths.env_file(unit_name), content=env_text, _if=waves.going)
-    budget = startup_budget()
-    policy = restart_policy(host.get_fact(SystemdVersion))
-    unit = files.template(
-        name=f"Unit {unit_name}", src=TEMPLATE, dest=paths.unit_path(unit_name), mode="644",
-        profile_path=unit_text(profile.path), version=launch.version,
-        release_id=release.id, env_file=paths.env_file(unit_name),
-        served_name=unit_text(profile.model.served_name or profile.model.source),
-        paths=paths.template_values(), allowed_clients=allowed_clients(),
-        exec_start=command, timeout_start=budget, timeout_stop=drain_budget(),
-        start_limit_interval=budget * 4, _if=waves.going, **policy)
+    unit = files.template(name=f"Unit {unit_name}", _if=waves.going, **values)
     systemd.daemon_reload(name="Reload systemd", _if=[waves.going, unit.did_change])
     if host.data.get("replace_stale_servers"):
         stale_servers_stopped(name=f"Nothing else on port {launch.port}", launch=launch,

@@ -6,6 +6,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 from conftest import MTP, REPO, Launcher, died_of_a_child
 
 
@@ -167,17 +168,25 @@ def test_drained_server_ends_as_the_release_does(sims: Launcher) -> None:
 
 def test_draft_state_sizing_follows_the_release(sims: Launcher) -> None:
     """0.5.10 - 0.5.12 reserve the draft's intermediate state for all 48 requested running
-    requests; 0.5.13+ for the requests the mamba slots allow (24 // 5 = 4)."""
-    sizes = {}
+    requests, 0.5.13+ for the requests the mamba slots allow (24 // 5 = 4); every release
+    allocates it for those 4 (+1), so on 0.5.12 the difference stays free GPU memory."""
+    found = {}
     for release, flag in (("0.5.12", "--mamba-scheduler-strategy"),
                           ("0.5.13", "--mamba-scheduler-strategy")):
         sim = sims.start(*MTP, flag, "extra_buffer", "--max-mamba-cache-size", "24",
                          env={"SGLANG_SIM_VERSION": release})
-        m = re.search(r"intermediate_ssm_state_cache size: ([\d.]+)GB", sim.output())
-        assert m, sim.output()
-        sizes[release] = float(m.group(1))
+        out = sim.output()
+        inter = re.search(r"intermediate_ssm_state_cache size: ([\d.]+)GB "
+                          r"intermediate_conv_window_cache size: ([\d.]+)GB", out)
+        summary = re.search(r"max_total_num_tokens=(\d+),.* available_gpu_mem=([\d.]+) GB", out)
+        assert inter and summary, out
+        found[release] = (float(inter.group(1)) + float(inter.group(2)), int(summary.group(1)),
+                          float(summary.group(2)))
         sim.stop()
-    assert abs(sizes["0.5.12"] / sizes["0.5.13"] - 49 / 5) < 0.1
+    (inter_12, kv_12, free_12), (inter_13, kv_13, free_13) = found["0.5.12"], found["0.5.13"]
+    assert inter_12 == inter_13  # allocated for the same 4 + 1 requests
+    reserved_more = inter_13 * (48 - 4) / 5  # 0.5.12 reserved for 48, allocated for 4
+    assert kv_12 < kv_13 and free_12 - free_13 == pytest.approx(reserved_more, rel=0.03)
 
 
 def test_slot_sizing_keeps_one_back_from_0_5_17(sims: Launcher) -> None:

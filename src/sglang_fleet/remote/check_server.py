@@ -452,10 +452,11 @@ def api_key(env_file: str) -> str | None:
     return None
 
 
-def capacity_lines(cap: capacity.Capacity) -> list[str]:
+def capacity_lines(cap: capacity.Capacity, target: int = 48) -> list[str]:
     """The capacity report's lines, as ``sglang-fleet capacity`` prints them for the same log
-    (one reader, one report: the two never disagree)."""
-    return capacity.report(cap) or ["capacity: no startup line in this invocation's journal"]
+    (one reader, one report: the two never disagree); advice for ``target`` running requests."""
+    return capacity.report(cap, target) or \
+        ["capacity: no startup line in this invocation's journal"]
 
 
 def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -498,7 +499,7 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     mrr = info.get("max_running_requests")
     run_soak(args, key, invocation, cap.max_running_requests
              or (mrr if isinstance(mrr, int) else None), result)
-    for line in capacity_lines(cap):
+    for line in capacity_lines(cap, args.target):
         print(line)
     result["capacity"] = cap.as_json()
     result["measured"] = measured = eta.record(
@@ -546,6 +547,9 @@ def main() -> int:
     ap.add_argument("--soak-requests", type=int, default=None,
                     help="concurrent requests after the smoke (default: 2 x max running "
                     "requests; 0: no soak)")
+    ap.add_argument("--target", type=int, default=48,
+                    help="running requests the capacity advice aims at "
+                    "(memory.target_running_requests)")
     ap.add_argument("--health-only", action="store_true", help="only wait until healthy")
     ap.add_argument("--smoke-only", action="store_true",
                     help="only a smoke generation against the running server")

@@ -29,8 +29,9 @@ SHARDS, SHARD_MB = 4, 64  # staging moves real bytes: 256 MB of generated weight
 S3_CREDENTIALS = {"aws_access_key_id": "lab-access-key",
                   "aws_secret_access_key": "lab-secret-key"}
 WWW = STATE_DIR / "www"
-# Simulator wheels the wheelhouse offers: the pinned release and the one before it (to roll).
-WHEEL_RELEASES = [releases.pinned(), releases.supported()[-2]]
+# Simulator wheels the wheelhouse offers: the pinned release and the one before it (to roll),
+# and the field's 0.5.12 (tests/lab/test_target_running_requests.py).
+WHEEL_RELEASES = [releases.pinned(), releases.supported()[-2], "0.5.12"]
 
 
 def _pidfile(name: str) -> Path:

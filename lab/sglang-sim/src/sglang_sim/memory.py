@@ -95,7 +95,8 @@ def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int,
     up_front = spec and release_tuple(release) < (0, 5, 13, 0)
     if shape.is_hybrid and up_front:
         # 0.5.10 - 0.5.12 handle_max_mamba_cache: the draft's intermediate state is reserved
-        # for every requested running request before the slots are sized.
+        # for every requested running request before the slots are sized (0.5.12
+        # model_runner_kv_cache_mixin.py:83-98).
         rest -= per_slot * max(1, requested or 48) * draft / GB
     if shape.is_hybrid:
         if args.max_mamba_cache_size is not None:
@@ -121,12 +122,15 @@ def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int,
                 "--max-running-requests, (2) increase --mem-fraction-static, (3) reduce "
                 "--speculative-num-draft-tokens, or (4) use GPUs with more memory.")
         conv_gb, ssm_gb = conv_b * (slots + 1) / GB, ssm_b * (slots + 1) / GB
-        if spec:
-            reqs = max(1, requested or 48)
-            capped = reqs if up_front else min(reqs, slots // ratio)
-            inter_ssm = ssm_b * (capped + 1) * draft / GB
-            inter_conv = conv_b * (capped + 1) * draft / GB
-        rest -= conv_gb + ssm_gb + (0.0 if up_front else inter_ssm + inter_conv)
+        # What comes out of the KV budget: the slots (and from 0.5.17 the padding slot, as
+        # allocated), and from 0.5.13 the draft state of the requests the slots allow
+        # (0.5.13 model_runner_kv_cache_mixin.py handle_max_mamba_cache; 0.5.23
+        # kv_cache_configurator.py:3303-3345, :3404-3408).
+        padded = 1 if release_tuple(release) >= (0, 5, 17, 0) else 0
+        if spec and not up_front:
+            reqs = min(max(1, requested or 48), slots // ratio) + padded
+            rest -= per_slot * reqs * draft / GB
+        rest -= per_slot * (slots + padded) / GB
     kv_per_token = shape.kv_bytes_per_token(tp)
     page = args.page_size or 1
     tokens = int(rest * GB // kv_per_token) // page * page
@@ -148,6 +152,13 @@ def plan(args: Namespace, shape: ModelShape, gpu_mem_mib: int,
                 f"max_mamba_cache_size={slots}, mamba_ratio={ratio}, resulting "
                 f"max_num_reqs={max_reqs}. Try: (1) reduce --max-running-requests, (2) increase "
                 "--mem-fraction-static, or (3) use GPUs with more memory.")
+    if shape.is_hybrid and spec:
+        # Every release allocates the draft state for the resolved requests, plus the padding
+        # slot (mamba_spec_state_size=max_num_reqs: 0.5.12 model_runner_kv_cache_mixin.py:297,
+        # 0.5.23 kv_cache_configurator.py:1721; spec_state_size + 1: 0.5.12 memory_pool.py:296,
+        # 0.5.23 :886): up to 0.5.12 less than was reserved, and the rest stays free.
+        inter_ssm = ssm_b * (max_reqs + 1) * draft / GB
+        inter_conv = conv_b * (max_reqs + 1) * draft / GB
     kv_gb = tokens * kv_per_token / GB
     pool_end = after - kv_gb - conv_gb - ssm_gb - inter_ssm - inter_conv
     return MemoryPlan(
