@@ -22,13 +22,12 @@ from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.facts.python import parse_deep_gemm
 from sglang_fleet.facts.units import UnitState
 from sglang_fleet.hostcode import program
-from sglang_fleet.profile import load
 from sglang_fleet.remote import cache_copy
 from sglang_fleet.render import render, render_all
-from tests.conftest import FIELD_PROFILE
+from tests.conftest import field_profile
 from tests.test_operations import Host, commands
 
-PROFILE = load(FIELD_PROFILE)
+PROFILE = field_profile(gpus=1)  # one server: sglang.service
 RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
 OLD = Release("sglang", "0.5.22", (), None, None, "/usr/bin/python3")
 DG = "sgl-deep-gemm==0.2.3.post2"
@@ -41,7 +40,7 @@ def smi(*caps: str) -> SmiReport:
 
 def inputs(overrides: dict[str, Any] | None = None, release: Release = RELEASE,
            deep_gemm: str = DG, arch: str = "10.0", instance: int = 0) -> compiled.Inputs:
-    launch = render(load(FIELD_PROFILE, overrides or {}), instance=instance)
+    launch = render(field_profile(overrides or {}), instance=instance)
     found = compiled.inputs_for([launch], release, deep_gemm, arch)
     assert isinstance(found, compiled.Inputs), found
     return found

@@ -13,7 +13,7 @@ import pytest
 from sglang_fleet import profile, sizing
 from sglang_fleet.remote import capacity
 from sglang_fleet.render import Launch, render
-from tests.conftest import FIELD_PROFILE
+from tests.conftest import field_profile
 from tests.test_capacity import field_0_5_12
 from tests.test_capacity_sim import startup_log
 
@@ -24,7 +24,7 @@ B200_GB = 183359 / 1024
 
 def target_profile(release: str, target: int = 48, **memory: object) -> profile.Profile:
     """The shipped profile pinned to ``release`` with a target."""
-    return profile.load(FIELD_PROFILE, overrides={
+    return field_profile({
         "engine.version": release, "memory.target_running_requests": target,
         **{f"memory.{k}": v for k, v in memory.items()}})
 
@@ -166,7 +166,7 @@ def test_apply_renders_the_target_and_the_size() -> None:
     assert sized.args["max_mamba_cache_size"] == 240
     own = sizing.apply(target_profile("0.5.23", max_running_requests=64), 240)
     assert own.memory.max_running_requests == 64  # the profile's own limit, above the target
-    plain = profile.load(FIELD_PROFILE)
+    plain = field_profile()
     assert sizing.apply(plain, 240) is plain  # no target: the size means nothing
 
 

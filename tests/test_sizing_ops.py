@@ -25,7 +25,7 @@ from tests.test_capacity_sim import startup_log
 from tests.test_operations import RELEASE, Host, commands
 from tests.test_sizing import sim_flags, target_profile
 
-UNIT = "sglang.service"
+UNIT = "sglang-0.service"  # the first of the shipped profile's eight servers
 SAVED = f"{LAST_GOOD}/{UNIT}"
 SMI = SmiReport(tuple(Gpu(i, "NVIDIA B200", 183359, "580.95.05", "10.0", True)
                       for i in range(8)), None)

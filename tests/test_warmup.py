@@ -20,13 +20,12 @@ from sglang_fleet.engine import Release
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.facts.units import UnitState
 from sglang_fleet.hostcode import program
-from sglang_fleet.profile import load
 from sglang_fleet.remote import warm_caches
 from sglang_fleet.render import Launch, render
-from tests.conftest import FIELD_PROFILE, free_port
+from tests.conftest import field_profile, free_port
 from tests.test_operations import Host, commands
 
-PROFILE = load(FIELD_PROFILE, {"parallel.instances": 1})  # a spare GPU to warm on
+PROFILE = field_profile({"parallel.instances": 1})  # a spare GPU to warm on
 LAUNCH = render(PROFILE)
 RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
 

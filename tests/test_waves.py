@@ -14,10 +14,10 @@ import pytest
 from pyinfra.api.command import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import checker, cutover, ops, profile, service
+from sglang_fleet import checker, cutover, ops, service
 from sglang_fleet.render import Launch, render_all
 from sglang_fleet.waves import Waves, plan, retired, wave_of
-from tests.conftest import FIELD_PROFILE
+from tests.conftest import field_profile
 from tests.test_operations import Host, commands
 
 UNITS = [f"sglang-{i}.service" for i in range(8)]
@@ -86,7 +86,7 @@ def output(*lines: str) -> CommandOutput:
 
 @pytest.fixture
 def launches() -> list[Launch]:
-    return render_all(profile.load(FIELD_PROFILE, overrides={"parallel.instances": 3}))
+    return render_all(field_profile({"parallel.instances": 3}))
 
 
 @pytest.fixture
@@ -108,7 +108,7 @@ def restart(unit: str, waves: Waves) -> list[Any]:
 
 
 def ready(launches: list[Launch], waves: Waves, final: bool = False) -> list[Any]:
-    return commands(service.wave_ready, profile.load(FIELD_PROFILE), launches, waves, final)
+    return commands(service.wave_ready, field_profile(), launches, waves, final)
 
 
 def test_the_host_waits_for_the_first_server_before_the_others_start(
@@ -187,7 +187,7 @@ def test_a_units_files_and_start_come_after_the_wave_before_it_and_stop_with_a_f
     state = State(inventory, Config())  # type: ignore[no-untyped-call]
     with ctx_state.use(state):
         connect_all(state)
-        found = profile.load(FIELD_PROFILE, overrides={"parallel.instances": 3})
+        found = field_profile({"parallel.instances": 3})
         add_deploy(state, service.install_service, profile=found, launches=render_all(found),
                    release=Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3"),
                    restart_if=[])
