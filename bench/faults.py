@@ -297,7 +297,7 @@ def killed_mid_deploy() -> Row:
 def restarts_in_a_row() -> Row:
     """An operator restarts the server until systemd refuses; the next deploy recovers it."""
     for _ in range(12):
-        if ssh("lab1", "systemctl restart sglang.service").returncode:
+        if ssh("lab1", "systemctl restart sglang-0.service").returncode:
             break
     down = not serving()
     run = deploy()

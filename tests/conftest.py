@@ -9,6 +9,8 @@ import gevent.monkey  # type: ignore[import-untyped]
 import httpx
 import pytest
 
+from sglang_fleet.profile import Profile, load
+
 # pyinfra_cli patches the whole process with gevent when it is imported (roll.load imports it to
 # read an inventory, in some tests in-process): the test workers' own threads (pytest-xdist's
 # execnet channel) cannot run patched, and reading an inventory needs no patching.
@@ -17,6 +19,11 @@ gevent.monkey.patch_all = lambda *args, **kwargs: True
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = sorted((ROOT / "src" / "sglang_fleet" / "profiles").glob("*.yaml"))
 FIELD_PROFILE = ROOT / "src" / "sglang_fleet" / "profiles" / "qwen3.6-27b-mtp.yaml"
+
+
+def field_profile(overrides: dict[str, Any] | None = None, gpus: int = 8) -> Profile:
+    """The shipped profile for a host of ``gpus`` GPUs (its ``instances: auto`` resolved)."""
+    return load(FIELD_PROFILE, overrides).for_gpus(gpus, "a test host")
 
 
 @pytest.fixture

@@ -58,11 +58,6 @@ def test_other_formats() -> None:
                                           "context_len", "available GPU memory"]
 
 
-def test_job_time() -> None:
-    line = capacity.job_time(900_000, 1000, 150.0, 48)
-    assert line.startswith("900,000 completions of 1000 tokens: about 34.7 h")
-
-
 # Log lines built with each release's own format strings (paths are inside the wheel).
 def load_end(arch: str, avail: float, usage: float) -> str:
     # model_executor/model_runner.py (0.5.10 - 0.5.23)

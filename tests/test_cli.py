@@ -35,7 +35,16 @@ def test_render_json_for_three_releases() -> None:
 def test_render_shell_is_the_default() -> None:
     result = cli("render", str(FIELD_PROFILE))
     assert result.returncode == 0
-    assert result.stdout.startswith("python -m sglang.launch_server \\\n  --model-path ")
+    # instances: auto on the default 8 GPUs: the first server, on GPU 0 alone
+    assert result.stdout.startswith("env CUDA_VISIBLE_DEVICES=0 python -m sglang.launch_server "
+                                    "\\\n  --model-path ")
+
+
+def test_render_divides_the_gpus_given() -> None:
+    one = cli("render", str(FIELD_PROFILE), "--gpus", "1")
+    assert one.returncode == 0 and one.stdout.startswith("python -m sglang.launch_server")
+    bad = cli("render", str(FIELD_PROFILE), "--gpus", "0")
+    assert bad.returncode == 2 and "--gpus: must be a number of GPUs" in bad.stderr
 
 
 def test_check_field_failure_exits_1(write_profile: Write, tmp_path: Path) -> None:

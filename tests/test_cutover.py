@@ -23,8 +23,11 @@ HOST = SimpleNamespace(name="b200-01", print_prefix="[b200-01] ")
 
 
 class Router:
-    def __init__(self, url: str, registered: list[str], broken: bool = False) -> None:
+    def __init__(self, url: str, registered: list[str], broken: bool = False,
+                 unhealthy: tuple[str, ...] = ()) -> None:
         self.url, self.registered, self.broken = url, list(registered), broken
+        self.unhealthy = unhealthy
+        self.waited: list[tuple[str, float]] = []
 
     def remove(self, url: str) -> bool:
         if self.broken:
@@ -33,6 +36,23 @@ class Router:
             return False
         self.registered.remove(url)
         return True
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        if self.broken:
+            raise RouterError(f"router {self.url}: GET /workers answered 500")
+        return {url: {"is_healthy": True} for url in self.registered}
+
+    def add(self, url: str) -> bool:
+        if url in self.registered:
+            return False
+        self.registered.append(url)
+        return True
+
+    def wait_healthy(self, url: str, timeout: float) -> None:
+        self.waited.append((url, timeout))
+        if url in self.unhealthy:
+            raise RouterError(f"router {self.url}: gave up waiting {timeout:.0f} s for the "
+                              f"router to see {url} healthy")
 
 
 @pytest.fixture
@@ -75,7 +95,7 @@ def test_in_a_roll_the_host_leaves_every_router_once_and_drains(
     assert a.registered == ["http://other:30000"] and b.registered == []
     assert drains == [f"{URL} 600"]
     left = handoff.left("b200-01")
-    assert left is not None and left.at > 0
+    assert left is not None and left.at is not None and left.at > 0
     assert left.notes == [f"{URL}: 3 requests still in flight after 600 s; its own SIGTERM "
                           "drain finishes them"]
     a.registered.append(URL)  # a second disruptive command in the same run: out already
@@ -176,7 +196,8 @@ def restart(monkeypatch: pytest.MonkeyPatch, changed: bool, routed: bool) -> lis
 def test_a_server_leaves_right_before_its_restart_and_only_then(
         handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
     first, second = restart(monkeypatch, changed=True, routed=True)
-    assert isinstance(first, FunctionCommand) and first.function is cutover._leave
+    assert isinstance(first, FunctionCommand) and first.function is cutover._leave_units
+    assert first.args == (["sglang.service"],)  # the whole host, unless --batch-instances
     assert second == service.start_command("sglang.service")
     assert restart(monkeypatch, changed=False, routed=True) == []  # no restart: it stays
     # the router's own unit and the DCGM exporter are not behind the routers
@@ -190,7 +211,8 @@ def test_a_restore_that_restarts_leaves_first(handoff: cutover.Handoff,
                  "FindInFile": [], "Link": None})
     monkeypatch.setattr(gate, "host", fake)
     found = commands(gate.last_good_back, "sglang.service")
-    assert isinstance(found[0], FunctionCommand) and found[0].function is cutover._leave
+    assert isinstance(found[0], FunctionCommand) and found[0].function is cutover._leave_units
+    assert found[0].args == (["sglang.service"],)  # the whole host, unless --batch-instances
     assert "systemctl restart sglang.service" in found[1]
 
 
@@ -239,3 +261,140 @@ def test_files_back_removes_a_new_instance_that_never_started(
         "systemctl daemon-reload"]
     fake.facts["UnitCondition"] = {"ActiveState": "active"}  # serving: not ours to remove
     assert commands(gate.files_back, "sglang-1.service") == []
+
+
+# --batch-instances: a host's servers leave and come back wave by wave.
+SERVERS = {f"sglang-{i}.service": f"http://10.0.0.11:3000{i}" for i in range(3)}
+STATE = SimpleNamespace(inventory=None)
+
+
+def per_server(handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
+               batch_instances: int | None, *found: Router) -> list[str]:
+    """A roll of b200-01's three servers, at its go; every drain ends at once, recorded."""
+    routers(monkeypatch, *found)
+    drains: list[str] = []
+
+    def drained(url: str, timeout: float) -> tuple[bool, int]:
+        drains.append(url)
+        return True, 0
+
+    monkeypatch.setattr(cutover, "drained", drained)
+    handoff.plan({"b200-01": list(SERVERS.values())}, drain_timeout=600,
+                 units={"b200-01": {u: [url] for u, url in SERVERS.items()}},
+                 batch_instances=batch_instances,
+                 health_timeout=42)
+    handoff.give("turn", ["b200-01"])
+    handoff.give("go", ["b200-01"])
+    return drains
+
+
+def test_with_batch_instances_only_the_restarting_servers_leave_and_drain(
+        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = Router("http://r1:30080", list(SERVERS.values())), Router("http://r2:30080",
+                                                                    list(SERVERS.values()))
+    drains = per_server(handoff, monkeypatch, 2, a, b)
+    u0, u1, u2 = SERVERS.values()
+    assert cutover._leave_units(STATE, HOST, ["sglang-1.service", "sglang-2.service"])
+    assert a.registered == [u0] and b.registered == [u0] and drains == [u1, u2]
+    left = handoff.left("b200-01")
+    assert left is not None and left.at is None  # the host never left whole
+    [wave] = left.waves
+    assert wave.urls == [u1, u2] and wave.back is None and left.still_out() == wave.left
+    # the wave is ready: back into every router, each waited for until it is healthy
+    assert cutover._rejoin(STATE, HOST, [u1, u2])
+    assert sorted(a.registered) == sorted(b.registered) == sorted(SERVERS.values())
+    assert a.waited == [(u1, 42), (u2, 42)] and b.waited == a.waited
+    left = handoff.left("b200-01")
+    assert left is not None and left.waves[0].back is not None and left.still_out() is None
+    # the next wave opens a wave of its own
+    assert cutover._leave_units(STATE, HOST, ["sglang-0.service"])
+    left = handoff.left("b200-01")
+    assert left is not None and [w.urls for w in left.waves] == [[u1, u2], [u0]]
+    assert u0 not in a.registered and drains == [u1, u2, u0]
+
+
+def test_without_batch_instances_a_restarting_server_takes_its_host_out_whole(
+        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+    router = Router("http://r1:30080", [*SERVERS.values(), "http://other:30000"])
+    drains = per_server(handoff, monkeypatch, None, router)
+    assert cutover._leave_units(STATE, HOST, ["sglang-1.service"])
+    assert router.registered == ["http://other:30000"] and drains == list(SERVERS.values())
+    left = handoff.left("b200-01")
+    assert left is not None and left.at is not None and left.waves == []
+    # it comes back whole, after its gate, through the roll: never wave by wave
+    assert cutover._rejoin(STATE, HOST, [SERVERS["sglang-1.service"]])
+    assert router.registered == ["http://other:30000"] and router.waited == []
+
+
+def test_a_new_server_takes_nothing_out_and_joins_when_ready(
+        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+    u0, u1, new = SERVERS.values()
+    router = Router("http://r1:30080", [u0, u1])  # sglang-2 is new: in the plan, not routed
+    drains = per_server(handoff, monkeypatch, 1, router)
+    assert cutover._leave_units(STATE, HOST, ["sglang-2.service"])
+    assert router.registered == [u0, u1] and drains == []
+    assert handoff.left("b200-01") is None
+    assert cutover._rejoin(STATE, HOST, [new])
+    assert router.registered == [u0, u1, new] and router.waited == [(new, 42)]
+
+
+def test_a_server_the_roll_does_not_know_takes_its_host_out_whole(
+        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the host runs a fourth server from an earlier roll's --data; this roll retires it
+    fourth = "http://10.0.0.11:30003"
+    router = Router("http://r1:30080", [*SERVERS.values(), fourth, "http://10.0.0.12:30000"])
+    drains = per_server(handoff, monkeypatch, 1, router)
+    assert cutover._leave_units(STATE, HOST, ["sglang-3.service"])
+    # every worker at the host's address leaves, the other host's stays
+    assert router.registered == ["http://10.0.0.12:30000"]
+    assert drains == [*SERVERS.values(), fourth]
+    left = handoff.left("b200-01")
+    assert left is not None and left.at is not None
+
+
+def test_a_whole_leave_after_some_waves_takes_every_server_out(
+        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a wave came back at a new URL (its port changed); then the host fails and is restored
+    router = Router("http://r1:30080", list(SERVERS.values()))
+    per_server(handoff, monkeypatch, 1, router)
+    moved = "http://10.0.0.11:31000"
+    assert cutover._leave_units(STATE, HOST, ["sglang-0.service"])
+    assert cutover._rejoin(STATE, HOST, [moved])
+    assert moved in router.registered
+    assert cutover._leave(STATE, HOST)
+    assert router.registered == []
+    left = handoff.left("b200-01")
+    assert left is not None and left.at is not None
+    # out whole: a server's own leave is a no-op now, and nothing comes back early
+    assert cutover._leave_units(STATE, HOST, ["sglang-1.service"])
+    assert cutover._rejoin(STATE, HOST, [moved]) and router.registered == []
+
+
+def test_a_wave_the_router_does_not_see_healthy_fails_the_command(
+        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    u1 = SERVERS["sglang-1.service"]
+    router = Router("http://r1:30080", list(SERVERS.values()), unhealthy=(u1,))
+    per_server(handoff, monkeypatch, 1, router)
+    assert cutover._leave_units(STATE, HOST, ["sglang-1.service"])
+    assert cutover._rejoin(STATE, HOST, [u1]) is False
+    assert f"putting {u1} back: router http://r1:30080: gave up waiting 42 s" in caplog.text
+    left = handoff.left("b200-01")
+    assert left is not None and left.still_out() == left.waves[0].left  # still out: the roll
+    # puts it back
+
+
+def test_a_server_waits_for_its_go_before_it_leaves(
+        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    router = Router("http://r1:30080", list(SERVERS.values()))
+    routers(monkeypatch, router)
+    monkeypatch.setattr(os, "getppid", os.getpid)
+    handoff.plan({"b200-01": list(SERVERS.values())}, drain_timeout=600,
+                 units={"b200-01": {u: [url] for u, url in SERVERS.items()}},
+                 batch_instances=1)
+    handoff.give("turn", ["b200-01"])
+    handoff.abort()
+    assert cutover._leave_units(STATE, HOST, ["sglang-0.service"]) is False
+    assert "the roll stopped before this host could restart" in caplog.text
+    assert router.registered == list(SERVERS.values()) and handoff.left("b200-01") is None

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import gate, ops, profile, service, weights
+from sglang_fleet import checker, gate, ops, service, weights
 from sglang_fleet.engine import Release
 from sglang_fleet.hostcode import program
 from sglang_fleet.paths import (
@@ -21,12 +21,14 @@ from sglang_fleet.paths import (
     RELEASES,
     TOOLS,
     env_file,
+    gate_record,
     unit_path,
 )
+from sglang_fleet.remote import eta
 from sglang_fleet.remote.download_model import MANIFEST
 from sglang_fleet.render import Launch, render
 from sglang_fleet.service import start_command
-from tests.conftest import FIELD_PROFILE
+from tests.conftest import field_profile
 from tests.test_operations import Host, commands
 
 UNIT = "sglang.service"
@@ -38,9 +40,11 @@ class GateHost(Host):
     """A host whose gate program passes or fails with ``error``."""
 
     def __init__(self, facts: dict[str, Any], error: str | None = None,
-                 shell: dict[str, list[str]] | None = None) -> None:
+                 shell: dict[str, list[str]] | None = None,
+                 measured: dict[str, Any] | None = None) -> None:
         super().__init__(facts, shell)
         self.error = error
+        self.measured = measured
         self.ran: list[str] = []
 
     def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
@@ -48,7 +52,8 @@ class GateHost(Host):
             return super().run_shell_command(command, **kwargs)
         self.ran.append(command)
         result = {"ok": self.error is None, "error": self.error,
-                  "serving": {"version": "0.5.22", "model_path": "/m"}}
+                  "serving": {"version": "0.5.22", "model_path": "/m"},
+                  **({"measured": self.measured} if self.measured else {})}
         lines = ["health: /health_generate 200", f"GATE {json.dumps(result)}"]
         return self.error is None, CommandOutput([OutputLine("stdout", x) for x in lines])
 
@@ -72,7 +77,7 @@ def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
     monkeypatch.setattr(gate, "logger", type("L", (), {"warning": print, "info": print})())
 
     def install(fake: Host) -> Host:
-        for module in (gate, ops, service, weights):
+        for module in (checker, gate, ops, service, weights):
             monkeypatch.setattr(module, "host", fake, raising=False)
         return fake
 
@@ -81,11 +86,11 @@ def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
 
 @pytest.fixture(scope="module")
 def launch() -> Launch:
-    return render(profile.load(FIELD_PROFILE))
+    return render(field_profile(gpus=1))  # one server: sglang.service
 
 
 def run_gate(launch: Launch, verdict: gate.Verdict) -> list[Any]:
-    return commands(gate.gate, profile.load(FIELD_PROFILE), launch, 60, "", verdict)
+    return commands(gate.gate, field_profile(gpus=1), launch, 60, "", verdict)
 
 
 def test_a_passing_gate_keeps_its_release_as_the_last_good_once(
@@ -112,6 +117,34 @@ def test_the_gate_runs_check_server_with_the_system_python(
     assert shlex.split(command)[:5] == program("python3", "check_server")
 
 
+def test_the_gate_keeps_its_record_and_the_host_line_sums_every_unit(
+        use: Callable[[Host], Host], launch: Launch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each unit's gate writes its Verdict when it runs; the host's line, built before any of
+    them ran, reads all of them after the last one."""
+    verdicts = []
+    for i, tps in enumerate((5000.0, 7000.0, None)):  # the third soak was disabled
+        soak = {"tokens_per_s": tps} if tps else None
+        fake = use(GateHost({"Sha256File": sums()}, measured=eta.record(
+            f"sglang-{i}.service", f"inv{i}", "0.5.23", f"2026-07-01T10:0{i}:00Z", 48, soak,
+            {"tokens_per_s": 140.0})))
+        verdicts.append(gate.Verdict())
+        run_gate(launch, verdicts[-1])
+        [command] = fake.ran  # type: ignore[attr-defined]
+        assert shlex.split(command)[-2:] == ["--record", gate_record(UNIT)]
+    assert verdicts[1].measured and verdicts[1].measured["tokens_per_s"] == 7000.0
+    units = [f"sglang-{i}.service" for i in range(3)]
+    assert commands(gate.host_capacity, units, verdicts, "900000,1000") == []
+    out = capsys.readouterr().out.splitlines()
+    assert "[h1] host: 144 running requests on 3 of 3 servers (each server's effective max " \
+        "running requests, from its startup log)" in out
+    assert "[h1] host: 12,000 output tok/s, the sum of 2 of 3 servers' measured throughput " \
+        "(from this run's gate soaks at 2026-07-01T10:00:00Z … 2026-07-01T10:01:00Z)" in out
+    assert any(line.startswith("[h1] host: job 900,000 completions x 1,000 tokens: about "
+                               "20.8 h at the measured 12,000 output tok/s") for line in out)
+    assert any(line.startswith("[h1] host: not counted: sglang-2.service (in the capacity, not "
+                               "the throughput") for line in out)
+
+
 def test_a_failed_gate_leaves_the_restore_to_the_next_operation(
         use: Callable[[Host], Host], launch: Launch) -> None:
     fake = use(GateHost({"File": files(SAVED)}, error="soak: 3 of 32 failed"))
@@ -134,9 +167,9 @@ def test_a_failed_gate_without_a_last_good_release_fails_at_once(
 def test_gate_failed_says_what_serves_after_the_restore(
         use: Callable[[Host], Host], launch: Launch) -> None:
     use(GateHost({"PortListeners": []}))
-    assert commands(gate.gate_failed, profile.load(FIELD_PROFILE), launch, 60,
+    assert commands(gate.gate_failed, field_profile(gpus=1), launch, 60,
                     gate.Verdict()) == []
-    [command] = commands(gate.gate_failed, profile.load(FIELD_PROFILE), launch, 60,
+    [command] = commands(gate.gate_failed, field_profile(gpus=1), launch, 60,
                          gate.Verdict("soak: 3 of 32 failed"))
     assert ("error: soak: 3 of 32 failed; the last good release serves again (sglang.service "
             "alone on port 30000, /health_generate 200, /server_info: SGLang 0.5.22") in command
@@ -235,8 +268,8 @@ def test_staged_again_when_the_manifest_records_another_source(
 
 def test_a_changed_source_names_the_served_directory_and_the_restart(
         use: Callable[[Host], Host]) -> None:
-    old = render(profile.load(FIELD_PROFILE, {"model.source": "hf://org/model@v1"}))
-    new = profile.load(FIELD_PROFILE, {"model.source": "s3://org/model/v1"})
+    old = render(field_profile({"model.source": "hf://org/model@v1"}, gpus=1))
+    new = field_profile({"model.source": "s3://org/model/v1"}, gpus=1)
     line = f"ExecStart={service.exec_start(old, Release('p', '1', (), None, None, 'py'))}"
     use(Host({"FindInFile": lambda path, pattern: [line] if path == unit_path(UNIT) else None}))
     served = weights.served_model(new)

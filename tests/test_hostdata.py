@@ -7,6 +7,7 @@ from pyinfra.api.inventory import Inventory
 
 from sglang_fleet import hostdata
 from sglang_fleet.errors import InputError
+from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from tests.conftest import FIELD_PROFILE
 
 
@@ -14,7 +15,7 @@ def inventory(**host_data: object) -> Inventory:
     return Inventory(  # type: ignore[no-untyped-call]
         ([("b200-1", host_data), "b200-2"], {}),
         b200=(["b200-1", "b200-2"], {
-            "sglang_profile": str(FIELD_PROFILE),
+            "sglang_profile": str(FIELD_PROFILE), "gpu_count": 8,
             "sglang_overrides": {"memory": {"max_running_requests": 64, "page_size": 64}},
         }),
     )
@@ -35,6 +36,54 @@ def test_host_overrides_merge_key_by_key_over_group() -> None:
     assert p.memory.page_size == 64  # from the group, not repeated by the host
     assert p.parallel.tp == 2
     assert p.source_of("parallel.tp") == "pyinfra data of b200-1"
+
+
+def smi(count: int, error: str | None = None) -> SmiReport:
+    gpus = tuple(Gpu(i, "NVIDIA B200", 183359, "580.95.05", "10.0", True) for i in range(count))
+    return SmiReport(() if error else gpus, error)
+
+
+def test_auto_runs_one_server_per_gpu_set_of_the_host() -> None:
+    inv = inventory(**{"sglang.parallel.tp": 2})
+    assert hostdata.profile_for(inv.get_host("b200-1")).parallel.instances == 4  # gpu_count 8
+    # nvidia-smi, when the deploy is connected to the host, must agree with host data
+    assert hostdata.profile_for(inv.get_host("b200-2"), smi(8)).parallel.instances == 8
+    with pytest.raises(InputError) as err:
+        hostdata.profile_for(inv.get_host("b200-2"), smi(7))
+    [problem] = err.value.problems
+    assert (problem.source, problem.key) == ("pyinfra data of b200-2", "gpu_count")
+    assert "nvidia-smi on b200-2 lists 7 GPU(s), host data says 8" in problem.message
+    assert "Xid 79" in problem.fix
+
+
+def test_auto_counts_the_gpus_nvidia_smi_lists_or_says_what_it_needs() -> None:
+    inv = Inventory(([("h1", {"sglang_profile": str(FIELD_PROFILE)})], {}))  # type: ignore[no-untyped-call]
+    host = inv.get_host("h1")
+    assert hostdata.profile_for(host, smi(4)).parallel.instances == 4
+    for given, why in ((None, "read before connecting"),
+                       (smi(0, "nvidia-smi is not installed"), "nvidia-smi is not installed")):
+        with pytest.raises(InputError) as err:
+            hostdata.profile_for(host, given)
+        [problem] = err.value.problems
+        assert (problem.key, problem.source) == ("parallel.instances", str(FIELD_PROFILE))
+        assert why in problem.message and "set gpu_count = 8" in problem.fix
+
+
+def test_auto_with_fewer_gpus_than_one_server_names_the_levers() -> None:
+    inv = inventory(**{"sglang.parallel.tp": 8, "gpu_count": 4})
+    with pytest.raises(InputError) as err:
+        hostdata.profile_for(inv.get_host("b200-1"))
+    [problem] = err.value.problems
+    assert "b200-1 (host data gpu_count) has 4 GPU(s), fewer than one server's tp x dp = 8" \
+        in problem.message and "parallel.tp" in problem.fix
+
+
+def test_a_number_of_instances_still_checks_the_gpus_seen() -> None:
+    inv = inventory(**{"sglang.parallel.instances": "2"})  # --data gives strings
+    host = inv.get_host("b200-1")
+    assert hostdata.profile_for(host, smi(8)).parallel.instances == 2
+    with pytest.raises(InputError, match="lists 6 GPU"):
+        hostdata.profile_for(host, smi(6))
 
 
 def test_bad_override_names_host_and_key() -> None:

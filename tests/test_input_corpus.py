@@ -159,6 +159,9 @@ PROFILE_CASES = [
     check("tp 1.5", prof({"parallel.tp": 1.5}), "must be an integer"),
     check("instances 0", prof({"parallel.instances": 0}), "at least 1"),
     check("instances 65", prof({"parallel.instances": 65}), "at most 64"),
+    check("instances not auto", prof({"parallel.instances": "automatic"}),
+          "must be auto or a number"),
+    check("instances a float", prof({"parallel.instances": 2.5}), "must be an integer or a string"),
     check("trust_remote_code a string", prof({"model.trust_remote_code": "yes"}),
           "must be true/false"),
     check("radix_cache 1", prof({"scheduler.radix_cache": 1}), "must be true/false"),
@@ -550,7 +553,8 @@ def test_smoke_inputs(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[
 def _host_data(**data: Any) -> Callable[[], Any]:
     def profile() -> Any:
         inv = Inventory(  # type: ignore[no-untyped-call]
-            ([("h1", data)], {}), b200=(["h1"], {"sglang_profile": str(FIELD_PROFILE)}))
+            ([("h1", data)], {}),
+            b200=(["h1"], {"sglang_profile": str(FIELD_PROFILE), "gpu_count": 8}))
         return hostdata.profile_for(inv.get_host("h1"))
 
     return profile
@@ -558,6 +562,8 @@ def _host_data(**data: Any) -> Callable[[], Any]:
 
 HOST_CASES: list[tuple[str, Callable[[], Any], str]] = [
     ("overrides not a mapping", _host_data(sglang_overrides=["x"]), "must be a mapping"),
+    ("auto past the last port", _host_data(gpu_count=64, **{"sglang.server.port": 65500}),
+     "would listen up to port 65563"),
     ("startup budget words", _host_data(startup_budget_seconds="ten"), "whole number"),
     ("drain budget negative", _host_data(drain_budget_seconds=-1), "whole number"),
     ("gpu_count 0", _host_data(gpu_count=0), "positive integer"),
@@ -632,7 +638,8 @@ def test_host_data_insecure_urls_when_allowed() -> None:
 # --- roll: inventories and --data, in a process of its own (pyinfra_cli patches gevent) ----
 
 INVENTORY = f"""
-hosts = [("h1", {{"sglang_profile": {str(FIELD_PROFILE)!r}, "ssh_hostname": "10.0.0.1"}})]
+hosts = [("h1", {{"sglang_profile": {str(FIELD_PROFILE)!r}, "ssh_hostname": "10.0.0.1",
+                  "gpu_count": 8}})]
 """
 ROLL_CASES = [
     ("inventory syntax error", "hosts = [(\n", (), "not valid Python"),

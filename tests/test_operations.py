@@ -83,16 +83,17 @@ def test_prune_keeps_the_newest_and_what_the_links_name(use: Callable[[Host], Ho
     assert commands(engine.prune, keep=3) == []
 
 
-def test_prune_takes_the_caches_and_warm_marks_of_what_it_removed(
+def test_prune_takes_the_caches_marks_and_records_of_what_it_removed(
         use: Callable[[Host], Host]) -> None:
     old, mid, new = ("sglang-0.5.21-aaaaaaaaaa", "sglang-0.5.22-bbbbbbbbbb",
                      "sglang-0.5.23-cccccccccc")
     caches = paths.RELEASE_CACHES
     use(three_releases(old, mid, new, [f"{caches}/0.5.21", f"{caches}/0.5.22", f"{caches}/0.5.23"]))
-    marks = paths.WARM_MARKS
+    marks, records = paths.WARM_MARKS, paths.COMPILED
     assert commands(engine.prune, keep=1) == [
         f"rm -rf {RELEASES}/{old}", PRUNE_COMMAND,
-        f"rm -f {marks}/{old}-0123", f"rm -f {marks}/89abcdef"]
+        f"rm -f {marks}/{old}-0123", f"rm -f {marks}/89abcdef",
+        f"rm -f {records}/{old}-0123456789abcdef01234567.json"]
 
 
 # The kept versions are the program's only arguments: it reads the directory itself.
@@ -103,7 +104,8 @@ PRUNE_COMMAND = ("/usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath /usr/bin/
 
 def three_releases(old: str, mid: str, new: str, listed: list[str]) -> Host:
     """Releases old, mid (previous) and new (current), the per-version caches' listing as
-    pyinfra splits find's output (one line a path) and the warm-up marks."""
+    pyinfra splits find's output (one line a path), the warm-up marks and the compiled-kernel
+    records."""
     names = {f"{RELEASES}/{n}": day for day, n in enumerate((old, mid, new), start=1)}
     fake = releases_host([], {CURRENT: new, PREVIOUS: mid})
     caches = paths.RELEASE_CACHES
@@ -111,9 +113,12 @@ def three_releases(old: str, mid: str, new: str, listed: list[str]) -> Host:
         [caches, *listed] if path == caches
         else [RELEASES, *names])
     fake.facts["Directory"] = lambda path: {"mtime": datetime(2026, 1, names[path])}
-    fake.facts["FindFiles"] = [f"{paths.WARM_MARKS}/{old}-0123",
-                               f"{paths.WARM_MARKS}/{new}-4567",
-                               f"{paths.WARM_MARKS}/89abcdef"]  # the last: an older mark's name
+    found = {paths.WARM_MARKS: [f"{paths.WARM_MARKS}/{old}-0123",
+                                f"{paths.WARM_MARKS}/{new}-4567",
+                                f"{paths.WARM_MARKS}/89abcdef"],  # the last: an older mark
+             paths.COMPILED: [f"{paths.COMPILED}/{old}-0123456789abcdef01234567.json",
+                              f"{paths.COMPILED}/{new}-0123456789abcdef01234567.json"]}
+    fake.facts["FindFiles"] = lambda path, maxdepth: found.get(path, [])
     return fake
 
 
@@ -221,7 +226,8 @@ def test_units_are_found_through_facts_and_retired_by_name(
     assert service.installed_units() == ["sglang-1.service", "sglang.service"]
     [command] = commands(service.retire_other_units, keep=["sglang.service"])
     assert command.startswith("systemctl disable --now sglang-1.service; rm -f "
-                              f"{paths.UNITS}/sglang-1.service /etc/sglang/sglang-1.env")
+                              f"{paths.UNITS}/sglang-1.service /etc/sglang/sglang-1.env "
+                              f"{paths.gate_record('sglang-1.service')} ")  # its gate's figures
     fake = use(Host({"FindFiles": units[:1]}))
     assert commands(service.retire_other_units, keep=["sglang.service"]) == []
     assert fake.noops == ["no other sglang units"]

@@ -59,7 +59,7 @@ def table_parser(version: str, argv: list[str]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("version", releases.supported())
 def test_rendered_argv_parses_with_the_real_parser(version: str) -> None:
-    launches = [render(profile.load(p), version) for p in PROFILES]
+    launches = [render(profile.load(p).for_gpus(8, "a test host"), version) for p in PROFILES]
     answers = real_parser(version, [list(launch.argv[3:]) for launch in launches] + PROBES)
     table = flags.load(version)
     for path, launch, answer in zip(PROFILES, launches, answers, strict=False):

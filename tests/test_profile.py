@@ -7,7 +7,7 @@ import pytest
 
 from sglang_fleet import profile, releases
 from sglang_fleet.errors import InputError
-from tests.conftest import FIELD_PROFILE, MINIMAL
+from tests.conftest import MINIMAL, field_profile
 
 Write = Callable[..., Path]
 
@@ -19,7 +19,7 @@ def problems(path: Path, **kw: object) -> list[str]:
 
 
 def test_field_profile_loads_with_the_field_setup() -> None:
-    p = profile.load(FIELD_PROFILE)
+    p = field_profile()
     assert p.speculative.algorithm in ("NEXTN", "EAGLE")
     assert (p.speculative.num_steps, p.speculative.eagle_topk,
             p.speculative.num_draft_tokens) == (3, 1, 4)

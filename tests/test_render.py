@@ -9,7 +9,7 @@ import pytest
 from sglang_fleet import flags, profile, releases
 from sglang_fleet.errors import InputError
 from sglang_fleet.render import legacy_staging_dir, render, staging_dir
-from tests.conftest import FIELD_PROFILE, MINIMAL, PROFILES
+from tests.conftest import MINIMAL, PROFILES, field_profile
 
 Write = Callable[..., Path]
 
@@ -27,7 +27,7 @@ def pairs(argv: tuple[str, ...]) -> dict[str, str | None]:
 
 @pytest.fixture(scope="module")
 def field() -> profile.Profile:
-    return profile.load(FIELD_PROFILE)
+    return field_profile()
 
 
 def test_0_5_23_uses_the_radix_cache_flag(field: profile.Profile) -> None:
@@ -65,7 +65,7 @@ def test_deprecated_alias_is_never_emitted(field: profile.Profile, version: str)
 @pytest.mark.parametrize("version", releases.supported())
 @pytest.mark.parametrize("path", PROFILES, ids=[p.name for p in PROFILES])
 def test_every_emitted_flag_is_spelled_in_full(path: Path, version: str) -> None:
-    launch = render(profile.load(path), version)
+    launch = render(profile.load(path).for_gpus(8, "a test host"), version)
     table = flags.load(version)
     for option in pairs(launch.argv):
         flag = table.get(option)
@@ -180,11 +180,11 @@ def test_sources_sharing_a_slug_get_directories_of_their_own(field: profile.Prof
     each must still have its own staging directory, so that a change of source stages the new
     weights (and the unit, which names the directory, restarts) instead of serving the old."""
     sources = ["hf://org/model@v1", "s3://org/model/v1", "s3://org/model+v1"]
-    paths = [render(profile.load(FIELD_PROFILE, {"model.source": s})).args["model_path"]
+    paths = [render(field_profile({"model.source": s})).args["model_path"]
              for s in sources]
     assert len(set(paths)) == 3
     assert all(Path(p).name.startswith("org--model--v1-") for p in paths)
-    assert len({render(profile.load(FIELD_PROFILE, {"model.source": s})).argv
+    assert len({render(field_profile({"model.source": s})).argv
                 for s in sources}) == 3
     # The same objects by another spelling are the same directory.
     assert staging_dir("s3://org/model/v1/") == staging_dir("s3://org/model/v1")

@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
-from sglang_fleet import cutover, fleet, roll
+from sglang_fleet import compiled, cutover, fleet, roll
+from sglang_fleet.cutover import Handoff
 from sglang_fleet.errors import InputError
 from sglang_fleet.routerctl import RouterError
 from tests.conftest import ROOT
@@ -168,6 +170,26 @@ def test_bad_input_is_named() -> None:
         roll.plan("inventories/b200.py", [], 0)
     with pytest.raises(InputError, match="no such inventory file"):
         roll.plan("inventories/nope.py", [], 1)
+    for bad in (0, -2):
+        with pytest.raises(InputError, match=rf"--batch-instances: must be at least 1, got "
+                           rf"{bad}"):
+            roll.plan("inventories/b200.py", [], 1, batch_instances=bad)
+
+
+def test_batch_instances_larger_than_a_hosts_servers_is_named() -> None:
+    after = {"h1": ["http://h1:30000", "http://h1:30001"], "h2": ["http://h2:30000"]}
+    roll._fits(None, after)
+    roll._fits(1, after)
+    with pytest.raises(InputError, match=r"--batch-instances: 2 is more than a host's "
+                       r"servers: h2 runs 1 server\n    fix: give at most 1"):
+        roll._fits(2, after)
+    # through the command, before any host is touched (a process of its own: see below)
+    result = subprocess.run(["sglang-fleet", "roll", "inventories/b200.py",
+                             "--batch-instances", "3"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and "roll:" not in result.stdout
+    assert result.stderr.startswith("error: --batch-instances: 3 is more than a host's "
+                                    "servers: b200-01 runs 1 server, b200-02 runs 1 server\n")
 
 
 def test_every_hosts_change_is_checked_before_any_host_is_touched() -> None:
@@ -268,3 +290,114 @@ def test_a_batch_that_cannot_go_back_stops_the_roll_and_the_next_one_unstages(
     assert ("remove", "http://h2:30000") not in router.log
     assert rolled.outcomes["h2"].result == "not restarted: last good files back"
     assert rolled.outcomes["h3"].result == "untouched"
+
+
+def test_the_end_of_a_roll_prints_the_fleets_capacity_and_job_time(router: FakeRouter) -> None:
+    """After the table: what the fleet serves once the roll is over, read then (as ``status``
+    reads it) and summed from each server's gate record; a host that did not come back is
+    named, not counted."""
+    from sglang_fleet import status
+    from tests.test_status import measured_row, record
+
+    reads: list[str] = []
+
+    def read_fleet() -> status.Fleet:
+        reads.append("read")
+        rows = [measured_row(n, "sglang.service", "i", record(
+            "sglang.service", "i", "0.5.23", f"2026-07-01T10:0{k}:00Z", 48, 6000.0))
+            for k, n in enumerate(("h1", "h3"))]
+        rows.insert(1, measured_row("h2", "sglang.service", "j", None, health="HTTP 503"))
+        return status.Fleet(rows, (900_000, 1000))
+
+    rolled = make(router, Runs(("serve", "h2")))
+    rolled.read_fleet = read_fleet
+    assert not rolled() and reads == []  # nothing read while the roll runs
+    ending = rolled.fleet_lines()
+    assert reads == ["read"]
+    assert ending[0].startswith("fleet: 96 running requests on 2 of 3 servers")
+    assert ending[1].startswith("fleet: 12,000 output tok/s, the sum of 2 of 3 servers'")
+    assert ending[2].startswith("fleet: job 900,000 completions x 1,000 tokens: about 20.8 h")
+    assert ending[3] == "fleet: not counted: h2 sglang.service (down: /health HTTP 503)"
+
+
+def test_a_fleet_that_cannot_be_read_after_the_roll_is_one_line(router: FakeRouter) -> None:
+    def unreadable() -> Any:
+        raise InputError.one("inv.py", "sglang_profile", "no serving hosts", "give hosts one")
+
+    rolled = make(router, Runs())
+    rolled.read_fleet = unreadable
+    assert rolled.fleet_lines() == ["fleet: not read: inv.py: sglang_profile: no serving hosts"]
+
+
+def test_with_batch_instances_a_host_keeps_serving_and_the_table_shows_each_wave(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three hosts of three servers, one server at a time: never more than one server out of
+    the router, each wave back before the next leaves; the table gives the longest a server of
+    the host was out, and a line per wave."""
+    units = {h: {f"sglang-{i}.service": f"http://{h}:3000{i}" for i in range(3)}
+             for h in URLS}
+    fake = FakeRouter({url: True for by_unit in units.values() for url in by_unit.values()})
+    monkeypatch.setattr(fleet, "routers", lambda inventory: [SimpleNamespace(api=lambda: fake)])
+    monkeypatch.setattr(cutover, "drained", lambda url, timeout: (True, 0))
+    clock = Clock()
+    clock.install(monkeypatch)
+    fewest = []
+    removing = fake.remove
+
+    def remove(url: str) -> bool:
+        found = removing(url)
+        fewest.append(len(fake.known))
+        return found
+
+    fake.remove = remove  # type: ignore[method-assign]
+
+    class WaveRuns(Runs):
+        """The service stage of each host: its servers restart one wave at a time, each out
+        of the router for 20 s and back once ready."""
+
+        def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
+            if deploy != "serve":
+                return 0
+            os.environ.update(env)
+            try:
+                for name in hosts:
+                    who = SimpleNamespace(name=name, print_prefix="")
+                    for unit, url in units[name].items():
+                        assert cutover._leave_units(SimpleNamespace(inventory=None), who,
+                                                    [unit])
+                        clock.now += 20 + int(unit[7])  # the first (compiling) the longest
+                        assert cutover._rejoin(SimpleNamespace(inventory=None), who, [url])
+            finally:
+                del os.environ[cutover.ENV]
+            return 0
+
+    hosts = [cast(Any, SimpleNamespace(name=n)) for n in units]
+    every = {h: list(by_unit.values()) for h, by_unit in units.items()}
+    plan = roll.Plan(inventory="inv.py", data=[], batches=[[h] for h in hosts], before=every,
+                     after=every, routers=[cast(Any, fake)], batch_instances=1,
+                     units={h: {u: [url] for u, url in by_unit.items()}
+                            for h, by_unit in units.items()})
+    rolled = roll.Roll(plan, drain_timeout=1, health_timeout=1, run=WaveRuns())
+    assert rolled()
+    assert fewest and min(fewest) == 8  # of 9: one server out at a time
+    assert all(fake.known.values()) and len(fake.known) == 9
+    report = rolled.report().splitlines()
+    assert report[1].split()[:2] == ["h1", "converged"] and report[1].split()[-1] == "22.0"
+    assert report[2:5] == [
+        f"{'':<16}wave 1 out of the router 20.0 s: http://h1:30000",
+        f"{'':<16}wave 2 out of the router 21.0 s: http://h1:30001",
+        f"{'':<16}wave 3 out of the router 22.0 s: http://h1:30002"]
+
+
+def test_the_table_says_what_each_host_did_with_its_kernels(router: FakeRouter) -> None:
+    class NotingRuns(Runs):
+        def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
+            for name in hosts if deploy == "serve" else []:
+                compiled.note(Handoff(Path(env[cutover.ENV])), name, f"received ({name})")
+            return super().work(deploy, hosts, env)
+
+    rolled = make(router, NotingRuns())
+    assert rolled()
+    report = rolled.report()
+    assert [line.strip() for line in report.splitlines() if "kernels:" in line] == [
+        f"kernels: received ({name})" for name in URLS]

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_fleet import profile
 from sglang_fleet.engine import Release
 from sglang_fleet.errors import InputError
 from sglang_fleet.hostcode import program
 from sglang_fleet.render import render
 from sglang_fleet.service import LAUNCHER, environment, exec_start, secret_values
 from sglang_fleet.unitfile import systemd_word
-from tests.conftest import FIELD_PROFILE
+from tests.conftest import field_profile
 
 KEY = "k'ey\"x-0123456789abcdef"
 RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
@@ -27,7 +26,7 @@ def test_systemd_words() -> None:
 
 
 def test_exec_start_runs_the_launcher_and_carries_no_key() -> None:
-    launch = render(profile.load(FIELD_PROFILE))
+    launch = render(field_profile())
     words = exec_start(launch, RELEASE).split()
     assert words[:6] == [*program(RELEASE.python_bin, LAUNCHER), "sglang.launch_server"]
     assert "--api-key" not in words and "--admin-api-key" not in words
@@ -35,14 +34,14 @@ def test_exec_start_runs_the_launcher_and_carries_no_key() -> None:
 
 
 def test_environment_file_holds_secret_and_caches() -> None:
-    launch = render(profile.load(FIELD_PROFILE))
+    launch = render(field_profile())
     text = environment(launch, {"SGLANG_API_KEY": KEY})
     assert "SGLANG_API_KEY=\"k'ey\\\"x-0123456789abcdef\"" in text
     assert "HF_HOME='/var/cache/sglang/huggingface'" in text
 
 
 def test_missing_or_malformed_secret_names_the_data_key() -> None:
-    launch = render(profile.load(FIELD_PROFILE))
+    launch = render(field_profile())
     with pytest.raises(InputError, match=r"secrets\.sglang-api-key"):
         secret_values(launch, "b200-01", {})
     for bad in ("short", "has space in it 0123456789", "new\nline0123456789abcdef", "$(id)" * 5):

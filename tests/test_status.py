@@ -12,12 +12,15 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import httpx
 import pytest
 
 from sglang_fleet import status
 from sglang_fleet.facts import gpuhealth, units
+from sglang_fleet.remote import eta
 from tests.conftest import FIELD_PROFILE, ROOT, free_port, wait_for_health
 
 KEY = "status-test-key-0123"
@@ -80,6 +83,7 @@ def test_units_from_systemctl_show() -> None:
     assert (unit.state, unit.since, unit.pid) == ("active/running",
                                                   "Mon 2026-11-30 23:01:02 UTC", 4121)
     assert unit.release == "sglang-sim-0.5.23-3f2a9c1d"
+    assert unit.invocation == "8d3c8d0f4a9e4d6f9b6f0f5f3c2a1b7e"  # what the gate records
     assert unit.flag("--speculative-algorithm") == "NEXTN"
     assert unit.flag("--served-model-name") == "qwen3.6-27b"
     assert found["sglang-1.service"].state == "not installed"
@@ -94,7 +98,7 @@ def inventory(tmp_path: Path, port: int, dcgm: bool = False) -> Path:
     path.write_text(
         f"gpus = [('gpu1', {{'ssh_hostname': '127.0.0.1', 'ssh_port': {free_port()},\n"
         f"    'sglang_profile': {str(profile)!r}, 'sglang.server.host': '127.0.0.1',\n"
-        f"    'sglang.server.port': {port}, 'install_dcgm': {dcgm},\n"
+        f"    'sglang.server.port': {port}, 'install_dcgm': {dcgm}, 'gpu_count': 1,\n"
         "    'secrets': {'sglang-api-key': 'k' * 20, 'sglang-router-admin-key': 'a' * 20},\n"
         f"    'router_host': '127.0.0.1', 'router_port': {free_port()}}})]\n"
         "routers = ['gpu1']\n")
@@ -116,11 +120,89 @@ def test_a_host_that_does_not_answer_is_a_row_saying_why(server: str, tmp_path: 
     assert srv["router"] == ""  # the router did not answer: nothing known
     [router] = [r for r in rows if r["kind"] == "router"]
     assert router["health"] == "unreachable" and "router" in router["error"]
+    [fleet] = [r for r in rows if r["kind"] == "fleet"]  # serving, but its record unread
+    assert (fleet["running"], fleet["tokens_per_s"], fleet["seconds"]) == (0, 0.0, None)
+    [(left)] = fleet["not_counted"]
+    assert left["server"] == "gpu1 sglang.service" and left["why"].startswith("not read (ssh: ")
     table = subprocess.run([sys.executable, "-m", "sglang_fleet.cli", "status",
                             str(inventory(tmp_path, port))],
                            capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
     assert table.splitlines()[0].split()[:3] == ["host", "unit", "state"]
     assert "no answer" in table and "ssh: " in table
+    assert "fleet: 0 running requests on 0 of 1 servers" in table
+    assert "fleet: not counted: gpu1 sglang.service (not read (ssh: " in table
+
+
+def measured_row(host: str, unit: str, invocation: str, record: dict[str, object] | None,
+                 health: str = "ok", state: str = "active/running") -> status.Row:
+    """A server row as read_host and _http leave it, its gate record read as status reads it."""
+    row = status.Row("server", host, f"http://{host}:30000", unit=unit, state=state,
+                     health=health)
+    status.fill_measured(row, record, invocation)
+    return row
+
+
+def record(unit: str, invocation: str, version: str, at: str, running: int,
+           tps: float) -> dict[str, object]:
+    return eta.record(unit, invocation, version, at, running, {"tokens_per_s": tps},
+                      {"tokens_per_s": 150.0})
+
+
+def test_the_fleet_line_sums_what_the_gates_measured_and_names_the_rest() -> None:
+    rows = [measured_row("gpu1", "sglang-0.service", "a0",
+                         record("sglang-0.service", "a0", "0.5.23", "2026-07-01T10:00:00Z",
+                                48, 6000.0)),
+            measured_row("gpu1", "sglang-1.service", "a1",
+                         record("sglang-1.service", "a1", "0.5.23", "2026-07-01T10:05:00Z",
+                                48, 5000.0)),
+            measured_row("gpu1", "sglang-2.service", "a2",  # down: never counted
+                         record("sglang-2.service", "a2", "0.5.23", "2026-07-01T10:06:00Z",
+                                48, 5000.0), health="unreachable (ConnectError)"),
+            measured_row("gpu2", "sglang.service", "b9",  # restarted since its gate
+                         record("sglang.service", "b1", "0.5.12", "2026-06-30T09:00:00Z", 12,
+                                900.0)),
+            measured_row("gpu3", "sglang.service", "c1", None),  # never gated by this product
+            status.Row("router", "r1", "http://r1:30080", health="ok", router="3/5")]
+    fleet = status.Fleet(rows, (900_000, 1000))
+    lines = fleet.lines()
+    assert lines[0].startswith("fleet: 96 running requests on 2 of 5 servers")
+    assert lines[1] == ("fleet: 11,000 output tok/s, the sum of 2 of 5 servers' measured "
+                        "throughput (from the gates' soaks at 2026-07-01T10:00:00Z … "
+                        "2026-07-01T10:05:00Z)")
+    assert lines[2].startswith("fleet: job 900,000 completions x 1,000 tokens: about 22.7 h "
+                               "at the measured 11,000 output tok/s; at least 17.4 h")
+    assert lines[3] == (
+        "fleet: not counted: gpu1 sglang-2.service (down: /health unreachable (ConnectError)); "
+        "gpu2 sglang.service (restarted since its gate measured it at 2026-06-30T09:00:00Z: "
+        "not measured since); gpu3 sglang.service (no gate record (deploys/sglang.py writes it "
+        "when the gate passes))")
+    table = status.table(rows).splitlines()
+    head = table[0].split("  ")
+    assert "cap" in head and "gate tok/s" in head
+    cells = [c for c in table[1].split(" ") if c]
+    assert cells[cells.index("ok") + 5:cells.index("ok") + 7] == ["48", "6000"]
+    assert "not measured: restarted since its gate" in table[4]
+    as_json = fleet.as_json()
+    assert [r["kind"] for r in as_json][-2:] == ["router", "fleet"]
+    assert as_json[-1]["running"] == 96 and as_json[-1]["seconds"] == pytest.approx(
+        900_000 * 1000 / 11_000)
+    assert as_json[-1]["capacity_servers"] == ["gpu1 sglang-0.service", "gpu1 sglang-1.service"]
+
+
+def test_one_job_for_the_fleet_or_a_note_why_not() -> None:
+    def hosts(*jobs: object) -> list[Any]:
+        return [SimpleNamespace(name=f"gpu{i}", data={"job_estimate": j} if j else {})
+                for i, j in enumerate(jobs)]
+
+    assert status.fleet_job(hosts("900000,1000", None, "900000,1000")) == ((900_000, 1000), "")
+    assert status.fleet_job(hosts(None)) == (None, "")
+    job, note = status.fleet_job(hosts("900000,1000", "10,5"))
+    assert job is None and note == ("no job time: job_estimate differs between hosts (gpu0: "
+                                    "900000,1000; gpu1: 10,5)")
+    fleet = status.Fleet([measured_row("gpu0", "sglang.service", "a", record(
+        "sglang.service", "a", "0.5.23", "2026-07-01T10:00:00Z", 48, 6000.0))], job, note)
+    assert fleet.lines()[-1] == f"fleet: {note}" and not any("fleet: job" in line
+                                                             for line in fleet.lines())
 
 
 def test_prometheus_targets(tmp_path: Path) -> None:
@@ -155,12 +237,13 @@ def test_gpu_columns_per_instance() -> None:
 
 
 def test_a_dp_server_is_one_row_on_all_its_gpus(tmp_path: Path) -> None:
-    """``parallel.dp: 8``: one unit, one server, GPUs 0-7; its /metrics has a series per DP rank
-    (label dp_rank), which the row sums: 8 ranks each running one request are 8 running."""
+    """``parallel.dp: 8`` (instances: auto: one server on 8 GPUs): one unit, GPUs 0-7; its
+    /metrics has a series per DP rank (label dp_rank), which the row sums: 8 ranks each running
+    one request are 8 running."""
     from sglang_fleet import profile
     from sglang_fleet.render import render_all
 
-    p = profile.load(FIELD_PROFILE, overrides={"parallel.dp": 8})
+    p = profile.load(FIELD_PROFILE, overrides={"parallel.dp": 8}).for_gpus(8, "gpu1")
     [launch] = render_all(p)
     assert launch.unit == "sglang.service" and "--dp-size" in launch.argv
     assert status._span(status._gpus(p, launch)) == "0-7"

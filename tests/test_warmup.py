@@ -26,7 +26,7 @@ from sglang_fleet.render import Launch, render
 from tests.conftest import FIELD_PROFILE, free_port
 from tests.test_operations import Host, commands
 
-PROFILE = load(FIELD_PROFILE)
+PROFILE = load(FIELD_PROFILE, {"parallel.instances": 1})  # a spare GPU to warm on
 LAUNCH = render(PROFILE)
 RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
 

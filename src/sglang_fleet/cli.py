@@ -30,7 +30,14 @@ LAB_COMMANDS = {"lab": "simulated B200 hosts on this machine (needs root; the la
 
 def _load(args: argparse.Namespace) -> tuple[profile.Profile, Launch]:
     prof = profile.load(args.profile, allow_insecure_urls=args.allow_insecure_urls)
+    prof = prof.for_gpus(args.gpus, f"a host of --gpus {args.gpus}")
     return prof, render(prof, args.sglang_version)
+
+
+def _gpus(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 1024:
+        raise argparse.ArgumentTypeError(f"must be a number of GPUs from 1 to 1024, got {text!r}")
+    return int(text)
 
 
 def cmd_render(args: argparse.Namespace) -> int:
@@ -180,15 +187,18 @@ def cmd_roll(args: argparse.Namespace) -> int:
     from sglang_fleet import roll
 
     return roll.main(args.inventory, args.data, args.batch, args.drain_timeout,
-                     args.health_timeout)
+                     args.health_timeout, args.batch_instances)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """One row per server instance and router of an inventory (see sglang_fleet.status)."""
     from sglang_fleet import status
 
-    rows = status.collect(args.inventory)
-    print(json.dumps(status.as_json(rows), indent=2) if args.json else status.table(rows))
+    fleet = status.collect(args.inventory)
+    if args.json:
+        print(json.dumps(fleet.as_json(), indent=2))
+    else:
+        print("\n".join([status.table(fleet.rows), "", *fleet.lines()]))
     return 0
 
 
@@ -222,6 +232,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     insecure_help = ("accept a plain http:// engine.index_url (as host data "
                      "allow_insecure_urls does for a deploy)")
+    gpus_help = ("the host's GPU count, which parallel.instances: auto divides into servers "
+                 "(default 8, a B200 host); the first server's launch is shown")
     version_help = f"SGLang release to render for (default: the profile's pin; known: " \
                    f"{releases.supported()[0]} … {releases.supported()[-1]})"
 
@@ -231,6 +243,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", help=version_help)
     p.add_argument("--format", choices=["shell", "json"], default="shell")
     p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
+    p.add_argument("--gpus", type=_gpus, default=8, help=gpus_help)
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("check", help="validate a profile and apply SGLang's startup rules")
@@ -238,6 +251,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--sglang-version", help=version_help)
     p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
     p.add_argument("--model-config", help="the model's config.json (or its directory)")
+    p.add_argument("--gpus", type=_gpus, default=8, help=gpus_help)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("capacity", help="capacity report and advice from an SGLang startup log",
@@ -259,6 +273,10 @@ def _parser() -> argparse.ArgumentParser:
                        "first failure and putting that host's last good release back")
     p.add_argument("inventory", help="a pyinfra inventory, e.g. inventories/b200.py")
     p.add_argument("--batch", type=int, default=1, help="hosts at a time (default 1)")
+    p.add_argument("--batch-instances", type=int, default=None, metavar="K",
+                   help="a host's servers restarted K at a time (after the first, alone), "
+                   "only those out of the router, so the host keeps serving (default: the "
+                   "host leaves the router whole)")
     p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
                    help="pyinfra data for the deploy, e.g. sglang.memory.page_size=64")
     p.add_argument("--drain-timeout", type=float, default=600,

@@ -14,8 +14,10 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host, inventory
 
 from sglang_fleet import fleet, hostdata, metrics_targets, preflight
+from sglang_fleet.compiled import announce_kernels, share_kernels
 from sglang_fleet.driver import install_driver
 from sglang_fleet.engine import Release, install_engine
+from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.gate import (
     files_back,
     gate_programs,
@@ -24,7 +26,8 @@ from sglang_fleet.gate import (
     smoke_test,
 )
 from sglang_fleet.gpucheck import require_gpu_health
-from sglang_fleet.render import render_all
+from sglang_fleet.profile import Profile
+from sglang_fleet.render import Launch, render_all
 from sglang_fleet.router import install_router, remove_router
 from sglang_fleet.service import install_service, require_free_ports, startup_budget
 from sglang_fleet.teardown import Purge, teardown
@@ -32,14 +35,25 @@ from sglang_fleet.warmup import warm_caches
 from sglang_fleet.weights import stage_weights
 
 
+def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
+    """This host's profile for the GPUs nvidia-smi lists on it (or host data's ``gpu_count``
+    before it has a driver) and its launches; ``check``: preflight them before any change."""
+    smi = host.get_fact(NvidiaSmi)
+    profile = hostdata.profile_for(host, smi)
+    launches = render_all(profile)
+    if check:
+        preflight.require_host(profile, launches, host.name, hostdata.gpu_count(host, smi))
+    return profile, launches
+
+
 def serve() -> None:
     """preflight → driver → engine → weights → warm-up → service → gate. Preflight (the profile, its
     rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
     port, the GPUs' health) fails before any host changes. In a roll, the service stage waits
-    for the host's turn, and the host leaves the routers at its first restart (``cutover``)."""
-    profile = hostdata.profile_for(host)
-    launches = render_all(profile)
-    preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+    for the host's turn, receives the kernels a host before it compiled (``compiled``), and the
+    host leaves the routers at its first restart (``cutover``); after its gate, the first host
+    with its inputs shares its kernels with the hosts after it."""
+    profile, launches = host_launches(check=True)
     require_free_ports(launches)
     require_gpu_health()
     # The fleet's Prometheus targets, on this machine, once a run (prometheus_file_sd).
@@ -54,18 +68,18 @@ def serve() -> None:
     gate_programs()  # up before the restart: out of the routers only for restart and checks
     install_service(profile=profile, launches=launches, release=release, restart_if=weights)
     run_gate(profile=profile, launches=launches)
+    share_kernels(launches=launches, release=release)  # in a roll, for the hosts after it
 
 
 def prepare() -> None:
     """What a roll does on every host while it still serves: the engine release installed, the
-    weights staged, the caches warmed; nothing restarts and ``current`` stays (the driver and
-    the switch wait for the cutover)."""
-    profile = hostdata.profile_for(host)
-    launches = render_all(profile)
-    preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+    weights staged, the caches warmed, which compiled kernels it needs said; nothing restarts
+    and ``current`` stays (the driver and the switch wait for the cutover)."""
+    profile, launches = host_launches(check=True)
     release = cast(Release, install_engine(profile=profile))
     stage_weights(profile=profile)
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
+    announce_kernels(launches=launches, release=release)  # which kernels it will need
 
 
 def driver() -> None:
@@ -87,23 +101,23 @@ def router() -> None:
 
 def restore() -> None:
     """The last release that passed the gate, back and gated again."""
-    profile = hostdata.profile_for(host)
-    restore_last_good(profile=profile, launches=render_all(profile))
+    profile, launches = host_launches()
+    restore_last_good(profile=profile, launches=launches)
 
 
 def unstage() -> None:
     """The last good units' files back without a restart: a roll stopped after this host's
     turn and before its restart (its server still runs the last good release)."""
-    profile = hostdata.profile_for(host)
-    for launch in render_all(profile):
+    _, launches = host_launches()
+    for launch in launches:
         files_back(name=f"Files of {launch.unit} back to the last good release",
                    unit=launch.unit)
 
 
 def smoke() -> None:
     """A smoke generation against every server of the host, changing nothing."""
-    profile = hostdata.profile_for(host)
-    smoke_test(profile=profile, launches=render_all(profile))
+    profile, launches = host_launches()
+    smoke_test(profile=profile, launches=launches)
 
 
 def take_down() -> None:

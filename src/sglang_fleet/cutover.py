@@ -4,17 +4,23 @@ the *turn* (the batch before it passed its gate), before the service stage chang
 environment file or ``current``; and *go* (the batch before it back in the routers, every other
 host healthy), before the first command that would disturb its servers (a restart, a stopped
 instance, a driver change, a reboot). At that command the host leaves the routers and drains,
-so it is out only for its restart and its gate. Outside a roll (no ``SGLANG_FLEET_CUTOVER`` in
+so it is out only for its restart and its gate. With ``--batch-instances`` (the plan's
+``batch_instances``) the host never leaves whole for a restart: only the servers about to
+restart leave (``leave_routers(units)``), and each wave rejoins the routers, seen healthy
+there, before the next one leaves (``rejoin``). Outside a roll (no ``SGLANG_FLEET_CUTOVER`` in
 the environment) nobody waits and nothing leaves anything.
 
 The roll and its pyinfra runs share a directory (root's, 0700) named by ``SGLANG_FLEET_CUTOVER``.
-The roll writes ``plan.json`` (every host of the roll, the worker URLs it serves at now, the
-drain bound, the roll's pid), ``<host>.turn``, ``<host>.go``, and ``abort`` when it stops; a run
-writes ``<host>.waiting`` (prepared, at its turn), ``<host>.took`` (past its turn: its files
-may have changed) and ``<host>.json`` (when it left the routers, what the drain left).
+The roll writes ``plan.json`` (every host of the roll, the worker URLs it serves at now and the
+unit each belongs to, the drain and health bounds, ``batch_instances``, the roll's pid),
+``<host>.turn``, ``<host>.go``, and ``abort`` when it stops; a run writes ``<host>.waiting``
+(prepared, at its turn), ``<host>.took`` (past its turn: its files may have changed) and
+``<host>.json`` (when it left the routers, whole or wave by wave, what the drain left).
 
     turn(name="This host's turn in a roll")      # an operation: waits in a roll only
     yield from leave_routers()      # in an operation, right before a disruptive command
+    yield from leave_routers(["sglang-3.service"])     # only that server, with --batch-instances
+    yield from rejoin(["http://10.0.0.11:30003"])      # its wave ready: back, seen healthy
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
@@ -44,11 +51,34 @@ POLL = 0.2  # seconds between looks for a turn
 
 
 @dataclass
-class Left:
-    """When a host left the routers (wall clock) and what its drain left unfinished."""
+class Wave:
+    """Some of a host's servers out of the routers together: when they left and came back."""
 
-    at: float
+    urls: list[str]
+    left: float
+    back: float | None = None
+
+
+@dataclass
+class Left:
+    """When a host left the routers whole (wall clock; None: only wave by wave), each wave of
+    its servers that left on its own, and what the drains left unfinished."""
+
+    at: float | None
     notes: list[str] = field(default_factory=list)
+    waves: list[Wave] = field(default_factory=list)
+
+    def still_out(self) -> float | None:
+        """Since when some of the host has been out of the routers without coming back (None:
+        nothing is out)."""
+        out = [w.left for w in self.waves if w.back is None]
+        return min([*out, *([self.at] if self.at is not None else [])], default=None)
+
+    def open_wave(self, now: float) -> Wave:
+        """The wave still out, or a new one from ``now``."""
+        if not self.waves or self.waves[-1].back is not None:
+            self.waves.append(Wave([], now))
+        return self.waves[-1]
 
 
 @dataclass
@@ -70,11 +100,15 @@ class Handoff:
     def env(self) -> dict[str, str]:
         return {ENV: str(self.directory)}
 
-    def plan(self, hosts: dict[str, list[str]], drain_timeout: float) -> None:
-        """The roll's hosts and the URLs each serves at now; runs wait for the roll that wrote
-        it (this process) and give up when it is gone."""
-        self._write(_PLAN, {"hosts": hosts, "drain_timeout": drain_timeout,
-                            "roll": os.getpid()})
+    def plan(self, hosts: dict[str, list[str]], drain_timeout: float,
+             units: dict[str, dict[str, list[str]]] | None = None,
+             batch_instances: int | None = None,
+             health_timeout: float = 300) -> None:
+        """The roll's hosts and the URLs each serves at now (``units``: by server unit); runs
+        wait for the roll that wrote it (this process) and give up when it is gone."""
+        self._write(_PLAN, {"hosts": hosts, "units": units or {},
+                            "drain_timeout": drain_timeout, "health_timeout": health_timeout,
+                            "batch_instances": batch_instances, "roll": os.getpid()})
 
     def give(self, step: str, names: list[str]) -> None:
         """``turn`` (the hosts may change their files) or ``go`` (they may leave the routers
@@ -108,15 +142,38 @@ class Handoff:
         found = (self._read(_PLAN) or {}).get("hosts", {})
         return {str(k): list(v) for k, v in found.items()} if isinstance(found, dict) else {}
 
+    def unit_urls(self, name: str) -> dict[str, list[str]]:
+        """The URLs a router may know each server unit of the host by: where it serves with
+        the inventory, and with the roll's data (a host may run an earlier roll's)."""
+        found = (self._read(_PLAN) or {}).get("units", {}).get(name, {})
+        return {str(k): [str(u) for u in v] for k, v in found.items()} \
+            if isinstance(found, dict) else {}
+
     def drain_timeout(self) -> float:
         return float((self._read(_PLAN) or {}).get("drain_timeout", 0))
 
+    def health_timeout(self) -> float:
+        return float((self._read(_PLAN) or {}).get("health_timeout", 300))
+
+    def batch_instances(self) -> int | None:
+        """``--batch-instances``: a host's servers restart this many at a time, each wave out
+        of the routers on its own; None: the host leaves whole."""
+        value = (self._read(_PLAN) or {}).get("batch_instances")
+        return int(value) if isinstance(value, int) else None
+
     def left(self, name: str) -> Left | None:
         record = self._read(f"{name}.json")
-        return Left(float(record["at"]), list(record.get("notes", []))) if record else None
+        if not record:
+            return None
+        at = record.get("at")
+        return Left(None if at is None else float(at), list(record.get("notes", [])),
+                    [Wave(list(w["urls"]), float(w["left"]),
+                          None if w.get("back") is None else float(w["back"]))
+                     for w in record.get("waves", [])])
 
     def record(self, name: str, left: Left) -> None:
-        self._write(f"{name}.json", {"at": left.at, "notes": left.notes})
+        self._write(f"{name}.json", {"at": left.at, "notes": left.notes, "waves": [
+            {"urls": w.urls, "left": w.left, "back": w.back} for w in left.waves]})
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -138,6 +195,12 @@ def current() -> Handoff | None:
     """The roll's handoff when this run is part of a roll."""
     directory = os.environ.get(ENV)
     return Handoff(Path(directory)) if directory else None
+
+
+def batch_instances() -> int | None:
+    """In a roll with ``--batch-instances``: how many of a host's servers restart at a time."""
+    handoff = current()
+    return handoff.batch_instances() if handoff is not None else None
 
 
 @operation(is_idempotent=True)
@@ -177,36 +240,92 @@ def _await(handoff: Handoff, host: Any, step: str, waiting: str, failed: str) ->
     return True
 
 
-def leave_routers() -> Iterator[FunctionCommand]:
+def leave_routers(units: list[str] | None = None) -> Iterator[FunctionCommand]:
     """In a roll: a command that takes this host out of every router and drains it, the first
-    time one of its operations is about to disturb its servers. Nothing outside a roll."""
+    time one of its operations is about to disturb its servers. With ``units`` and a roll that
+    restarts a host's servers a few at a time (``--batch-instances``), only those servers
+    leave. Nothing outside a roll."""
     if current() is not None:
-        yield FunctionCommand(_leave, (), {})
+        yield (FunctionCommand(_leave, (), {}) if units is None
+               else FunctionCommand(_leave_units, (units,), {}))
+
+
+def rejoin(urls: list[str]) -> Iterator[FunctionCommand]:
+    """In a roll with ``--batch-instances``: a command that puts these servers (a wave, ready)
+    back into every router and waits until each router sees them healthy, before the next wave
+    leaves. Nothing otherwise: a host that left whole comes back whole, after its gate."""
+    if batch_instances():
+        yield FunctionCommand(_rejoin, (urls,), {})
+
+
+def _ours(host: Any) -> Handoff | None:
+    """The roll's handoff when this host is one of its hosts."""
+    handoff = current()
+    return handoff if handoff is not None and host.name in handoff.hosts() else None
+
+
+def _go(handoff: Handoff, state: Any, host: Any) -> bool:
+    """Its turn, then go: the batch before it back in the routers."""
+    return _await_turn(state, host) and _await(
+        handoff, host, "go", "waiting for the batch before it to be back in the routers",
+        "its last good files go back, without a restart")
 
 
 def _leave(state: Any, host: Any) -> bool:
-    handoff = current()
+    handoff = _ours(host)
     if handoff is None:
         return True
-    hosts = handoff.hosts()
-    if host.name not in hosts or handoff.left(host.name) is not None:  # not ours, or out
+    left = handoff.left(host.name)
+    if left is not None and left.at is not None:  # out already
         return True
-    urls, drain_timeout = hosts[host.name], handoff.drain_timeout()
-    if not (_await_turn(state, host) and _await(
-            handoff, host, "go", "waiting for the batch before it to be back in the routers",
-            "its last good files go back, without a restart")):
+    if not _go(handoff, state, host):
         return False
-    left = Left(time.time())
+    left = left or Left(None)
+    left.at = time.time()
+    # what the routers may know: its URLs now, with the roll's data, and of waves back already
+    urls = list(dict.fromkeys([*handoff.hosts()[host.name],
+                               *(u for us in handoff.unit_urls(host.name).values() for u in us),
+                               *(u for w in left.waves for u in w.urls)]))
+    return _out(handoff, state, host, urls, left, None)
+
+
+def _leave_units(state: Any, host: Any, units: list[str]) -> bool:
+    handoff = _ours(host)
+    if handoff is None:
+        return True
+    if not handoff.batch_instances():
+        return _leave(state, host)
+    left = handoff.left(host.name)
+    if left is not None and left.at is not None:  # the whole host is out already
+        return True
+    if not _go(handoff, state, host):
+        return False
+    known = handoff.unit_urls(host.name)
+    if any(unit not in known for unit in units):  # e.g. from an earlier roll's --data
+        logger.info(f"{host.print_prefix}{', '.join(u for u in units if u not in known)}: "
+                    "a server the roll does not know the URL of: the host leaves whole")
+        return _leave(state, host)
+    urls = list(dict.fromkeys(u for unit in units for u in known[unit]))
+    return _out(handoff, state, host, urls, left or Left(None), time.time())
+
+
+def _out(handoff: Handoff, state: Any, host: Any, urls: list[str], left: Left,
+         wave_from: float | None) -> bool:
+    """``urls`` out of every router, then drained (those a router had); recorded either way
+    (the roll puts back what may be out), as a wave of servers from ``wave_from`` if given."""
+    removed: list[str] = []
     try:
         for router in (config.api() for config in fleet.routers(state.inventory)):
-            for url in urls:
+            # a host leaving whole: every worker at its address, whatever its port
+            for url in (urls if wave_from is not None else _at_host(router, urls)):
                 if router.remove(url):
                     logger.info(f"{host.print_prefix}{url} out of the router {router.url}")
+                    removed = list(dict.fromkeys([*removed, url]))
     except RouterError as err:
-        logger.error(f"{host.print_prefix}taking {host.name} out of the routers: {err}")
-        handoff.record(host.name, left)  # possibly out of some: the roll puts it back
-        return False
-    for url in urls:
+        logger.error(f"{host.print_prefix}taking {', '.join(urls)} out of the routers: {err}")
+        return _noted(handoff, host, left, wave_from, urls, ok=False)
+    drain_timeout = handoff.drain_timeout()
+    for url in removed:
         tic = time.monotonic()
         done, unfinished = drained(url, drain_timeout)
         if done:
@@ -217,5 +336,50 @@ def _leave(state: Any, host: Any) -> bool:
                 else f"{url}: no metrics to drain by")
         logger.warning(f"{host.print_prefix}{note}")
         left.notes.append(note)
-    handoff.record(host.name, left)
+    return _noted(handoff, host, left, wave_from, removed, ok=True)
+
+
+def _at_host(router: Any, urls: list[str]) -> list[str]:
+    """``urls`` and every worker the router has at one of their addresses (servers the host
+    runs from an earlier roll's data, say, which the inventory does not name).
+
+        _at_host(router, ["http://10.0.0.11:30000"])   # + 'http://10.0.0.11:30001', ...
+    """
+    hosts = {urlsplit(url).hostname for url in urls}
+    return list(dict.fromkeys([*urls, *(url for url in router.workers()
+                                        if urlsplit(url).hostname in hosts)]))
+
+
+def _noted(handoff: Handoff, host: Any, left: Left, wave_from: float | None, out: list[str],
+           ok: bool) -> bool:
+    """The host's record, with ``out`` in its open wave when servers left wave by wave."""
+    if wave_from is not None and out:
+        wave = left.open_wave(wave_from)
+        wave.urls = list(dict.fromkeys([*wave.urls, *out]))
+    if left.at is not None or left.waves:
+        handoff.record(host.name, left)
+    return ok
+
+
+def _rejoin(state: Any, host: Any, urls: list[str]) -> bool:
+    handoff = _ours(host)
+    if handoff is None or not handoff.batch_instances():
+        return True
+    left = handoff.left(host.name) or Left(None)
+    if left.at is not None:  # out whole: the roll puts it back after its gate
+        return True
+    timeout = handoff.health_timeout()
+    try:
+        for router in (config.api() for config in fleet.routers(state.inventory)):
+            for url in urls:
+                router.add(url)
+                router.wait_healthy(url, timeout)
+                logger.info(f"{host.print_prefix}{url} back, healthy in the router {router.url}")
+    except RouterError as err:
+        logger.error(f"{host.print_prefix}putting {', '.join(urls)} back: {err}")
+        return False
+    if left.waves and left.waves[-1].back is None:  # new servers only: nothing was out
+        left.waves[-1].back = time.time()
+        left.waves[-1].urls = list(dict.fromkeys([*left.waves[-1].urls, *urls]))
+        handoff.record(host.name, left)
     return True

@@ -176,7 +176,7 @@ def release_version(name: str) -> str | None:
 def prune(keep: int = KEEP) -> Ops:
     """Remove releases beyond the newest ``keep``, never current or previous; then the
     per-version caches (``caches.PER_RELEASE``) of versions no release left has, and the
-    warm-up marks of releases no longer there.
+    warm-up marks and compiled-kernel records of releases no longer there.
 
     + keep: how many of the newest complete releases to keep besides current and previous
 
@@ -206,9 +206,10 @@ def _caches_pruned(kept: list[str]) -> Ops:
         keep = [f"--keep={version}" for version in sorted(v for v in versions if v)]
         yield shlex.join(program("/usr/bin/python3", PRUNER, "--root", paths.RELEASE_CACHES,
                                  *keep))
-    for path in host.get_fact(FindFiles, path=paths.WARM_MARKS, maxdepth=1) or []:
-        if not any(path.rsplit("/", 1)[-1].startswith(f"{name}-") for name in kept):
-            yield f"rm -f {shlex.quote(path)}"
+    for marks in (paths.WARM_MARKS, paths.COMPILED):
+        for path in host.get_fact(FindFiles, path=marks, maxdepth=1) or []:
+            if not any(path.rsplit("/", 1)[-1].startswith(f"{name}-") for name in kept):
+                yield f"rm -f {shlex.quote(path)}"
 
 
 def switch_release(release: Release) -> None:

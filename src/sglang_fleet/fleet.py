@@ -52,10 +52,17 @@ def urls(host: Host, profile: Profile, launches: list[Launch]) -> list[str]:
     return [f"http://{where}:{launch.port}" for launch in launches]
 
 
+def unit_urls(host: Host) -> dict[str, str]:
+    """The URL of each server unit on ``host``, from the profile it serves."""
+    profile = hostdata.profile_for(host)
+    launches = render_all(profile)
+    return dict(zip((launch.unit for launch in launches), urls(host, profile, launches),
+                    strict=True))
+
+
 def worker_urls(host: Host) -> list[str]:
     """The URL of each server instance on ``host``, from the profile it serves."""
-    profile = hostdata.profile_for(host)
-    return urls(host, profile, render_all(profile))
+    return list(unit_urls(host).values())
 
 
 def _int(data: Any, source: str, key: str, default: int) -> int:

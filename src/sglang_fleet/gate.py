@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,13 +22,14 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet import summary
+from sglang_fleet.checker import CHECKER, check, error_of, result_of
 from sglang_fleet.cutover import leave_routers
 from sglang_fleet.errors import InputError
-from sglang_fleet.fleet import ANY_ADDRESS
-from sglang_fleet.hostcode import module_file, program, upload
-from sglang_fleet.ops import Ops, fail, run
-from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
+from sglang_fleet.hostcode import module_file, upload
+from sglang_fleet.ops import Ops, fail
+from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, gate_record, unit_path
 from sglang_fleet.profile import Profile
+from sglang_fleet.remote import eta
 from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
 from sglang_fleet.service import (
     foreign_listeners,
@@ -39,7 +39,6 @@ from sglang_fleet.service import (
     unit_condition,
 )
 
-CHECKER = "check_server"  # the host program (remote/check_server.py), run by the system python
 _RELEASE = re.compile(re.escape(RELEASES) + r"/[^/ ]+")
 
 
@@ -56,27 +55,6 @@ def expectations(launch: Launch) -> dict[str, Any]:
     if args.get("max_running_requests") is not None:
         expect["max_running_requests"] = args["max_running_requests"]
     return expect
-
-
-def url(profile: Profile, launch: Launch) -> str:
-    """Where the gate on the host reaches the server: its loopback when it listens on any
-    address (the same set ``fleet`` uses for the address routers reach)."""
-    address = profile.server.host
-    return f"http://{'127.0.0.1' if address in ANY_ADDRESS else address}:{launch.port}"
-
-
-def _check(profile: Profile, launch: Launch, *flags: str, budget: int | None = None,
-           show: bool = True, label: str = "") -> tuple[bool, list[str]]:
-    """Run check_server on the host for one launch; show its human lines (after ``label``)."""
-    argv = program("python3", CHECKER, "--unit", launch.unit, "--url", url(profile, launch),
-                   "--env-file", env_file(launch.unit), "--model", profile.model.served_name,
-                   *(["--budget", str(budget)] if budget is not None else []), *flags)
-    ok, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
-    lines = list(output.stdout_lines)
-    for line in lines if show else ():
-        if not line.startswith("GATE "):
-            logger.info(f"{host.print_prefix}{label}{line}")
-    return ok, lines
 
 
 def soak_requests(data: Any, host_name: str) -> int | None:
@@ -109,12 +87,14 @@ def _saved(unit: str) -> str:
 @dataclass
 class Verdict:
     """What the gate of one unit found, for the operations after it: the operations are all
-    built before any runs, so the gate writes here when it runs and they read it then.
+    built before any runs, so the gate writes here when it runs and they read it then
+    (``last_good_back`` and ``gate_failed`` its error, ``host_capacity`` what it measured).
 
         verdict = Verdict(); verdict.error = "soak: 3 of 32 failed"; verdict.failed()  # True
     """
 
     error: str | None = None
+    measured: dict[str, Any] | None = None  # the GATE line's "measured", once it passed
 
     def failed(self) -> bool:
         return self.error is not None
@@ -142,19 +122,19 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, verdict: Verdi
     if not state.is_executing:
         return
     unit, env, saved = launch.unit, env_file(launch.unit), _saved(launch.unit)
-    ok, lines = _check(profile, launch, "--expect", json.dumps(expectations(launch)),
-                       *(["--job", job] if job else []),
+    ok, lines = check(profile, launch, "--expect", json.dumps(expectations(launch)),
+                      *(["--job", job] if job else []), "--record", gate_record(unit),
                        *(["--soak-requests", str(soak)] if soak is not None else []),
                        budget=budget)
     if ok:
+        verdict.measured = result_of(lines).get("measured")
         if _files_are_last_good(unit):
             host.noop(f"{unit} passed the gate and is the last good release already")
             return
         yield (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
                f"cp -p {env} {saved}.env")
         return
-    error = next((json.loads(line[5:]).get("error", "gate failed") for line in lines
-                  if line.startswith("GATE ")), "gate failed")
+    error = error_of(lines)
     if not host.get_fact(File, path=saved):
         yield fail(f"{error} (no earlier good release to return to)")
         return
@@ -178,8 +158,31 @@ def gate_failed(profile: Profile, launch: Launch, budget: int, verdict: Verdict)
     """
     if not state.is_executing or not verdict.failed():
         return
-    back, lines = _check(profile, launch, "--health-only", budget=budget, show=False)
+    back, lines = check(profile, launch, "--health-only", budget=budget, show=False)
     yield fail(f"{verdict.error}; {what_serves(launch, back, lines)}")
+
+
+@operation(is_idempotent=True)
+def host_capacity(units: list[str], verdicts: list[Verdict], job: str) -> Ops:
+    """After the host's last gate: its servers' effective max running requests and measured
+    output tok/s summed, and with a job its time (``eta``), from what each gate measured.
+
+    + units: the host's server units, in the order of ``verdicts``
+    + verdicts: what each unit's gate found (filled in when the gates ran)
+    + job: ``COMPLETIONS,TOKENS``, or empty
+
+        host_capacity(name="Capacity of the host", units=["sglang.service"],
+                      verdicts=[verdict], job="900000,1000")
+    """
+    if not state.is_executing:
+        return
+    servers = [eta.from_record(unit, v.measured) for unit, v in zip(units, verdicts,
+                                                                     strict=True)]
+    for line in eta.lines(eta.estimate(servers, eta.parse_job(job)), "host",
+                          "this run's gate soaks"):
+        logger.info(f"{host.print_prefix}{line}")
+    host.noop(f"capacity of {len(units)} server{'s' if len(units) > 1 else ''} summed")
+    yield from ()
 
 
 def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
@@ -191,9 +194,7 @@ def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
                 f"{'; '.join(p.describe() for p in stale)}")
     if not healthy:
         return "the last good release did not come back either (/health_generate)"
-    result: dict[str, Any] = next((json.loads(line[5:]) for line in lines
-                                   if line.startswith("GATE ")), {})
-    info = result.get("serving") or {}
+    info = result_of(lines).get("serving") or {}
     return (f"the last good release serves again ({launch.unit} alone on port {launch.port}, "
             f"/health_generate 200, /server_info: SGLang {info.get('version')}, model "
             f"{info.get('model_path')})")
@@ -213,7 +214,7 @@ def smoke(profile: Profile, launch: Launch) -> Ops:
     if not host.get_fact(File, path=module_file(CHECKER)):
         yield fail(f"{module_file(CHECKER)} is missing: run deploys/sglang.py first")
         return
-    ok, _ = _check(profile, launch, "--smoke-only", label=f"{launch.unit}: ")
+    ok, _ = check(profile, launch, "--smoke-only", label=f"{launch.unit}: ")
     if not ok:
         yield fail(f"{launch.unit}: smoke test failed")
         return
@@ -265,7 +266,7 @@ def last_good_back(unit: str) -> Ops:
         yield fail(f"{unit}: no release has passed the gate on this host: nothing to go back to")
         return
     if not _files_are_last_good(unit):
-        yield from leave_routers()
+        yield from leave_routers([unit])
         yield f"{_files_back(unit)} && {start_command(unit)}"
     else:
         condition = unit_condition(unit)
@@ -273,7 +274,7 @@ def last_good_back(unit: str) -> Ops:
         if down:
             logger.warning(f"{host.print_prefix}{down}")
         if condition.get("ActiveState") != "active":
-            yield from leave_routers()
+            yield from leave_routers([unit])
             yield start_command(unit)
         else:
             host.noop(f"{unit} runs its last good release")
@@ -317,11 +318,11 @@ def regate(profile: Profile, launch: Launch, budget: int) -> Ops:
     """
     if not state.is_executing:
         return
-    for check in ("--health-only", "--smoke-only"):
-        ok, _ = _check(profile, launch, check, budget=budget, label=f"{launch.unit}: ")
+    for only in ("--health-only", "--smoke-only"):
+        ok, _ = check(profile, launch, only, budget=budget, label=f"{launch.unit}: ")
         if not ok:
             yield fail(f"{launch.unit}: the last good release does not pass the gate either "
-                       f"({check.removeprefix('--').replace('-only', '')})")
+                       f"({only.removeprefix('--').replace('-only', '')})")
             return
 
 
@@ -345,7 +346,7 @@ def smoke_test(profile: Profile, launches: list[Launch]) -> None:
 def gate_programs() -> None:
     """The host programs the gate runs (``check_server`` and what it imports), uploaded before
     the service stage so that none of it happens while the server restarts."""
-    upload("capacity", "crash", "readiness", CHECKER)
+    upload("capacity", "crash", "eta", "readiness", CHECKER)
 
 
 @deploy("Gate")
@@ -353,10 +354,12 @@ def run_gate(profile: Profile, launches: list[Launch]) -> None:
     """Health, effective arguments, smoke generation, soak and capacity report; rollback on
     failure. The programs it runs are on the host already (``gate_programs``)."""
     summary.failed_hosts_at_exit()
-    job = host.data.get("job_estimate", "")  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
+    job = host.data.get("job_estimate") or ""  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
     soak = soak_requests(host.data, host.name)
+    verdicts = []
     for launch in launches:
         verdict = Verdict()
+        verdicts.append(verdict)
         gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, soak, capacity",
              profile=profile, launch=launch, budget=startup_budget(), job=str(job),
              verdict=verdict, soak=soak)
@@ -365,3 +368,6 @@ def run_gate(profile: Profile, launches: list[Launch]) -> None:
         gate_failed(name=f"Gate verdict on {launch.unit} (if it failed: what serves now)",
                     profile=profile, launch=launch, budget=startup_budget(), verdict=verdict,
                     _if=verdict.failed)
+    host_capacity(name=f"Capacity of the host ({len(launches)} server"
+                  f"{'s' if len(launches) > 1 else ''}): summed from the gates",
+                  units=[launch.unit for launch in launches], verdicts=verdicts, job=str(job))

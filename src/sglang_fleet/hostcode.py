@@ -25,8 +25,8 @@ PACKAGE = "sglang_fleet_remote"  # the package's name on hosts (it imports itsel
 PYTHONPATH = f"{TOOLS}/pythonpath"  # root's (0755): holds the package and nothing else
 HOST_DIR = f"{PYTHONPATH}/{PACKAGE}"
 SOURCE = Path(remote.__file__).resolve().parent
-MODULES = ("capacity", "check_server", "crash", "download_model", "prune_caches", "readiness",
-           "start_server", "start_router", "warm_caches")
+MODULES = ("cache_copy", "capacity", "check_server", "crash", "download_model", "eta",
+           "prune_caches", "readiness", "start_server", "start_router", "warm_caches")
 
 
 def module_file(module: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Generator
 from typing import Any
@@ -33,3 +34,18 @@ def fail(message: str) -> str:
     """A command that fails with ``message``: pyinfra shows it as the host's error, without the
     traceback an exception raised while executing an operation would print."""
     return f"echo {shlex.quote('error: ' + message)} >&2; exit 1"
+
+
+def result_line(lines: list[str], mark: str) -> dict[str, Any] | None:
+    """A host program's last ``MARK <json object>`` line, None when it printed none.
+
+        result_line(["compiling", 'WARMUP {"ok": true}'], "WARMUP")   # {'ok': True}
+    """
+    for line in reversed(lines):
+        if line.startswith(f"{mark} "):
+            try:
+                found = json.loads(line[len(mark) + 1:])
+            except ValueError:
+                return None
+            return found if isinstance(found, dict) else None
+    return None

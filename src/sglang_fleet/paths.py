@@ -34,9 +34,15 @@ ROOT_CACHE = "/var/cache/sglang-fleet"
 UV_CACHE = f"{ROOT_CACHE}/uv"
 KEYRING_DIR = f"{ROOT_CACHE}/keyring"
 BASELINE_DIR = "/var/lib/sglang-fleet"
+# What each unit's last passed gate measured (capacity, throughput), for status and the roll.
+GATE_RECORDS = f"{BASELINE_DIR}/gate"
 # One empty file per warmed release, flags and environment: root's, as root creates and prunes
 # them by name (under CACHE the service could link the directory anywhere).
 WARM_MARKS = f"{ROOT_CACHE}/warm"
+# One record per release and digest of what its kernels were compiled for (compiled.py), once a
+# server of it passed the gate or the cache came from a host that did; root's, as the marks.
+COMPILED = f"{ROOT_CACHE}/compiled"
+CACHE_COPY = f"{ROOT_CACHE}/cache-copy"  # a compiled cache's archive on its way (0700)
 
 # Secrets: every secret file of the product, root only (0700 directory, 0600 files).
 SECRETS = "/etc/sglang"
@@ -67,6 +73,15 @@ def server_unit(instance: int, instances: int) -> str:
     ('sglang.service', 'sglang-1.service')
     """
     return SERVER_UNIT if instances == 1 else f"sglang-{instance}.service"
+
+
+def gate_record(unit: str) -> str:
+    """Where the gate keeps what it measured of a unit's server (root's, readable by all).
+
+    >>> gate_record("sglang-3.service")
+    '/var/lib/sglang-fleet/gate/sglang-3.json'
+    """
+    return f"{GATE_RECORDS}/{unit.removesuffix('.service')}.json"
 
 
 def unit_path(unit: str) -> str:

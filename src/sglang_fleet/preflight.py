@@ -349,16 +349,16 @@ def check(profile: Profile, launch: Launch, architecture: str | None) -> list[Pr
 def require_host(profile: Profile, launches: list[Launch], host_name: str,
                  gpu_count: int | None) -> None:
     """Everything a host's launches must satisfy before the host is touched: SGLang's rules,
-    and enough GPUs for every instance."""
+    and enough GPUs for every instance (``gpu_count``: ``hostdata.gpu_count``)."""
     arch = resolve_architecture(profile)
     problems = [p for launch in launches[:1] for p in check(profile, launch, arch)]
-    need = profile.parallel.instances * profile.parallel.gpus_per_instance
+    need = profile.parallel.servers * profile.parallel.gpus_per_instance
     if gpu_count is not None and need > gpu_count:
         problems.append(Problem(profile.source_of("parallel.instances"), "parallel.instances",
-                                f"{profile.parallel.instances} instance(s) of tp x dp = "
+                                f"{profile.parallel.servers} instance(s) of tp x dp = "
                                 f"{profile.parallel.gpus_per_instance} GPUs need {need}, "
                                 f"{host_name} has {gpu_count}",
-                                "lower parallel.instances, tp or dp"))
+                                "lower parallel.instances (or set it to auto), tp or dp"))
     if problems:
         raise InputError(problems)
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import datetime
 import difflib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
 from sglang_fleet import safeyaml, validators
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.schema import REQUIRED, SCHEMA, SECTION_WIDE, Field, Located
+from sglang_fleet.schema import AUTO, REQUIRED, SCHEMA, SECTION_WIDE, Field, Located
 
 # Keys that only mean something with speculative.algorithm set.
 SPECULATIVE_KEYS = ("num_steps", "eagle_topk", "num_draft_tokens")
@@ -80,11 +80,19 @@ class Parallel:
     tp: int
     dp: int
     nnodes: int
-    instances: int
+    instances: int | str  # a number, or AUTO until ``for_gpus`` resolves it for one host
 
     @property
     def gpus_per_instance(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def servers(self) -> int:
+        """Servers per host; a profile with ``instances: auto`` must be resolved for its host
+        first (``Profile.for_gpus``, which ``hostdata.profile_for`` calls)."""
+        if not isinstance(self.instances, int):
+            raise ValueError("parallel.instances is auto: resolve it for a host (for_gpus)")
+        return self.instances
 
 
 @dataclass(frozen=True)
@@ -124,6 +132,31 @@ class Profile:
     def source_of(self, key: str) -> str:
         """The file or data source that set ``key`` (dotted path)."""
         return self.origin.of(key)
+
+    def for_gpus(self, gpus: int, where: str) -> Profile:
+        """The profile for a host with ``gpus`` GPUs: ``instances: auto`` becomes one server per
+        tp x dp of them (a number stays as it is). ``where`` names the host and what counted
+        its GPUs, for the error when not even one server fits.
+
+        >>> load("qwen3.6-27b-mtp").for_gpus(8, "b200-01").parallel.instances
+        8
+        """
+        parallel = self.parallel
+        if parallel.instances != AUTO:
+            return self
+        servers = gpus // parallel.gpus_per_instance
+        key = "parallel.instances"
+        if servers < 1:
+            raise InputError.one(self.source_of(key), key,
+                                 f"auto: {where} has {gpus} GPU(s), fewer than one server's "
+                                 f"tp x dp = {parallel.gpus_per_instance}",
+                                 "lower parallel.tp or parallel.dp, or serve from a larger host")
+        if self.server.port + servers - 1 > 65535:
+            raise InputError.one(self.source_of("server.port"), "server.port",
+                                 f"auto: {where}'s {servers} servers would listen up to port "
+                                 f"{self.server.port + servers - 1}, above 65535",
+                                 f"set server.port to at most {65536 - servers}")
+        return replace(self, parallel=replace(parallel, instances=servers))
 
 
 def _suggest(word: str, options: list[str]) -> str:
@@ -170,7 +203,8 @@ class _Empty:
 def _coerce(value: Any, spec: Field) -> Any:
     """Values from ``pyinfra --data key=value`` arrive as strings: read them as YAML scalars.
     An empty string stays an error: it must not quietly become null and unset the key."""
-    if isinstance(value, str) and str not in spec.types:
+    if isinstance(value, str) and (str not in spec.types
+                                   or (int in spec.types and value.strip().isdigit())):
         if not value.strip():
             return _Empty()
         try:
@@ -281,7 +315,8 @@ def _consistency(values: dict[str, Any], located: Located, allow_insecure_urls: 
                 f"{port + instances - 1} (port + instance number), above 65535",
                 f"set server.port to at most {65536 - instances}")
     env = values.get("env") or {}
-    if isinstance(instances, int) and instances > 1 and "CUDA_VISIBLE_DEVICES" in env:
+    if (instances == AUTO or (isinstance(instances, int) and instances > 1)) \
+            and "CUDA_VISIBLE_DEVICES" in env:
         problem("env", "CUDA_VISIBLE_DEVICES is set per instance by parallel.instances",
                 "remove CUDA_VISIBLE_DEVICES from env")
     url = (values.get("engine") or {}).get("index_url")

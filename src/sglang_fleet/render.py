@@ -335,7 +335,7 @@ def _architecture(profile: Profile, version: str, problems: list[Problem]) -> No
 
 def _env(profile: Profile, version: str, instance: int) -> dict[str, str]:
     env = dict(profile.env)
-    if profile.parallel.instances > 1:  # each instance on a GPU set of its own
+    if profile.parallel.servers > 1:  # each instance on a GPU set of its own
         size = profile.parallel.gpus_per_instance
         env["CUDA_VISIBLE_DEVICES"] = ",".join(
             str(g) for g in range(instance * size, (instance + 1) * size))
@@ -378,9 +378,9 @@ def render(profile: Profile, version: str | None = None, instance: int = 0) -> L
     return Launch(version=version,
                   argv=("python", "-m", profile.engine.launcher, *args),
                   env=_env(profile, version, instance), secrets=secrets, args=parsed,
-                  instance=instance, instances=profile.parallel.instances)
+                  instance=instance, instances=profile.parallel.servers)
 
 
 def render_all(profile: Profile, version: str | None = None) -> list[Launch]:
     """One launch per server instance on a host."""
-    return [render(profile, version, i) for i in range(profile.parallel.instances)]
+    return [render(profile, version, i) for i in range(profile.parallel.servers)]

@@ -30,7 +30,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
-from sglang_fleet import fleet, hostdata, preflight, validators
+from sglang_fleet import compiled, fleet, hostdata, preflight, status, validators
 from sglang_fleet.cutover import Handoff
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.render import render_all
@@ -49,15 +49,29 @@ class Outcome:
     out_seconds: float | None = None  # out of the routers: from leaving until seen healthy again
     still_out: bool = False  # the roll ended with the host out of the routers
     notes: list[str] = field(default_factory=list)
+    # --batch-instances: each wave of its servers that left and came back (URLs, seconds out)
+    waves: list[tuple[list[str], float]] = field(default_factory=list)
 
     def out_text(self) -> str:
-        """The seconds out of the routers for the table: "-" for a host never taken out.
+        """The seconds out of the routers for the table: the longest any of its servers was
+        out (the host whole, or its longest wave); "-" for a host never taken out.
 
             Outcome("h1", out_seconds=41.63).out_text()   # '41.6'
         """
-        if self.out_seconds is None:
+        spans = [s for _, s in self.waves] + \
+            ([self.out_seconds] if self.out_seconds is not None else [])
+        if not spans:
             return "-"
-        return f"{self.out_seconds:.1f}" + (" still" if self.still_out else "")
+        return f"{max(spans):.1f}" + (" still" if self.still_out else "")
+
+    def wave_lines(self) -> list[str]:
+        """One line per wave of its servers that left the routers on its own.
+
+            Outcome("h1", waves=[(["http://h1:30000"], 12.3)]).wave_lines()
+            # ['wave 1 out of the router 12.3 s: http://h1:30000']
+        """
+        return [f"wave {i} out of the router {seconds:.1f} s: {', '.join(urls)}"
+                for i, (urls, seconds) in enumerate(self.waves, 1)]
 
 
 @dataclass
@@ -68,6 +82,9 @@ class Plan:
     before: dict[str, list[str]]  # host -> worker URLs now (what the routers know)
     after: dict[str, list[str]]  # host -> worker URLs once converged with the roll's data
     routers: list[Router]
+    # host -> unit -> the URLs a router may know it by (with the inventory; with --data)
+    units: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    batch_instances: int | None = None  # a host's servers restarted at a time (None: whole)
 
 
 _DATA_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -164,26 +181,35 @@ def data_warning(data: Sequence[str]) -> str | None:
             "it in the inventory's host or group data")
 
 
-def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
+def plan(inventory: str, data: Sequence[str], batch: int,
+         batch_instances: int | None = None) -> Plan:
     if batch < 1:
         raise InputError.one("--batch", "", f"must be at least 1, got {batch}",
                              "hosts converged at a time, e.g. --batch 1")
+    if batch_instances is not None and batch_instances < 1:
+        raise InputError.one("--batch-instances", "",
+                             f"must be at least 1, got {batch_instances}",
+                             "a host's servers restarted at a time, e.g. --batch-instances 2, "
+                             "or leave it out to restart a host's servers together")
     now, then = load(inventory, {}), load(inventory, parse_data(data))
     hosts = fleet.serving_hosts(then)
     if not hosts:
         raise InputError.one(inventory, "sglang_profile", "no serving hosts",
                              "give hosts a serving profile in their group data")
-    after, errors = {}, {}
+    after, units, errors = {}, {}, {}
     for host in hosts:  # every host's change is checked before the first one is touched
         try:
             profile = hostdata.profile_for(host)
             launches = render_all(profile)
             preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
             after[host.name] = fleet.urls(host, profile, launches)
+            units[host.name] = {launch.unit: [url] for launch, url in
+                                zip(launches, after[host.name], strict=True)}
         except InputError as err:
             errors[host.name] = err
     if errors:
         raise grouped(errors)
+    _fits(batch_instances, after)
     routers = fleet.routers(then)
     for router in routers:
         wrong = validators.url_problem(router.url, allow_http=True)
@@ -195,11 +221,34 @@ def plan(inventory: str, data: Sequence[str], batch: int) -> Plan:
                              "no router: a roll takes hosts out of the router and puts them "
                              "back", "put the router hosts in a group 'routers' and run "
                              "deploys/router.py")
+    before = {h.name: fleet.unit_urls(h) for h in fleet.serving_hosts(now)}
+    for name, by_unit in before.items():
+        for unit, url in by_unit.items():
+            known = units.setdefault(name, {}).setdefault(unit, [])
+            known[:0] = [url] if url not in known else []
     return Plan(inventory=inventory, data=list(data),
                 batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
-                before={h.name: fleet.worker_urls(h) for h in fleet.serving_hosts(now)},
+                before={name: list(by_unit.values()) for name, by_unit in before.items()},
                 after=after,
-                routers=[r.api() for r in routers])
+                routers=[r.api() for r in routers], units=units,
+                batch_instances=batch_instances)
+
+
+def _fits(batch_instances: int | None, after: dict[str, list[str]]) -> None:
+    """``--batch-instances`` no larger than the servers of any host of the roll.
+
+        _fits(2, {"b200-01": ["http://10.0.0.11:30000"]})   # InputError: ... runs 1 server
+    """
+    fewer = {name: len(urls) for name, urls in after.items()
+             if batch_instances is not None and len(urls) < batch_instances}
+    if fewer:
+        hosts = ", ".join(f"{name} runs {n} server{'s' if n > 1 else ''}"
+                          for name, n in fewer.items())
+        raise InputError.one("--batch-instances", "",
+                             f"{batch_instances} is more than a host's servers: {hosts}",
+                             f"give at most {min(len(u) for u in after.values())} (the fewest "
+                             "servers a host of the roll runs: parallel.instances), or leave it "
+                             "out to restart each host's servers together")
 
 
 def say(message: str) -> None:
@@ -263,8 +312,12 @@ def pyinfra(inventory: str, deploy: str, hosts: list[str], data: Sequence[str],
 
 class Roll:
     def __init__(self, plan: Plan, drain_timeout: float, health_timeout: float,
-                 run: Start = pyinfra) -> None:
+                 run: Start = pyinfra,
+                 read_fleet: Callable[[], status.Fleet] | None = None) -> None:
         self.plan = plan
+        # What the fleet serves once the roll ends, read as ``status`` reads it.
+        self.read_fleet = read_fleet or (lambda: status.collect(
+            plan.inventory, parse_data(plan.data), with_routers=False))
         self.drain_timeout = drain_timeout
         self.health_timeout = health_timeout
         self.run = run
@@ -289,9 +342,18 @@ class Roll:
         assert self.handoff is not None
         for name in names:
             left = self.handoff.left(name)
-            if left is not None and name not in self.out_since:
-                self.out_since[name] = left.at
-                self.outcomes[name].notes += left.notes
+            if left is None:
+                continue
+            outcome = self.outcomes[name]
+            outcome.notes = list(left.notes)  # the record keeps every run's notes
+            outcome.waves = [(w.urls, w.back - w.left) for w in left.waves
+                             if w.back is not None]
+            since = left.still_out()
+            if since is not None and name not in self.out_since:
+                self.out_since[name] = since
+        for name in names:  # a host that never left still says why it compiled itself
+            notes = self.outcomes[name].notes
+            notes += [n for n in compiled.notes(self.handoff, name) if n not in notes]
         return ok
 
     def left(self, name: str) -> None:
@@ -315,7 +377,9 @@ class Roll:
                     say(f"{name}: {url} healthy in {router.url}")
             routers = f"router{'s' if len(self.plan.routers) > 1 else ''}"
             if name not in self.out_since:
-                say(f"{name}: never left the {routers} (nothing on it restarted)")
+                say(f"{name}: back in the {routers} wave by wave (no server out more than "
+                    f"{self.outcomes[name].out_text()} s)" if self.outcomes[name].waves else
+                    f"{name}: never left the {routers} (nothing on it restarted)")
                 continue
             self.back(name)
             say(f"{name}: out of the {routers} for {self.outcomes[name].out_text()} s")
@@ -416,7 +480,9 @@ class Roll:
         say(f"order: {' → '.join(order)} ({len(self.plan.batches)} batches); routers: "
             f"{', '.join(r.url for r in self.plan.routers)}")
         self.handoff = Handoff.create()
-        self.handoff.plan({n: self.serving.get(n, []) for n in order}, self.drain_timeout)
+        self.handoff.plan({n: self.serving.get(n, []) for n in order}, self.drain_timeout,
+                          units=self.plan.units, batch_instances=self.plan.batch_instances,
+                          health_timeout=self.health_timeout)
         first = [h.name for h in self.plan.batches[0]]
         try:
             # The first batch's run prepares its hosts itself, beside the others' preparation;
@@ -451,8 +517,17 @@ class Roll:
         for outcome in self.outcomes.values():
             rows.append(f"{outcome.host:<16}{outcome.result:<44}{outcome.seconds:>8.0f}"
                         f"{outcome.out_text():>20}")
-            rows += [f"{'':<16}{note}" for note in outcome.notes]
+            rows += [f"{'':<16}{note}" for note in outcome.wave_lines() + outcome.notes]
         return "\n".join(rows)
+
+    def fleet_lines(self) -> list[str]:
+        """The fleet's capacity and job time as it serves once the roll is over (what each
+        server's last passed gate measured, read as ``status`` reads it)."""
+        try:
+            return self.read_fleet().lines()
+        except InputError as err:  # checked before the roll; said, should it change since
+            return ["fleet: not read: " + "; ".join(f"{p.source}: {p.key}: {p.message}"
+                                                   for p in err.problems)]
 
 
 def _seconds(option: str, value: float) -> None:
@@ -462,10 +537,10 @@ def _seconds(option: str, value: float) -> None:
 
 
 def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
-         health_timeout: float) -> int:
+         health_timeout: float, batch_instances: int | None = None) -> int:
     _seconds("--drain-timeout", drain_timeout)
     _seconds("--health-timeout", health_timeout)
-    roll = Roll(plan(inventory, data, batch), drain_timeout, health_timeout)
+    roll = Roll(plan(inventory, data, batch, batch_instances), drain_timeout, health_timeout)
     warning = data_warning(data)
     if warning:
         say(warning)
@@ -474,7 +549,8 @@ def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
     except RouterError as err:
         say(f"stopped: {err}")
         ok = False
-    print(roll.report())
+    print(roll.report(), flush=True)  # before the fleet is read: it takes a moment
+    print("\n".join(roll.fleet_lines()))
     if warning:
         print(f"roll: {warning}", file=sys.stderr)
     if not ok:

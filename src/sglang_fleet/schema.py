@@ -137,6 +137,17 @@ def _opt_str(fix: str = "", check: Check | None = None) -> Field:
     return Field((str,), None, check, fix, nullable=True)
 
 
+AUTO = "auto"
+MAX_INSTANCES = 64
+
+
+def _instances(value: Any) -> str | None:
+    """``auto`` or a number of servers per host."""
+    if isinstance(value, str):
+        return None if value == AUTO else f"must be auto or a number, got {value!r}"
+    return _range(1, MAX_INSTANCES)(value)
+
+
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 WARMUP_MODES = ("off", "compile", "full")
 
@@ -203,7 +214,9 @@ SCHEMA: dict[str, dict[str, Field]] = {
         "tp": _int(1, fix="GPUs per tensor-parallel group"),
         "dp": _int(1, fix="data-parallel replicas"),
         "nnodes": _int(1, fix="hosts in one server"),
-        "instances": _int(1, high=64, fix="servers per host, each on tp x dp GPUs of its own"),
+        "instances": Field((int, str), 1, _instances,
+                           "auto (one server per tp x dp GPUs of each host) or a number of "
+                           "servers per host, 1 to 64"),
     },
     "parsers": {
         "reasoning": _opt_str("a reasoning parser the release knows, e.g. qwen3",

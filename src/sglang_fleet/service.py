@@ -1,6 +1,7 @@
 """Service stage: a templated systemd unit running the rendered argv with the release's python,
 secrets and environment in a root-only EnvironmentFile, restarted only when the unit, its
-environment, the release or the weights changed.
+environment, the release or the weights changed. A host's servers restart in waves
+(``waves``): the first alone, ready before the others start from the caches it compiled.
 
     from sglang_fleet.service import install_service
     install_service(profile=profile, launches=render_all(profile), release=release,
@@ -19,9 +20,11 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindFiles
 from pyinfra.operations import files, systemd
 
-from sglang_fleet import paths
+from sglang_fleet import cutover, fleet, paths
 from sglang_fleet.caches import cache_env
-from sglang_fleet.cutover import leave_routers, turn
+from sglang_fleet.checker import check, error_of
+from sglang_fleet.compiled import receive_kernels
+from sglang_fleet.cutover import leave_routers, rejoin, turn
 from sglang_fleet.engine import Release, switch_release
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
@@ -32,6 +35,7 @@ from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
 from sglang_fleet.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word, unit_text
+from sglang_fleet.waves import Waves, retired
 
 TEMPLATE = paths.template("sglang.service.j2")
 # Starts SGLang with the keys from the environment file, in-process (remote/start_server.py).
@@ -138,7 +142,7 @@ def stale_servers_stopped(launch: Launch, budget: int) -> Ops:
     for p in stale:
         logger.warning(f"{host.print_prefix}stopping {p.describe()}: it holds port "
                        f"{launch.port} of {launch.unit}")
-        yield from leave_routers()  # in a roll, the routers may be sending it requests
+        yield from leave_routers([launch.unit])  # in a roll, the routers may be sending it requests
         yield (f"kill -TERM {p.pid} 2>/dev/null; for _ in $(seq {budget}); do "
                f"kill -0 {p.pid} 2>/dev/null || exit 0; sleep 1; done; kill -KILL {p.pid}")
 
@@ -157,7 +161,8 @@ def _removal(unit: str) -> str:
     env = paths.env_file(unit)
     logger.info(f"{host.print_prefix}removing {unit} and its secret file {env}")
     return (f"systemctl disable --now {unit}; rm -f {paths.unit_path(unit)} {env} "
-            f"&& systemctl daemon-reload && systemctl reset-failed {unit} 2>/dev/null; true")
+            f"{paths.gate_record(unit)} && systemctl daemon-reload && "
+            f"systemctl reset-failed {unit} 2>/dev/null; true")
 
 
 def installed_units() -> list[str]:
@@ -176,12 +181,12 @@ def retire_other_units(keep: list[str]) -> Ops:
 
         retire_other_units(name="Retire units", keep=["sglang.service"])
     """
-    retired = [unit for unit in installed_units() if unit not in keep]
-    if not retired:
+    gone = retired(installed_units(), keep)
+    if not gone:
         host.noop("no other sglang units")
-    if retired:
-        yield from leave_routers()  # in a roll: stopping an instance takes its capacity away
-    for unit in retired:
+    if gone:
+        yield from leave_routers(gone)  # in a roll: stopping an instance takes its capacity away
+    for unit in gone:
         yield _removal(unit)
 
 
@@ -247,13 +252,16 @@ def found_down(unit: str, condition: dict[str, str]) -> str | None:
 
 
 @operation(is_idempotent=True)
-def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False) -> Ops:
+def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False,
+                 waves: Waves | None = None) -> Ops:
     """Enabled and running; restarted when one of ``changes`` changed. Every start clears the
     failed state and start limit first; a unit found failed or crash-looping is said so.
 
     + unit: the unit's name
     + changes: operations (unit file, environment, release, ...) whose change means a restart
-    + routed: a server behind the routers: in a roll, the host leaves them before the (re)start
+    + routed: a server behind the routers: in a roll, the host (or, with --batch-instances,
+      this server) leaves them before the (re)start
+    + waves: the host's restart waves, told of the start (``wave_ready`` waits for them)
 
         unit_running(name="Start sglang.service", unit="sglang.service", changes=[unit_op])
     """
@@ -266,14 +274,58 @@ def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False) 
     # One start for a fresh host, one restart for a change, none when nothing changed.
     if condition.get("ActiveState") != "active" or any(op.did_change() for op in changes):
         if routed:
-            yield from leave_routers()
+            yield from leave_routers([unit])
+        if waves is not None:
+            waves.start(unit)
         yield start_command(unit)
     if condition.get("UnitFileState") != "enabled":
         yield f"systemctl enable {unit}"
 
 
+@operation(is_idempotent=True)
+def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
+               final: bool = False) -> Ops:
+    """Once a wave of the host's servers has started: wait until each is ready (the gate's
+    health wait, within the startup budget, failing fast when its unit fails) before the next
+    wave starts; in a roll with ``--batch-instances``, put the wave back into the routers and
+    wait until they see it healthy. A wave that is not ready stops the waves: the host's later
+    servers keep what they run, untouched, and the gate puts the failed ones' last good
+    release back.
+
+    + profile: the profile the servers were rendered from
+    + launches: the host's servers
+    + waves: the host's restarts so far (``unit_running`` adds to it)
+    + final: wait for the wave still open (the last one)
+
+        wave_ready(name="The first server ready", profile=profile, launches=launches,
+                   waves=waves)
+    """
+    if not state.is_executing or not waves.going():
+        return
+    due = waves.due(final)
+    if not due:
+        if final and not waves.started:
+            host.noop("no server restarted")
+        return
+    by_unit = {launch.unit: launch for launch in launches}
+    for unit in due:
+        ok, lines = check(profile, by_unit[unit], "--health-only", budget=startup_budget(),
+                          label=f"{unit}: ")
+        if not ok:
+            waves.error = error_of(lines)
+            logger.warning(f"{host.print_prefix}{unit} is not ready: the servers after it "
+                           "keep what they run; the gate puts its last good release back")
+            host.noop(f"{unit} is not ready: {waves.error}")
+            return
+    waves.ready(due)
+    back = list(rejoin(fleet.urls(host, profile, [by_unit[unit] for unit in due])))
+    if not back:
+        host.noop(f"{', '.join(due)} ready")
+    yield from back
+
+
 def _unit(profile: Profile, launch: Launch, release: Release, launcher: OperationMeta,
-          restart_if: list[OperationMeta]) -> None:
+          restart_if: list[OperationMeta], waves: Waves) -> None:
     unit_name = launch.unit
     secrets = secret_values(launch, host.name, host.data)
     try:
@@ -281,8 +333,9 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
     except UnsafeValue as err:
         raise InputError.one(profile.path, "env or extra_args", str(err),
                              "remove control characters from the value") from None
+    # A failed wave leaves the units after it as they are: files, release and process.
     env = secret_file(name=f"Environment and secrets of {unit_name} (root, 0600)",
-                      dest=paths.env_file(unit_name), content=env_text)
+                      dest=paths.env_file(unit_name), content=env_text, _if=waves.going)
     budget = startup_budget()
     policy = restart_policy(host.get_fact(SystemdVersion))
     unit = files.template(
@@ -292,26 +345,35 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
         served_name=unit_text(profile.model.served_name or profile.model.source),
         paths=paths.template_values(), allowed_clients=allowed_clients(),
         exec_start=command, timeout_start=budget, timeout_stop=drain_budget(),
-        start_limit_interval=budget * 4, **policy)
-    systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
+        start_limit_interval=budget * 4, _if=waves.going, **policy)
+    systemd.daemon_reload(name="Reload systemd", _if=[waves.going, unit.did_change])
     if host.data.get("replace_stale_servers"):
         stale_servers_stopped(name=f"Nothing else on port {launch.port}", launch=launch,
-                              budget=drain_budget())
+                              budget=drain_budget(), _if=waves.going)
     unit_running(name=f"Enable and start {unit_name} (restarted when its definition changed)",
-                 unit=unit_name, changes=[unit, env, launcher, *restart_if], routed=True)
+                 unit=unit_name, changes=[unit, env, launcher, *restart_if], routed=True,
+                 waves=waves, _if=waves.going)
 
 
 @deploy("SGLang service")
 def install_service(profile: Profile, launches: list[Launch], release: Release,
                     restart_if: list[OperationMeta]) -> None:
-    """One unit per server instance (``parallel.instances``, each on its own GPU set)."""
+    """One unit per server instance (``parallel.instances``, each on its own GPU set), restarted
+    in waves: the first alone, ready before the rest (all at once; ``--batch-instances`` at a
+    time in a roll). Each unit's files change only when its wave comes."""
     secrets_directory()
     [launcher] = upload(LAUNCHER)  # keys in-process, never on the command line
     turn(name="In a roll, this host's turn (the batch before it back in the routers)")
+    receive_kernels(launches=launches, release=release)  # in a roll, before any restart
     retire_other_units(name="Retire units of instances no longer wanted",
                        keep=[launch.unit for launch in launches])
+    waves = Waves(per_wave=cutover.batch_instances())
     for launch in launches:
-        _unit(profile, launch, release, launcher, restart_if)
+        _unit(profile, launch, release, launcher, restart_if, waves)
+        wave_ready(name=f"Restart wave ready (after {launch.unit}, when its wave is whole)",
+                   profile=profile, launches=launches, waves=waves)
+    wave_ready(name="The last restart wave ready", profile=profile, launches=launches,
+               waves=waves, final=True)
     switch_release(release)  # the units name the release itself: the link follows them
 
 

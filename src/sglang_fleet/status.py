@@ -6,8 +6,15 @@ this machine (as the router reaches the servers): ``/health``, ``/metrics`` (run
 requests, output tokens/s, accept length, the served model) and each router's ``/workers``
 (with its admin key). A host that does not answer is a row saying why.
 
-    rows = collect("inventories/b200.py")
-    print(table(rows))
+The fleet's capacity and job time come from what each server's last passed gate measured and
+kept on its host (``paths.gate_record``, read over SSH beside the units): its effective max
+running requests (from its startup log) and its output tok/s under the gate's soak. Not from
+``/metrics``' ``gen_throughput``: that is what a server does now (0 when idle), not what it can
+do. A record of an earlier start of the unit (its InvocationID differs), a server that is
+down and a unit without a record are named, never counted.
+
+    fleet = collect("inventories/b200.py")
+    print(table(fleet.rows)); print("\n".join(fleet.lines()))
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ from pyinfra.api.host import Host
 from sglang_fleet import fleet, hostdata
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
-from sglang_fleet.facts.units import LastCrash, UnitState, UnitStates
+from sglang_fleet.facts.units import GateRecords, LastCrash, UnitState, UnitStates
 from sglang_fleet.gpucheck import ignored, merged
 from sglang_fleet.profile import Profile
+from sglang_fleet.remote import eta
 from sglang_fleet.render import Launch, render_all
 from sglang_fleet.routerctl import Router, RouterError
 
@@ -60,6 +68,13 @@ class Row:
     error: str = ""
     restarts: int | None = None  # automatic restarts since the last deliberate start
     last_crash: str = ""  # the cause of the last end on its own, from the unit's journal
+    # What its last passed gate measured (paths.gate_record), or why nothing counts:
+    capacity: int | None = None  # effective max running requests, from its startup log
+    measured_tokens_per_s: float | None = None  # output tok/s under the gate's soak
+    per_request_tps: float | None = None  # one request's tok/s (the gate's smoke)
+    measured_at: str = ""
+    measured_release: str = ""
+    not_measured: str = ""  # why its record does not count ("" when it does)
 
 
 def parse_metrics(text: str) -> dict[str, Any]:
@@ -200,6 +215,37 @@ def read_host(host: Host, rows: list[Row]) -> None:
         if row.restarts or row.state.startswith("failed"):
             row.last_crash = _last_crash(host, row.unit)
     _fill_gpus(rows, health, ignored(host.data, host.name))
+    try:
+        records = host.get_fact(GateRecords, units=[r.unit for r in rows])
+    except Exception as exc:  # as read_host: the row says it, the rest go on
+        reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
+        for row in rows:
+            row.not_measured = f"gate record not read: {reason}"
+        return
+    for row in rows:
+        unit = units.get(row.unit)
+        fill_measured(row, records.get(row.unit), unit.invocation if unit else "")
+
+
+def fill_measured(row: Row, record: Any, invocation: str) -> None:
+    """The row's figures from its unit's gate record, if it measured the start that runs."""
+    server = eta.from_record(row.unit, record, invocation)
+    row.not_measured = server.left_out or ""
+    row.capacity, row.measured_tokens_per_s = server.running, server.tokens_per_s
+    row.per_request_tps, row.measured_at = server.per_request_tps, server.measured_at or ""
+    row.measured_release = server.release or ""
+
+
+def server_of(row: Row) -> eta.Server:
+    """A server row as the estimate counts it: down, not measured, or its gate's figures."""
+    down = (f"not read ({row.error})" if row.error else
+            f"down: /health {row.health or 'not read'}" if row.health != "ok" else
+            f"not serving: {row.state}" if row.state != "active/running" else "")
+    return eta.Server(f"{row.host} {row.unit}", running=row.capacity,
+                      tokens_per_s=row.measured_tokens_per_s,
+                      per_request_tps=row.per_request_tps,
+                      release=row.measured_release or None, measured_at=row.measured_at or None,
+                      left_out=down or row.not_measured or None)
 
 
 def _last_crash(host: Host, unit: str) -> str:
@@ -234,12 +280,57 @@ def router_rows(inventory: Any, servers: list[Row]) -> list[Row]:
     return rows
 
 
-def collect(inventory_path: str) -> list[Row]:
-    """Every row of the fleet: hosts read in parallel over SSH, servers over HTTP."""
+@dataclass
+class Fleet:
+    """Every row, and the job the hosts' data names (``job_estimate``)."""
+
+    rows: list[Row]
+    job: tuple[int, int] | None = None
+    job_note: str = ""  # why there is no job when the hosts' data disagree
+
+    def estimate(self) -> eta.Estimate:
+        return eta.estimate([server_of(r) for r in self.rows if r.kind == "server"],
+                            self.job)
+
+    def lines(self) -> list[str]:
+        """The fleet's capacity, throughput and job time, each saying what it is from."""
+        return eta.lines(self.estimate(), "fleet") + (
+            [f"fleet: {self.job_note}"] if self.job_note else [])
+
+    def as_json(self) -> list[dict[str, Any]]:
+        """The rows, then one object of kind ``fleet`` with the sums and the lines."""
+        est = self.estimate()
+        return [*as_json(self.rows), {
+            "kind": "fleet", "running": est.running, "tokens_per_s": est.tokens_per_s,
+            "bound_tokens_per_s": est.bound_tokens_per_s, "job": est.job,
+            "seconds": est.seconds, "bound_seconds": est.bound_seconds,
+            "capacity_servers": [s.name for s in est.capacity],
+            "throughput_servers": [s.name for s in est.throughput],
+            "not_counted": [{"server": n, "why": w} for n, w in est.not_counted],
+            "lines": self.lines()}]
+
+
+def fleet_job(hosts: list[Host]) -> tuple[tuple[int, int] | None, str]:
+    """The job of the serving hosts' ``job_estimate`` (checked by ``hostdata``), and a note
+    when they name different jobs (then there is no one job for the fleet).
+
+        fleet_job(hosts)   # ((900000, 1000), "")
+    """
+    named = {h.name: str(v) for h in hosts if (v := h.data.get("job_estimate"))}
+    if len(set(named.values())) > 1:
+        return None, ("no job time: job_estimate differs between hosts (" + "; ".join(
+            f"{name}: {value}" for name, value in named.items()) + ")")
+    return (eta.parse_job(next(iter(named.values()))) if named else None), ""
+
+
+def collect(inventory_path: str, data: dict[str, Any] | None = None,
+            with_routers: bool = True) -> Fleet:
+    """Every row of the fleet: hosts read in parallel over SSH, servers over HTTP (``data``
+    as ``--data`` would give it; the routers' rows only ``with_routers``)."""
     from sglang_fleet import roll  # loading an inventory patches the process with gevent
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # a table, not pyinfra's log
-    inventory = roll.load(inventory_path, {})
+    inventory = roll.load(inventory_path, data or {})
     hosts = fleet.serving_hosts(inventory)
     if not hosts and not fleet.routers(inventory):
         raise InputError.one(inventory_path, "sglang_profile", "no serving hosts and no router",
@@ -253,7 +344,9 @@ def collect(inventory_path: str) -> list[Row]:
         list(pool.map(lambda h: read_host(h, per_host[h.name]), hosts))
         servers = [row for rows in per_host.values() for row in rows]
         list(pool.map(_http, servers))
-    return servers + router_rows(inventory, servers)
+    job, note = fleet_job(hosts)
+    routers = router_rows(inventory, servers) if with_routers else []
+    return Fleet(servers + routers, job, note)
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -261,20 +354,23 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 
 COLUMNS = ("host", "unit", "state", "restarts", "since", "release", "model", "algo", "health",
-           "run", "queue", "tok/s", "accept", "GPU used/free GiB", "router", "notes")
+           "run", "queue", "tok/s", "accept", "cap", "gate tok/s", "GPU used/free GiB",
+           "router", "notes")
 
 
 def cells(row: Row) -> list[str]:
     mem = "-" if row.gpu_used_mib is None else \
         f"{row.gpu_used_mib / 1024:.0f}/{(row.gpu_free_mib or 0) / 1024:.0f}"
     if row.kind == "router":
-        return [row.host, "router", "", "", "", "", "", "", row.health, "", "", "", "", "",
-                f"workers {row.router or '-'}", row.error]
+        return [row.host, "router", "", "", "", "", "", "", row.health, "", "", "", "", "", "",
+                "", f"workers {row.router or '-'}", row.error]
     crash = [f"last crash: {row.last_crash}"] if row.last_crash else []
-    notes = "; ".join([*crash, *row.gpu_health, *([row.error] if row.error else [])])
+    notes = "; ".join([*crash, *row.gpu_health, *([row.error] if row.error else []),
+                       *([f"not measured: {row.not_measured}"] if row.not_measured else [])])
     return [row.host, row.unit, row.state, _num(row.restarts), " ".join(row.since.split()[1:3]),
             row.release, row.model, row.algorithm, row.health, _num(row.running), _num(row.queued),
-            _num(row.tokens_per_s), _num(row.accept_length, 2), mem, row.router or "-", notes]
+            _num(row.tokens_per_s), _num(row.accept_length, 2), _num(row.capacity),
+            _num(row.measured_tokens_per_s), mem, row.router or "-", notes]
 
 
 def table(rows: list[Row]) -> str:

@@ -34,7 +34,7 @@ from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.ports import PortListeners
 from sglang_fleet.facts.units import UnitState, UnitStates
 from sglang_fleet.hostcode import program, upload
-from sglang_fleet.ops import Ops, run
+from sglang_fleet.ops import Ops, result_line, run
 from sglang_fleet.profile import Profile
 from sglang_fleet.render import Launch
 from sglang_fleet.service import service_env
@@ -54,7 +54,7 @@ def spare_gpus(profile: Profile, gpu_count: int) -> list[int]:
     [1]
     """
     size = profile.parallel.gpus_per_instance
-    first = profile.parallel.instances * size
+    first = profile.parallel.servers * size
     return list(range(first, first + size)) if first + size <= gpu_count else []
 
 
@@ -82,11 +82,7 @@ def warm_key(launch: Launch, release: Release, mode: str) -> str:
 
 def unchanged_kernels(unit: UnitState, launch: Launch, release: Release) -> bool:
     """The unit runs this release with these flags already: nothing new to compile."""
-    if unit.release != release.id:
-        return False
-    module = launch.argv[2]
-    running = list(unit.argv)
-    return module in running and running[running.index(module) + 1:] == list(launch.argv[3:])
+    return unit.runs(release.id, launch.argv[2], launch.argv[3:])
 
 
 def free_port(start: int) -> int:
@@ -115,15 +111,8 @@ def warm_command(profile: Profile, launch: Launch, release: Release, gpus: list[
 
 def _report(lines: list[str]) -> dict[str, Any]:
     """The host program's ``WARMUP <json>`` line (an error when it printed none)."""
-    for line in reversed(lines):
-        if line.startswith("WARMUP "):
-            try:
-                found = json.loads(line[7:])
-            except ValueError:
-                break
-            if isinstance(found, dict):
-                return found
-    return {"ok": False, "error": "the warm-up printed no result", "tail": lines[-10:]}
+    return result_line(lines, "WARMUP") or {"ok": False, "error": "the warm-up printed no "
+                                             "result", "tail": lines[-10:]}
 
 
 @operation(is_idempotent=True)

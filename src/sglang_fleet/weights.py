@@ -128,7 +128,7 @@ def staged(source: str, dest: str, endpoint: str | None, token_file: str | None,
 
 def served_model(profile: Profile) -> str | None:
     """The model path the host's first server unit runs now (None: no unit yet)."""
-    unit = paths.unit_path(paths.server_unit(0, profile.parallel.instances))
+    unit = paths.unit_path(paths.server_unit(0, profile.parallel.servers))
     lines = host.get_fact(FindInFile, path=unit, pattern="^ExecStart=") or []
     found = re.search(r" --model-path (\S+)", lines[0]) if lines else None
     return found.group(1) if found else None

@@ -35,7 +35,7 @@ def deploy(*data: str) -> tuple[int, str]:
 
 
 def unit(prop: str) -> str:
-    return ssh("lab1", f"systemctl show -p {prop} --value sglang.service").stdout.strip()
+    return ssh("lab1", f"systemctl show -p {prop} --value sglang-0.service").stdout.strip()
 
 
 def health() -> str:
@@ -57,14 +57,14 @@ def test_restarts_in_a_row_spend_the_start_limit_and_the_next_deploy_recovers(
         lab: None) -> None:
     refused = None
     for attempt in range(12):  # by hand, as an operator would; systemd counts each one
-        if ssh("lab1", "systemctl restart sglang.service").returncode != 0:
+        if ssh("lab1", "systemctl restart sglang-0.service").returncode != 0:
             refused = attempt
             break
     assert refused is not None and unit("Result") == "start-limit-hit"
     assert health() != "200"
     code, out = deploy()
     assert code == 0, out[-4000:]
-    assert "[lab1] sglang.service was found failed (start-limit-hit" in out
+    assert "[lab1] sglang-0.service was found failed (start-limit-hit" in out
     assert health() == "200" and unit("ActiveState") == "active"
 
 
@@ -83,14 +83,14 @@ def test_a_server_that_dies_under_its_first_batch_fails_the_gate(lab: None) -> N
     assert "the last good release serves again" in out
     assert time.monotonic() - tic < 120
     assert health() == "200" and unit("MainPID") != before
-    assert "SGLANG_SIM_CRASH_AFTER" not in ssh("lab1", "cat /etc/sglang/sglang.env").stdout
+    assert "SGLANG_SIM_CRASH_AFTER" not in ssh("lab1", "cat /etc/sglang/sglang-0.env").stdout
 
 
-# A clean stop leaves sglang.service inactive, not failed, whichever way the release ends: 0.5.19+
+# A clean stop leaves sglang-0.service inactive, not failed, whichever way the release ends: 0.5.19+
 # exit 0 after draining, 0.5.10 - 0.5.18 SIGKILL their own process tree (the unit's
 # SuccessExitStatus=SIGKILL). The simulator imitates the older ending with SGLANG_SIM_VERSION,
 # set here by a drop-in on the host.
-DROP_IN = "/etc/systemd/system/sglang.service.d/zz-sim-release.conf"
+DROP_IN = "/etc/systemd/system/sglang-0.service.d/zz-sim-release.conf"
 
 
 def wait_serving(timeout: float = 180) -> None:
@@ -101,13 +101,13 @@ def wait_serving(timeout: float = 180) -> None:
         if code == "200":
             return
         time.sleep(2)
-    raise AssertionError("sglang.service did not turn healthy:\n"
+    raise AssertionError("sglang-0.service did not turn healthy:\n"
                          + ssh("lab1", "journalctl -u sglang -n 30 -o cat").stdout)
 
 
 def stop_and_check() -> None:
     restarts = unit("NRestarts")
-    ssh("lab1", "systemctl stop sglang.service")
+    ssh("lab1", "systemctl stop sglang-0.service")
     assert unit("ActiveState") == "inactive", ssh("lab1", "systemctl status sglang").stdout
     assert unit("Result") == "success"
     # a stop that was asked for is never restarted, whatever the release's end (systemd decides
@@ -119,10 +119,10 @@ def stop_and_check() -> None:
 
 
 def with_drop_in(*lines: str) -> None:
-    """Extra [Service] lines for sglang.service on lab1, then a (re)start."""
+    """Extra [Service] lines for sglang-0.service on lab1, then a (re)start."""
     body = "\\n".join(["[Service]", *lines])
     ssh("lab1", f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '{body}\\n' > {DROP_IN} "
-                "&& systemctl daemon-reload && systemctl restart sglang.service")
+                "&& systemctl daemon-reload && systemctl restart sglang-0.service")
 
 
 def without_drop_in() -> None:
@@ -148,7 +148,7 @@ def test_stop_after_sigkill_of_its_own_tree(lab: None) -> None:
 
 
 def api_key() -> str:
-    env = ssh("lab1", "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang.env").stdout
+    env = ssh("lab1", "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang-0.env").stdout
     return env.strip().strip("'\"")
 
 
@@ -176,7 +176,7 @@ def test_a_stop_under_load_drains_every_request(lab: None, release: str) -> None
         with ThreadPoolExecutor(8) as pool:
             answers = [pool.submit(ask, key) for _ in range(8)]
             time.sleep(2)
-            stop = ssh("lab1", "systemctl stop sglang.service")
+            stop = ssh("lab1", "systemctl stop sglang-0.service")
             codes = [a.result() for a in answers]
         assert stop.returncode == 0, stop.stderr
         assert codes == [200] * 8, codes
@@ -186,7 +186,7 @@ def test_a_stop_under_load_drains_every_request(lab: None, release: str) -> None
         assert "Subprocess" not in log.split("Draining requests")[-1]  # no child died early
     finally:
         without_drop_in()
-        ssh("lab1", "systemctl start sglang.service")
+        ssh("lab1", "systemctl start sglang-0.service")
         wait_serving()
 
 

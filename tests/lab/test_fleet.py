@@ -5,10 +5,12 @@ back to a fresh host."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import shlex
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +23,10 @@ from tests.lab.load import Load
 
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2", "lab3")
+INSTANCES = 8  # servers per lab host: the shipped profile's instances: auto on its 8 GPUs
+SERVERS = [f"sglang-{i}.service" for i in range(INSTANCES)]
+EVERY_WORKER = {f"http://127.0.0.{10 + i}:{30000 + k}": True for i in (1, 2, 3)
+                for k in range(INSTANCES)}
 ROUTER = "http://127.0.0.11:30080"
 STATE = Path("/var/lib/sglang-fleet-lab/ssh")
 KEY_FILE = STATE / "api-key"
@@ -57,7 +63,7 @@ def fleet(fresh: dict[str, list[str]]) -> dict[str, list[str]]:
         result = pyinfra(deploy)
         assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
     for host in HOSTS:
-        assert ssh(host, "stat -c '%U %a' /etc/sglang/sglang.env").stdout.split() == \
+        assert ssh(host, "stat -c '%U %a' /etc/sglang/sglang-0.env").stdout.split() == \
             ["root", "600"]
         for secret in (key(), ADMIN_KEY_FILE.read_text().strip()):
             found = ssh(host, f"grep -rlF {shlex.quote(secret)} /tmp /var/tmp /home")
@@ -87,7 +93,7 @@ def test_a_hand_started_server_stops_the_deploy_before_any_change(
     # Started over SSH without a login session, it runs in ssh.service's control group here.
     assert re.search(r"host lab2: port 30000: held by pid \d+ \(root, started \w{3} \w{3} .*, "
                      r"(unit ssh\.service|no systemd unit \(started by hand\))\): "
-                     r"python3 -m http.server 30000 --bind 127.0.0.12, not by sglang.service",
+                     r"python3 -m http.server 30000 --bind 127.0.0.12, not by sglang-0.service",
                      out), out[-3000:]
     assert "replace_stale_servers=true" in out
     for host in HOSTS:
@@ -112,15 +118,15 @@ def admin_key() -> str:
     return ADMIN_KEY_FILE.read_text().strip()
 
 
-def starts_since(host: str, since: float) -> int:
-    """How many times sglang.service started since ``since`` (epoch seconds)."""
-    out = ssh(host, f"journalctl -u sglang.service --since @{since:.0f} -o cat --no-pager "
-                    "| grep -c '^Started sglang.service' || true").stdout
+def starts_since(host: str, since: float, unit: str = "sglang-0.service") -> int:
+    """How many times ``unit`` started since ``since`` (epoch seconds)."""
+    out = ssh(host, f"journalctl -u {unit} --since @{since:.0f} -o cat --no-pager "
+                    f"| grep -c '^Started {unit}' || true").stdout
     return int(out.strip() or 0)
 
 
-def roll(*data: str) -> tuple[int, str, Load]:
-    args = [a for d in data for a in ("--data", d)]
+def roll(*data: str, flags: tuple[str, ...] = ()) -> tuple[int, str, Load]:
+    args = [*flags, *(a for d in data for a in ("--data", d))]
     with Load(ROUTER, key(), "qwen3.6-27b", rate=25) as load:
         time.sleep(2)
         result = run("sglang-fleet", "roll", "inventories/lab.py", *args, timeout=900)
@@ -141,7 +147,7 @@ def router_workers() -> dict[str, bool]:
 
 
 def test_router_routes_to_every_host_with_the_key(fleet: dict[str, list[str]]) -> None:
-    assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
+    assert router_workers() == EVERY_WORKER
     smoke = run("sglang-fleet", "smoke", ROUTER, "--api-key-file", str(KEY_FILE))
     assert smoke.returncode == 0 and "smoke: '4." in smoke.stdout, smoke.stdout + smoke.stderr
     assert run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
@@ -169,16 +175,16 @@ def test_router_deploy_puts_a_missing_worker_back_without_a_restart(
     assert "http://127.0.0.13:30000" not in router_workers()
     result = pyinfra("deploys/router.py")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"Router routes to 3 workers\s+1\s+1\s", result.stderr), \
+    assert re.search(r"Router routes to 24 workers\s+1\s+1\s", result.stderr), \
         result.stderr[-2000:]
     time.sleep(1)
-    assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
+    assert router_workers() == EVERY_WORKER
     assert ssh("lab1", "systemctl show -p MainPID --value sglang-router").stdout.strip() == pid
 
 
 def test_a_deploy_replaces_a_hand_started_server_when_asked(
         fleet: dict[str, list[str]]) -> None:
-    ssh("lab2", "systemctl stop sglang.service; setsid -f python3 -m http.server 30000 "
+    ssh("lab2", "systemctl stop sglang-0.service; setsid -f python3 -m http.server 30000 "
                 "--bind 127.0.0.12 >/dev/null 2>&1 </dev/null; sleep 1")
     refused = pyinfra("deploys/sglang.py", "--limit", "lab2")
     assert refused.returncode != 0 and "port 30000: held by pid" in refused.stdout + \
@@ -211,7 +217,7 @@ def test_roll_restarts_each_host_once_without_a_failed_request(
         assert re.search(rf"{host}: out of the router for {row.group(2)} s", out)
     assert load.sent / load.seconds >= 20
     assert load.failed == 0, load.errors[:5]
-    assert all(router_workers().values()) and len(router_workers()) == 3
+    assert router_workers() == EVERY_WORKER
 
 
 def test_release_failing_to_start_stops_the_roll_at_the_first_host(
@@ -225,10 +231,114 @@ def test_release_failing_to_start_stops_the_roll_at_the_first_host(
         assert re.search(rf"^{host}\s+untouched", out, re.M)
         assert starts_since(host, since) == 0, host
     assert "sglang-sim-0.5.23" in ssh("lab1", "readlink /opt/sglang/current").stdout
-    assert "SGLANG_SIM_FAIL_STARTUP" not in ssh("lab1", "cat /etc/sglang/sglang.env").stdout
+    assert "SGLANG_SIM_FAIL_STARTUP" not in ssh("lab1", "cat /etc/sglang/sglang-0.env").stdout
     assert load.sent / load.seconds >= 20
     assert load.failed == 0, load.errors[:5]
-    assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
+    assert router_workers() == EVERY_WORKER
+
+
+class Healthy:
+    """The fewest healthy workers the router listed while a roll ran (polled every 0.5 s)."""
+
+    def __init__(self) -> None:
+        self.fewest: int | None = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self.stop.is_set():
+            try:
+                healthy = sum(router_workers().values())
+            except (ValueError, KeyError):  # the router answering mid-change: look again
+                healthy = None
+            if healthy is not None:
+                self.fewest = healthy if self.fewest is None else min(self.fewest, healthy)
+            time.sleep(0.5)
+
+    def __enter__(self) -> Healthy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def compile_seconds(host: str, unit: str, since: float) -> list[int]:
+    """The seconds of each DeepGEMM warm-up pass ``unit`` logged since ``since`` (tqdm's
+    "[MM:SS<" of compile_utils' "DeepGEMM warmup" bar, one per GEMM shape): a compile pays
+    SGLANG_SIM_JIT_SECONDS over the shapes, a warm cache about nothing."""
+    out = ssh(host, f"journalctl -u {unit} --since @{since:.0f} -o cat --no-pager "
+                    "| grep 'DeepGEMM warmup: 100%' || true").stdout
+    return [int(m) * 60 + int(s) for m, s in re.findall(r"\[(\d\d):(\d\d)<", out)]
+
+
+def test_roll_with_batch_instances_keeps_each_host_serving(
+        fleet: dict[str, list[str]]) -> None:
+    """Eight servers per host (instances: auto), restarted four at a time onto kernels whose
+    cold compile costs 20 s: only the restarting servers leave the router (never fewer than
+    24 - 4 healthy), each wave back before the next; on each host the first server compiles
+    alone and the others start from its cache; no request fails. A release that fails to
+    start then stops at lab1's first server, the others untouched."""
+    assert len(router_workers()) == 3 * INSTANCES and all(router_workers().values())
+    since = time.time()
+    # warm-up off (and no spare GPU anyway): the first server of each host must compile
+    jit = ("sglang.warmup=off", "sglang.env.SGLANG_SIM_JIT_SECONDS=20")
+    with Healthy() as healthy:
+        code, out, load = roll(*jit, flags=("--batch-instances", "4"))
+    assert code == 0, out[-5000:]
+    assert healthy.fewest is not None and healthy.fewest >= 3 * INSTANCES - 4, healthy.fewest
+    assert load.failed == 0, load.errors[:5]
+    assert load.sent / load.seconds >= 20
+    for i, host in enumerate(HOSTS, 1):
+        for unit in SERVERS:
+            assert starts_since(host, since, unit) == 1, (host, unit)
+        first = compile_seconds(host, SERVERS[0], since)
+        assert first and sum(first) >= 18, (host, first)  # it compiled
+        for unit in SERVERS[1:]:  # from the cache the first one wrote: nothing to wait for
+            assert compile_seconds(host, unit, since) and \
+                max(compile_seconds(host, unit, since)) <= 1, (host, unit)
+        row = re.search(rf"^{host}\s+converged\s+(\d+)\s+([\d.]+)$", out, re.M)
+        assert row, out[-3000:]
+        below = itertools.takewhile(lambda line: line.startswith(" "),
+                                    out[row.end() + 1:].splitlines())  # the host's own lines
+        waves = [m.groups() for m in (re.match(r"\s+wave (\d) out of the router ([\d.]+) s: "
+                                               r"(.+)$", line) for line in below) if m]
+        address = f"http://127.0.0.{10 + i}"
+        assert [(n, urls) for n, _, urls in waves] == [
+            ("1", f"{address}:30000"),
+            ("2", ", ".join(f"{address}:{30000 + k}" for k in range(1, 5))),
+            ("3", ", ".join(f"{address}:{30000 + k}" for k in range(5, 8)))], out[-3000:]
+        assert float(row.group(2)) == max(float(s) for _, s, _ in waves)
+        assert float(waves[0][1]) >= 20  # the compile, out of the router alone
+    assert len(router_workers()) == 3 * INSTANCES and all(router_workers().values())
+
+    since = time.time()
+    pids = {u: ssh("lab1", f"systemctl show -p MainPID --value {u}").stdout.strip()
+            for u in SERVERS[1:]}
+    code, out, load = roll("sglang.engine.version=0.5.22",
+                           "sglang.env.SGLANG_SIM_FAIL_STARTUP=simulated startup failure",
+                           flags=("--batch-instances", "4"))
+    assert code != 0
+    assert re.search(r"^lab1\s+failed, last good release serving again", out, re.M), \
+        out[-4000:]
+    assert "[lab1] sglang-0.service is not ready: the servers after it keep what they run" \
+        in out, out[-4000:]
+    for unit, pid in pids.items():  # never changed, never restarted
+        assert ssh("lab1", f"systemctl show -p MainPID --value {unit}").stdout.strip() == pid
+        assert starts_since("lab1", since, unit) == 0, unit
+        assert "SGLANG_SIM_FAIL_STARTUP" not in ssh(
+            "lab1", f"cat /etc/sglang/{unit.removesuffix('.service')}.env").stdout
+    assert "sglang-sim-0.5.23" in ssh("lab1", "readlink /opt/sglang/current").stdout
+    for host in ("lab2", "lab3"):
+        assert re.search(rf"^{host}\s+untouched", out, re.M)
+    assert load.failed == 0, load.errors[:5]
+    assert len(router_workers()) == 3 * INSTANCES and all(router_workers().values())
+
+    code, out, load = roll()  # back to the inventory: its own kernels
+    assert code == 0, out[-5000:]
+    assert load.failed == 0, load.errors[:5]
+    assert len(router_workers()) == 3 * INSTANCES and all(router_workers().values())
 
 
 def test_teardown_purges_back_to_a_fresh_host_and_deploy_works_again(
@@ -236,8 +346,8 @@ def test_teardown_purges_back_to_a_fresh_host_and_deploy_works_again(
     kept = pyinfra("deploys/teardown.py", "--limit", "lab3")
     assert kept.returncode == 0, kept.stdout[-3000:]
     assert "http://127.0.0.13:30000" not in router_workers()
-    assert ssh("lab3", "systemctl cat sglang.service").returncode != 0
-    assert ssh("lab3", "ls /etc/sglang/sglang.env").returncode != 0
+    assert ssh("lab3", "systemctl cat sglang-0.service").returncode != 0
+    assert ssh("lab3", "ls /etc/sglang/sglang-0.env").returncode != 0
     assert ssh("lab3", "ls /opt/sglang/releases /var/lib/sglang/models").stdout.strip()
     assert ssh("lab3", "dpkg -s nvidia-open-580").returncode == 0
 
@@ -250,7 +360,7 @@ def test_teardown_purges_back_to_a_fresh_host_and_deploy_works_again(
     for deploy in ("deploys/sglang.py", "deploys/router.py"):
         result = pyinfra(deploy)
         assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
-    assert router_workers() == {f"http://127.0.0.{10 + i}:30000": True for i in (1, 2, 3)}
+    assert router_workers() == EVERY_WORKER
 
 
 def test_unknown_purge_is_refused_before_any_change(fleet: dict[str, list[str]]) -> None:
@@ -259,4 +369,4 @@ def test_unknown_purge_is_refused_before_any_change(fleet: dict[str, list[str]])
     assert result.returncode != 0
     assert "purge: unknown 'models'" in out and "fix: a comma-separated subset" in out
     assert "Traceback" not in out
-    assert ssh("lab1", "systemctl is-active sglang.service").stdout.strip() == "active"
+    assert ssh("lab1", "systemctl is-active sglang-0.service").stdout.strip() == "active"

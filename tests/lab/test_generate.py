@@ -160,7 +160,7 @@ def test_the_fleet_heals_while_servers_are_killed(fleet: None, tmp_path: Path) -
         seen_unhealthy |= {h for h, ok in health.items() if not ok}
         if health and all(health.values()) and time.monotonic() - last >= 30:
             victim = "lab1" if len(kills) % 2 == 0 else "lab2"
-            killed = ssh(victim, "kill -9 $(systemctl show -p MainPID --value sglang.service)")
+            killed = ssh(victim, "kill -9 $(systemctl show -p MainPID --value sglang-0.service)")
             assert killed.returncode == 0, killed.stderr
             kills.append((victim, time.monotonic()))
             last = time.monotonic()
@@ -174,7 +174,7 @@ def test_the_fleet_heals_while_servers_are_killed(fleet: None, tmp_path: Path) -
     ids = [json.loads(line)["id"] for shard in sorted(out.glob("shard-*.jsonl"))
            for line in shard.read_text().splitlines()]
     assert len(ids) == n and set(ids) == {f"heal-{i}" for i in range(n)}
-    restarts = {h: ssh(h, "systemctl show -p NRestarts --value sglang.service").stdout.strip()
+    restarts = {h: ssh(h, "systemctl show -p NRestarts --value sglang-0.service").stdout.strip()
                 for h in HOSTS}
     assert all(int(restarts[h]) >= 1 for h in {victim for victim, _ in kills}), restarts
     wait = time.monotonic() + 120

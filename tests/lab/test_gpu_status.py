@@ -38,29 +38,44 @@ def rows() -> list[dict[str, Any]]:
 
 
 def main_pid() -> str:
-    return ssh("lab1", "systemctl show -p MainPID --value sglang.service").stdout.strip()
+    return ssh("lab1", "systemctl show -p MainPID --value sglang-0.service").stdout.strip()
 
 
 def test_status_of_a_deployed_host(deployed: None) -> None:
-    server, router = rows()
-    assert (server["kind"], server["host"], server["unit"]) == ("server", "lab1",
-                                                                "sglang.service")
+    found = rows()
+    servers = [r for r in found if r["kind"] == "server"]
+    [router] = [r for r in found if r["kind"] == "router"]
+    [fleet] = [r for r in found if r["kind"] == "fleet"]
+    # instances: auto: a server per GPU of the host, every one listed
+    assert [(s["host"], s["unit"], s["gpus"]) for s in servers] == \
+        [("lab1", f"sglang-{i}.service", str(i)) for i in range(8)]
+    server = servers[0]
     assert server["state"] == "active/running" and server["since"]
     assert server["release"].startswith("sglang-sim-0.5.23-")
     assert (server["model"], server["algorithm"], server["health"]) == \
         ("qwen3.6-27b", "NEXTN", "ok")
     assert (server["running"], server["queued"]) == (0, 0)
-    assert server["gpus"] == "0" and server["gpu_free_mib"] > 180_000
+    assert server["gpu_free_mib"] > 180_000
     assert server["gpu_health"] == [] and server["error"] == ""
-    assert server["router"] == "healthy"
-    assert (router["kind"], router["health"], router["router"]) == ("router", "ok", "1/1")
+    assert all(s["router"] == "healthy" for s in servers)
+    assert (router["kind"], router["health"], router["router"]) == ("router", "ok", "8/8")
+    # what the deploy's gate measured, kept on the host, read back for this start of the unit
+    assert server["not_measured"] == "" and server["capacity"] > 0 and server["measured_at"]
+    assert server["measured_tokens_per_s"] > 0 and server["measured_release"] == "0.5.23"
+    assert fleet["capacity_servers"] == [f"lab1 sglang-{i}.service" for i in range(8)]
+    assert fleet["running"] == sum(s["capacity"] for s in servers)
+    assert fleet["tokens_per_s"] == pytest.approx(sum(s["measured_tokens_per_s"]
+                                                      for s in servers))
+    assert fleet["not_counted"] == [] and fleet["job"] is None  # the lab sets no job_estimate
     # the router's Prometheus target (metrics_targets.ROUTER_METRICS_PORT) is real
     metrics = httpx.get("http://127.0.0.11:29000/metrics", timeout=10)
     assert metrics.status_code == 200 and "# TYPE" in metrics.text
     started = time.monotonic()
     table = run("sglang-fleet", "status", "inventories/lab.py", timeout=120).stdout
     print(f"{table}\n(status took {time.monotonic() - started:.1f} s)")
-    assert table.splitlines()[1].split()[:3] == ["lab1", "sglang.service", "active/running"]
+    assert table.splitlines()[1].split()[:3] == ["lab1", "sglang-0.service", "active/running"]
+    assert f"fleet: {fleet['running']} running requests on 8 of 8 servers" in table
+    assert "servers' measured throughput (from the gates' soaks at " in table
 
 
 def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Path) -> None:

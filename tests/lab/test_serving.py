@@ -36,11 +36,11 @@ def deploy(*data: str, limit: str | None = None) -> tuple[int, str]:
 
 
 def main_pid(host: str) -> str:
-    return ssh(host, "systemctl show -p MainPID --value sglang.service").stdout.strip()
+    return ssh(host, "systemctl show -p MainPID --value sglang-0.service").stdout.strip()
 
 
 def server_info(host: str) -> dict[str, object]:
-    env = ssh(host, "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang.env").stdout
+    env = ssh(host, "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang-0.env").stdout
     key = env.strip().strip("'\"")
     out = ssh(host, f"curl -s -H 'Authorization: Bearer {key}' "
                     f"http://127.0.0.{10 + int(host[-1])}:30000/server_info").stdout
@@ -65,6 +65,15 @@ def test_fresh_hosts_converge_and_pass_the_gate(lab: None) -> None:
         assert re.search(rf"\[{host}\] capacity: KV tokens \d+, mamba slots \d+ .*max running "
                          r"requests \d+, GPU memory free", out)
         assert f"[{host}] advice: max running requests" in out
+        assert re.search(rf"\[{host}\] soak: \d+ concurrent requests, all answered in [\d.]+ "
+                         r"s; sglang\.service still serving; \d+ output tokens, [\d,]+ tok/s", out)
+        assert re.search(rf"\[{host}\] host: \d+ running requests on 1 of 1 servers", out)
+        assert re.search(rf"\[{host}\] host: [\d,]+ output tok/s, the sum of 1 of 1 servers' "
+                         r"measured throughput \(from this run's gate soaks at ", out)
+        kept = json.loads(ssh(host, "cat /var/lib/sglang-fleet/gate/sglang.json").stdout)
+        assert kept["unit"] == "sglang.service" and kept["running"] > 0
+        assert kept["invocation"] == ssh(host, "systemctl show -p InvocationID --value "
+                                               "sglang.service").stdout.strip()
         ready_in_parts(host, out)
     staged = ssh("lab1", f"ls {LAB_MODEL}").stdout.split()
     assert "config.json" in staged and len([f for f in staged if f.endswith(".safetensors")]) == 4
@@ -83,8 +92,8 @@ def ready_in_parts(host: str, out: str) -> None:
     assert abs(total - (weights + kv + graphs + ready)) <= 0.3  # five roundings to 0.1 s
     model = server_info(host)["served_model_name"]
     check = ssh(host, shlex.join(program(
-        "python3", "check_server", "--unit", "sglang.service", "--url",
-        f"http://127.0.0.{10 + int(host[-1])}:30000", "--env-file", "/etc/sglang/sglang.env",
+        "python3", "check_server", "--unit", "sglang-0.service", "--url",
+        f"http://127.0.0.{10 + int(host[-1])}:30000", "--env-file", "/etc/sglang/sglang-0.env",
         "--model", str(model), "--soak-requests", "0")))
     gate = json.loads(next(line[5:] for line in check.stdout.splitlines()
                            if line.startswith("GATE ")))
@@ -135,11 +144,11 @@ def test_failed_start_is_shown_and_the_previous_release_keeps_serving(lab: None)
     assert code != 0
     assert time.monotonic() - tic < 30 + 15  # fails within 30 s of the restart (+ pyinfra)
     # loading runs in SGLang's scheduler: its exception is the cause the gate names
-    assert "[lab1] error: sglang.service failed to start: Scheduler hit an exception: " \
+    assert "[lab1] error: sglang-0.service failed to start: Scheduler hit an exception: " \
            "RuntimeError: simulated startup failure" in out, out[-3000:]
     assert "the last good release serves again" in out
     assert server_info("lab1")["max_running_requests"] == 16
-    assert "SGLANG_SIM_FAIL_STARTUP" not in ssh("lab1", "cat /etc/sglang/sglang.env").stdout
+    assert "SGLANG_SIM_FAIL_STARTUP" not in ssh("lab1", "cat /etc/sglang/sglang-0.env").stdout
 
 
 def test_api_key_is_enforced_and_never_shown(lab: None) -> None:
@@ -148,31 +157,38 @@ def test_api_key_is_enforced_and_never_shown(lab: None) -> None:
                        "http://127.0.0.11:30000/v1/models").stdout == "401"
     assert ssh("lab1", f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer "
                        f"{key}' http://127.0.0.11:30000/v1/models").stdout == "200"
-    unit = ssh("lab1", "systemctl cat sglang.service").stdout
+    unit = ssh("lab1", "systemctl cat sglang-0.service").stdout
     assert key not in unit and "--api-key" not in unit
     assert "-m sglang_fleet_remote.start_server " in unit
-    assert ssh("lab1", "stat -c '%U %a' /etc/sglang/sglang.env").stdout.strip() == "root 600"
+    assert ssh("lab1", "stat -c '%U %a' /etc/sglang/sglang-0.env").stdout.strip() == "root 600"
     code, out = deploy("sglang.memory.max_running_requests=16")
     assert code == 0 and key not in out
-    security = ssh("lab1", "systemd-analyze security sglang.service --no-pager").stdout
+    security = ssh("lab1", "systemd-analyze security sglang-0.service --no-pager").stdout
     found = re.search(r"exposure level for sglang\.service: ([\d.]+)", security)
     assert found and float(found.group(1)) <= 3.0, security[-500:]
 
 
-def test_one_instance_per_gpu_set(lab: None) -> None:
+def test_every_gpu_serves_and_a_number_of_instances_retires_the_rest(lab: None) -> None:
+    # The shipped profile's instances: auto: eight servers on the eight GPUs of each host.
+    units = ssh("lab2", "ls /etc/systemd/system/ | grep '^sglang-[0-9]*.service$'").stdout.split()
+    assert sorted(units) == sorted(f"sglang-{i}.service" for i in range(8))
+    for i in (0, 7):
+        visible = ssh("lab2", f"cat /proc/$(systemctl show -p MainPID --value sglang-{i}.service)"
+                              "/environ | tr '\\0' '\\n' | grep CUDA_VISIBLE_DEVICES").stdout
+        assert visible.strip() == f"CUDA_VISIBLE_DEVICES={i}"
     code, out = deploy("sglang.parallel.instances=2", "sglang.parallel.tp=4", limit="lab2")
     assert code == 0, out[-4000:]
     for unit in ("sglang-0.service", "sglang-1.service"):
         assert f"Gate {unit}" in out
         assert ssh("lab2", f"systemctl is-active {unit}").stdout.strip() == "active"
-    assert ssh("lab2", "systemctl is-active sglang.service").stdout.strip() != "active"
+    assert ssh("lab2", "ls /etc/systemd/system/ | grep -c '^sglang-'").stdout.strip() == "2"
     visible = ssh("lab2", "cat /proc/$(systemctl show -p MainPID --value sglang-1.service)"
                           "/environ | tr '\\0' '\\n' | grep CUDA_VISIBLE_DEVICES").stdout
     assert visible.strip() == "CUDA_VISIBLE_DEVICES=4,5,6,7"
-    code, out = deploy(limit="lab2")  # back to one server per host
+    code, out = deploy(limit="lab2")  # back to auto: a server per GPU
     assert code == 0, out[-4000:]
-    assert ssh("lab2", "ls /etc/systemd/system/ | grep -c '^sglang'").stdout.strip() == "1"
-    assert ssh("lab2", "systemctl is-active sglang.service").stdout.strip() == "active"
+    assert ssh("lab2", "ls /etc/systemd/system/ | grep -c '^sglang-'").stdout.strip() == "8"
+    assert ssh("lab2", "systemctl is-active sglang-7.service").stdout.strip() == "active"
 
 
 def test_smoke_deploy_changes_nothing(lab: None) -> None:

@@ -162,3 +162,36 @@ def test_lines_are_sglangs(sims: Launcher, gpu_bin: Path, tmp_path: Path,
                  "DeepGEMM Kernels compilation finished successfully.",
                  "Generate warm up request for compiling DeepGEMM..."):
         assert line in printed and any(line in text for text in script), line
+
+
+@pytest.mark.parametrize(("release", "compiles"), [("0.5.18", 2), ("0.5.19", 1)])
+def test_two_servers_starting_at_once_compile_twice_before_0_5_19_once_after(
+        release: str, compiles: int, tmp_path: Path) -> None:
+    """Two servers sharing the cache, starting together: DeepGEMM takes no lock (each compiles
+    into a temporary directory and renames it; the loser throws its copy away), so up to
+    0.5.18 both pay the compile; from 0.5.19 SGLang's _local_rank_compile_lock makes the
+    second wait for each kernel group and find it compiled."""
+    import logging
+    import threading
+    from argparse import Namespace
+
+    env = jit_env(tmp_path, "2")
+    shape = load_model(str(MODEL))
+    counts: list[int] = []
+    together = threading.Barrier(2)
+
+    def start() -> None:
+        together.wait()
+        counts.append(deep_gemm.warmup(Namespace(tp_size=1, chunked_prefill_size=8192),
+                                       release, shape, "NVIDIA B200", 100.0,
+                                       logging.getLogger(f"sim-{release}"), env))
+
+    servers = [threading.Thread(target=start) for _ in range(2)]
+    for server in servers:
+        server.start()
+    for server in servers:
+        server.join()
+    # every kernel group compiled by one of them (1 each), or by both (2 each)
+    assert sum(counts) == SHAPES * compiles, counts
+    assert len(entries(tmp_path)) == SHAPES
+    assert not list((tmp_path / "cache").glob(".tmp-*"))  # the loser's copies are gone

@@ -8,9 +8,11 @@ Reading needs no privilege. Parsing is kept apart from the fact so it can be tes
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass
+from typing import Any
 
 from pyinfra.api.facts import FactBase
 
@@ -18,7 +20,7 @@ from sglang_fleet import paths
 from sglang_fleet.remote import crash
 
 PROPERTIES = ("Id,LoadState,ActiveState,SubState,ActiveEnterTimestamp,ExecMainPID,ExecStart,"
-              "NRestarts,Result")
+              "NRestarts,Result,InvocationID")
 _RELEASE = re.compile(re.escape(paths.RELEASES) + r"/([^/ ;]+)/")
 _UNIT = re.compile(r"[A-Za-z0-9@_.:-]+\.service")
 JOURNAL_LINES = 600  # enough for a crash's traceback and the restart after it
@@ -35,12 +37,22 @@ class UnitState:
     argv: tuple[str, ...]  # ExecStart's argv[], no key in it (the launcher reads the keys)
     restarts: int = 0  # NRestarts: automatic restarts since the last deliberate start
     result: str = ""  # Result: success, exit-code, signal, start-limit-hit, ...
+    invocation: str = ""  # InvocationID: this start of the unit (the gate records its own)
 
     @property
     def release(self) -> str | None:
         """The engine release directory the unit runs (``/opt/sglang/releases/<id>/``)."""
         match = _RELEASE.search(" ".join(self.argv))
         return match.group(1) if match else None
+
+    def runs(self, release: str, module: str, flags: tuple[str, ...]) -> bool:
+        """Whether the unit runs ``release``'s ``module`` with exactly ``flags`` already.
+
+            unit.runs("sglang-0.5.23-0123456789", "sglang.launch_server", ("--tp-size", "1"))
+        """
+        if self.release != release or module not in self.argv:
+            return False
+        return self.argv[self.argv.index(module) + 1:] == flags
 
     def flag(self, name: str) -> str | None:
         """The value of ``--name VALUE`` in the unit's command line."""
@@ -85,7 +97,7 @@ def parse(lines: list[str]) -> dict[str, UnitState]:
                                    int(pid) if pid.isdigit() else 0,
                                    _argv(b.get("ExecStart", "")),
                                    int(restarts) if restarts.isdigit() else 0,
-                                   b.get("Result", ""))
+                                   b.get("Result", ""), b.get("InvocationID", ""))
     return units
 
 
@@ -98,6 +110,30 @@ class UnitStates(FactBase[dict[str, UnitState]]):
 
     def process(self, output: list[str]) -> dict[str, UnitState]:
         return parse(output)
+
+
+class GateRecords(FactBase[dict[str, Any]]):
+    """What each named unit's last passed gate measured (``paths.gate_record``: one line of
+    JSON each, root's, readable by all), by unit; a unit without a record is absent. The
+    values are as the file holds them: ``eta.from_record`` checks each figure."""
+
+    def command(self, units: list[str]) -> str:
+        paths_ = [shlex.quote(paths.gate_record(u)) for u in units if _UNIT.fullmatch(u)]
+        return f"grep -H '' -- {' '.join(paths_)} 2>/dev/null || true" if paths_ else "true"
+
+    def process(self, output: list[str]) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        prefix = f"{paths.GATE_RECORDS}/"
+        for line in output:
+            path, _, text = line.partition(":")
+            if not (path.startswith(prefix) and path.endswith(".json")):
+                continue
+            unit = f"{path.removeprefix(prefix).removesuffix('.json')}.service"
+            try:
+                found[unit] = json.loads(text)
+            except ValueError:
+                found[unit] = None  # present but unreadable: not measured
+        return found
 
 
 class LastCrash(FactBase[str | None]):

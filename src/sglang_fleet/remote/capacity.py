@@ -647,12 +647,3 @@ def advice(cap: Capacity, target: int = 48) -> list[str]:
                    "(memory.context_length)")
     return out
 
-
-def job_time(completions: int, tokens: int, per_request_tps: float, running: int) -> str:
-    """How long a job of ``completions`` x ``tokens`` output tokens takes at the measured speed,
-    with every slot busy (per-request speed drops as batches grow: an optimistic bound)."""
-    if per_request_tps <= 0 or running <= 0:
-        return "no speed measured"
-    seconds = completions * tokens / (per_request_tps * running)
-    return (f"{completions:,} completions of {tokens} tokens: about {seconds / 3600:.1f} h at "
-            f"{per_request_tps:.0f} tok/s per request x {running} running requests")

@@ -8,7 +8,9 @@
    at once, every one answered,
    the server still the same invocation and healthy after them;
 5. the capacity report from this invocation's startup lines, and its time to ready in parts
-   (process start, weights, KV and mamba, graphs, ready, first generation; see readiness).
+   (process start, weights, KV and mamba, graphs, ready, first generation; see readiness);
+6. what it measured (effective max running requests, the soak's output tok/s, the smoke's
+   per-request tok/s; see eta), kept in ``--record`` when the gate passed.
 
     /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
         -m sglang_fleet_remote.check_server --unit sglang.service \\
@@ -34,11 +36,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from . import capacity, crash, readiness  # uploaded to the host with this module
+from . import capacity, crash, eta, readiness  # uploaded to the host with this module
 
 SMOKE_PROMPT = "What is 2+2? Answer with the number only."
 SOAK_PROMPT = "Name a colour."
 SOAK_DEFAULT_BATCH = 8  # when the server's max running requests is unknown
+SOAK_TOKENS = 16  # output tokens per soak request: a batch's worth of work, quickly
 EAGLE_ALIASES = {"NEXTN": "EAGLE"}
 
 
@@ -345,18 +348,39 @@ def soak(url: str, key: str | None, model: str, count: int,
     behind it), so a server that dies under load fails the gate instead of the first users.
 
         soak("http://127.0.0.1:30000", key, "qwen", 32)
-        # {'requests': 32, 'failed': 0, 'statuses': {'200': 32}, 'seconds': 1.4}
+        # {'requests': 32, 'failed': 0, 'statuses': {'200': 32}, 'seconds': 1.4,
+        #  'output_tokens': 512, 'tokens_per_s': 365.7}
     """
-    def one(i: int) -> int:
-        body = {"model": model, "max_tokens": 16, "temperature": 0,
+    def one(i: int) -> tuple[int, int]:
+        body = {"model": model, "max_tokens": SOAK_TOKENS, "temperature": 0,
                 "messages": [{"role": "user", "content": f"{SOAK_PROMPT} ({i})"}]}
-        return request(f"{url}/v1/chat/completions", key, body, timeout=timeout)[0]
+        status, raw = request(f"{url}/v1/chat/completions", key, body, timeout=timeout)
+        return status, completion_tokens(raw) if status == 200 else 0
 
     tic = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max(1, min(count, 512))) as pool:
-        statuses = collections.Counter(str(code) for code in pool.map(one, range(count)))
+        answers = list(pool.map(one, range(count)))
+    seconds = time.monotonic() - tic
+    statuses = collections.Counter(str(code) for code, _ in answers)
+    tokens = sum(n for _, n in answers)
     return {"requests": count, "failed": count - statuses.get("200", 0),
-            "statuses": dict(statuses), "seconds": round(time.monotonic() - tic, 2)}
+            "statuses": dict(statuses), "seconds": round(seconds, 2), "output_tokens": tokens,
+            "tokens_per_s": round(tokens / seconds, 1) if tokens and seconds > 0 else None}
+
+
+def completion_tokens(raw: bytes) -> int:
+    """``usage.completion_tokens`` of a chat completion (0 when it reports none).
+
+        >>> completion_tokens(b'{"usage": {"completion_tokens": 16}}')
+        16
+    """
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return 0
+    usage = body.get("usage") if isinstance(body, dict) else None
+    n = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 0
 
 
 def soak_count(requested: int | None, max_running: int | None) -> int:
@@ -399,8 +423,10 @@ def run_soak(args: argparse.Namespace, key: str | None, invocation: str,
         raise GateError(f"soak: {s['failed']} of {count} concurrent requests failed "
                         f"(statuses {s['statuses']})")
     survived(args.unit, invocation, args.url)
+    rate = (f"{s['output_tokens']} output tokens, {s['tokens_per_s']:,.0f} tok/s"
+            if s["tokens_per_s"] else "no output tokens reported (usage), no throughput")
     print(f"soak: {count} concurrent requests, all answered in {s['seconds']:.1f} s; "
-          f"{args.unit} still serving")
+          f"{args.unit} still serving; {rate}")
 
 
 def describe(s: dict[str, Any]) -> str:
@@ -475,10 +501,35 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     run_soak(args, key, invocation, running, result)
     for line in capacity_lines(cap):
         print(line)
-    if args.job and running:
-        n, length = (int(x) for x in args.job.split(","))
-        print("job: " + capacity.job_time(n, length, s["tokens_per_s"], running))
     result["capacity"] = cap.as_json()
+    result["measured"] = measured = eta.record(
+        args.unit, invocation, info.get("version"), now(), running, result.get("soak"), s)
+    job = eta.job_line(eta.estimate([eta.from_record(args.unit, measured)],
+                                    eta.parse_job(args.job)))
+    if job:
+        print(job)
+    if args.record:
+        keep(args.record, measured)
+
+
+def now() -> str:
+    """The time of a measurement, as every host's record gives it (UTC, to the second)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def keep(path: str, measured: dict[str, Any]) -> None:
+    """The passed gate's figures for ``sglang-fleet status`` and the end of a roll: one line of
+    JSON, written whole (a reader sees the old record or the new one), root's, readable by all
+    (it holds figures, no secret)."""
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        partial.write_text(json.dumps(measured) + "\n")
+        partial.chmod(0o644)
+        partial.replace(target)
+    except OSError as exc:  # the server passed: a record not kept costs status its figures
+        print(f"record: not kept in {path}: {exc.strerror or exc}")
 
 
 def main() -> int:
@@ -490,6 +541,8 @@ def main() -> int:
     ap.add_argument("--expect", default="{}", help="JSON: server_info key -> rendered value")
     ap.add_argument("--budget", type=float, default=1800)
     ap.add_argument("--job", default="", help="COMPLETIONS,TOKENS for the job estimate")
+    ap.add_argument("--record", default="", help="where a passed gate keeps what it measured "
+                    "(JSON, for sglang-fleet status)")
     ap.add_argument("--soak-requests", type=int, default=None,
                     help="concurrent requests after the smoke (default: 2 x max running "
                     "requests; 0: no soak)")

@@ -181,13 +181,16 @@ def warmup(args: Namespace, release: str, shape: ModelShape, gpu: str, avail_gb:
                 "run `python3 -m sglang.compile_deep_gemm`. ")
         log.info(f"Try DeepGEMM JIT Compiling for <{KERNEL}> N={gemm.n}, K={gemm.k}, "
                  f"num_groups={gemm.num_groups} with all Ms.{hint}")
-        log.info(f"Required memory for warmup: {required_gb(gemm, ms)}GB, "
-                 f"Available memory: {avail_gb}GB")
-        tic = time.monotonic()
+        # Inside the lock, as _compile_deep_gemm_one_type_all runs there (0.5.23
+        # compile_utils.py:185, its memory line and tqdm bar): a waiter's bar shows its own
+        # pass over the Ms, not the wait.
         with _lock(root, release, gemm):
+            log.info(f"Required memory for warmup: {required_gb(gemm, ms)}GB, "
+                     f"Available memory: {avail_gb}GB")
+            tic = time.monotonic()
             path = entry(root, release, gpu, gemm)
             if not path.is_dir():
                 _compile(path, total / len(shapes))
                 compiled += 1
-        _progress(ms, time.monotonic() - tic)
+            _progress(ms, time.monotonic() - tic)
     return compiled
