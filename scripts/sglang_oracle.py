@@ -76,7 +76,8 @@ MAMBA_HOOKS = (("sglang.srt.server_args", "ServerArgs._handle_mamba_radix_cache"
 # Resolved fields the differential test compares.
 RESOLVED = ("mamba_scheduler_strategy", "mamba_radix_cache_strategy", "disable_overlap_schedule",
             "disable_radix_cache", "page_size", "attention_backend", "mamba_track_interval",
-            "speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests")
+            "speculative_algorithm", "speculative_num_draft_tokens", "max_running_requests",
+            "load_balance_method", "dp_size")
 
 
 def run(cmd: list[str], **kw: object) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import cast
 
 import httpx
@@ -39,3 +40,13 @@ def test_a_server_without_workers_is_sized_from_its_server_info() -> None:
 def test_a_200_that_is_not_json_is_an_error(url: str) -> None:
     with pytest.raises(GenerateError, match="answered 200 but not JSON: b'<html>"):
         sized({url: (200, b"<html>proxy error</html>")})
+
+
+def test_a_dp_server_is_sized_by_every_dp_rank() -> None:
+    """--dp-size 8: max_running_requests is each replica's; internal_states has each DP rank's
+    effective limit, which wins over the argument (the log's, not the command line's)."""
+    states = [{"effective_max_running_requests_per_dp": 35}] * 8
+    info = json.dumps({"max_running_requests": 48, "dp_size": 8, "internal_states": states})
+    assert sized({"http://s/server_info": (200, info.encode())})[0] == 280
+    bare = json.dumps({"max_running_requests": 48, "dp_size": 8})
+    assert sized({"http://s/server_info": (200, bare.encode())})[0] == 384

@@ -225,3 +225,27 @@ def test_later_checks_are_where_preflight_cites_them(version: str) -> None:
     path, line = where.rsplit(":", 1)
     lines = (release_source(version) / path).read_text().splitlines()
     assert text in "\n".join(lines[int(line) - 3:int(line) + 1]), (version, where)
+
+
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.23"])
+def test_a_dp_server_resolves_as_the_simulator_resolves_it(version: str) -> None:
+    """``parallel.dp: 8`` (--dp-size 8, no DP attention): the real ServerArgs accepts it on an
+    8 x B200 host, resolves ``--load-balance-method auto`` to round_robin (or keeps the one
+    given) and keeps max_running_requests as each DP rank's (48 with speculative decoding):
+    the simulator's rules and dp.resolve_load_balance_method say the same."""
+    from sglang_sim import dp as sim_dp
+
+    p = profile.load("qwen3.6-27b-mtp", overrides={"parallel.dp": 8, "engine.version": version})
+    launch = render(p, version)
+    argvs = [list(launch.argv[3:]), [*launch.argv[3:], "--load-balance-method", "total_requests"]]
+    cases = [{"argv": argv, "arch": ALWAYS_HYBRID, "env": launch.env} for argv in argvs]
+    for argv, real in zip(argvs, real_server_args(version, cases), strict=True):
+        assert real["ok"], real
+        ns = sim_args.parse(argv, version)
+        sim_rules.resolve(ns, ALWAYS_HYBRID, version,
+                          sim_args.table(version)["speculative_algorithms"])
+        sim_dp.resolve_load_balance_method(ns)
+        mine = {k: getattr(ns, k) for k in ("load_balance_method", "dp_size",
+                                            "max_running_requests")}
+        assert mine == {k: real["resolved"][k] for k in mine}, (argv[-2:], real["resolved"])
+    assert real["resolved"]["load_balance_method"] == "total_requests"

@@ -8,7 +8,9 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -232,3 +234,42 @@ def test_gpu_columns_per_instance() -> None:
     # GPU 3 serves no instance: its finding is on the host's first row; xid-79 is ignored
     assert rows[0].gpu_health == ["FATAL remap-pending (GPU 1)", "xid-79 (GPU 3)"]
     assert rows[1].gpu_health == [] and rows[1].gpu_free_mib == 182743
+
+
+def test_a_dp_server_is_one_row_on_all_its_gpus(tmp_path: Path) -> None:
+    """``parallel.dp: 8`` (instances: auto: one server on 8 GPUs): one unit, GPUs 0-7; its
+    /metrics has a series per DP rank (label dp_rank), which the row sums: 8 ranks each running
+    one request are 8 running."""
+    from sglang_fleet import profile
+    from sglang_fleet.render import render_all
+
+    p = profile.load(FIELD_PROFILE, overrides={"parallel.dp": 8}).for_gpus(8, "gpu1")
+    [launch] = render_all(p)
+    assert launch.unit == "sglang.service" and "--dp-size" in launch.argv
+    assert status._span(status._gpus(p, launch)) == "0-7"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo \"$i, NVIDIA B200, 183359\"; "
+                   "done\n")
+    smi.chmod(0o755)
+    port = free_port()
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
+           "SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_DECODE_STEPS_PER_SECOND": "4"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
+         str(ROOT / "lab" / "models" / "qwen3.6-27b"), "--host", "127.0.0.1", "--port", str(port),
+         "--dp-size", "8", "--max-running-requests", "1", "--enable-metrics"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for_health(url)
+        body = {"max_tokens": 12, "messages": [{"role": "user", "content": "hi"}]}
+        with ThreadPoolExecutor(10) as pool:
+            asks = [pool.submit(httpx.post, f"{url}/v1/chat/completions", json=body, timeout=30)
+                    for _ in range(10)]
+            time.sleep(1)
+            values = status.parse_metrics(httpx.get(f"{url}/metrics").text)
+            assert all(a.result().status_code == 200 for a in asks)
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert (values["running"], values["queued"]) == (8, 2), values

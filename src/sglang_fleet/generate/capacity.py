@@ -19,22 +19,7 @@ import httpx
 
 from sglang_fleet.generate.client import Pool
 from sglang_fleet.generate.errors import GenerateError
-
-
-def running_limit(info: dict[str, Any]) -> int | None:
-    """A server's request limit from its /server_info: the resolved argument, else what each
-    DP rank reports it runs (SGLang fills ``max_running_requests`` only when it was given).
-
-    Example: running_limit({"max_running_requests": 48}) == 48
-    """
-    value = info.get("max_running_requests")
-    if isinstance(value, int) and value > 0:
-        return value
-    ranks = info.get("internal_states") or []
-    per_rank = [r.get("effective_max_running_requests_per_dp") for r in ranks
-                if isinstance(r, dict)]
-    total = sum(v for v in per_rank if isinstance(v, int))
-    return total or None
+from sglang_fleet.remote.capacity import running_limit
 
 
 async def _json(http: Pool, url: str) -> tuple[Any, str]:

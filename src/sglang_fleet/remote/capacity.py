@@ -133,6 +133,10 @@ class Capacity:
     pool_end_gb: float | None = None
     architecture: str | None = None
     draft: Worker | None = None
+    # The server's total over its DP ranks: with --dp-size (no DP attention) every DP rank is a
+    # replica whose scheduler logs its own summary, and max_running_requests is each one's.
+    dp_ranks: int = 1
+    total_running_requests: int | None = None
     rank: str | None = None  # whose figures these are ("TP0"; "" when the log has no ranks)
     ranks: list[str] = field(default_factory=list)
     rank_notes: list[str] = field(default_factory=list)  # figures that differ between ranks
@@ -405,6 +409,7 @@ def _capacity(reader: Reader, version: str | None) -> Capacity:
                                               ("architectures", "architecture"))
                       if (note := _differ(name, order, [getattr(w, attr) for w in targets]))]
     _infer_mamba_cap(cap, version)
+    _dp_total(cap, ranks)
     cap.state = (COMPLETE if reader.done or reader.ready else
                  PARTIAL if order else NOT_A_LOG)
     cap.error = crash.cause(reader.lines) if order else None
@@ -437,6 +442,49 @@ def _summary_figures(cap: Capacity, scheduler: Any, kv_tokens: int | None) -> No
     cap.slots_per_request = scheduler("capped", "per")
     cap.requested_running_requests = scheduler("reduced", "requested")
     cap.capped_by_kv = cap.requested_running_requests is not None or reduced is not None
+
+
+DP_RANK = re.compile(r"\bDP(\d+)\b")  # " DP3" of the prefix; not MOE_DP's
+
+
+def _running_limit(rank: _Rank) -> int | None:
+    """One scheduler's max running requests: its summary, else its reduced or capped line."""
+    value = _first([rank.summary.get("max_running_requests"), rank.reduced.get("to"),
+                    rank.capped.get("cap")])
+    return int(value) if value is not None else None
+
+
+def _dp_total(cap: Capacity, ranks: dict[str, _Rank]) -> None:
+    """Each DP replica's limit, summed: the schedulers with a DP rank that logged one (each
+    replica's TP0: scheduler.py logs the summary ``if tp_rank == 0``; 0.5.12 :775, 0.5.23
+    :1267). With DP attention only DP0 TP0 logs it, and the total is that one figure."""
+    per_dp: dict[str, int] = {}
+    for name, rank in ranks.items():
+        dp, limit = DP_RANK.search(name), _running_limit(rank)
+        if dp and limit is not None:
+            per_dp.setdefault(dp.group(1), limit)
+    cap.dp_ranks = max(len(per_dp), 1)
+    cap.total_running_requests = sum(per_dp.values()) if len(per_dp) > 1 \
+        else cap.max_running_requests
+
+
+def running_limit(info: dict[str, Any]) -> int | None:
+    """A server's running-request limit from its /server_info: what each DP rank reports it runs
+    (``internal_states``, one per DP rank), else the argument, which is each DP rank's (given
+    only when set; with --dp-size every replica runs that many).
+
+        running_limit({"max_running_requests": 48, "dp_size": 8})   # 384
+    """
+    ranks = info.get("internal_states")
+    per_rank = [r.get("effective_max_running_requests_per_dp") for r in
+                (ranks if isinstance(ranks, list) else []) if isinstance(r, dict)]
+    known = [v for v in per_rank if isinstance(v, int) and not isinstance(v, bool) and v > 0]
+    if known:
+        return sum(known)
+    value, dp = info.get("max_running_requests"), info.get("dp_size")
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value * (dp if isinstance(dp, int) and not isinstance(dp, bool) and dp > 0 else 1)
+    return None
 
 
 def slots_per_request(args: dict[str, str], version: str | None) -> int | None:
@@ -498,7 +546,12 @@ def summary(cap: Capacity) -> str:
             f" + {cap.mamba_intermediate_gb:.2f} GB draft state)"
             if cap.mamba_intermediate_gb else ")")
         parts.append(f"mamba slots {cap.mamba_slots}{size}")
-    parts.append(f"max running requests {_shown(cap.max_running_requests)}")
+    if cap.dp_ranks > 1:
+        parts.append(f"max running requests {_shown(cap.max_running_requests)} per DP rank, "
+                     f"{_shown(cap.total_running_requests)} for the server "
+                     f"({cap.dp_ranks} DP ranks)")
+    else:
+        parts.append(f"max running requests {_shown(cap.max_running_requests)}")
     if cap.available_gpu_gb is not None:
         parts.append(f"GPU memory free {cap.available_gpu_gb:.2f} GB")
     parts.append(f"context {_shown(cap.context_len)}")

@@ -4,7 +4,8 @@
    fails, showing the journal lines of THIS invocation only;
 2. check the effective arguments from /server_info against what was rendered;
 3. a smoke generation through /v1/chat/completions that copes with reasoning models;
-4. a soak: twice max running requests (or ``--soak-requests``) at once, every one answered,
+4. a soak: twice the server's max running requests (every DP rank's; or ``--soak-requests``)
+   at once, every one answered,
    the server still the same invocation and healthy after them;
 5. the capacity report from this invocation's startup lines, and its time to ready in parts
    (process start, weights, KV and mamba, graphs, ready, first generation; see readiness);
@@ -496,15 +497,14 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     print(readiness.describe(timing))
     result["time_to_ready"] = readiness.as_json(timing)
     cap = capacity.parse(journal(invocation, 0), info.get("version"))
-    mrr = info.get("max_running_requests")
-    run_soak(args, key, invocation, cap.max_running_requests
-             or (mrr if isinstance(mrr, int) else None), result)
+    # the server's whole limit (every DP rank's), from the log; /server_info's when not logged
+    running = cap.total_running_requests or capacity.running_limit(info)
+    run_soak(args, key, invocation, running, result)
     for line in capacity_lines(cap, args.target):
         print(line)
     result["capacity"] = cap.as_json()
     result["measured"] = measured = eta.record(
-        args.unit, invocation, info.get("version"), now(), cap.max_running_requests,
-        result.get("soak"), s)
+        args.unit, invocation, info.get("version"), now(), running, result.get("soak"), s)
     job = eta.job_line(eta.estimate([eta.from_record(args.unit, measured)],
                                     eta.parse_job(args.job)))
     if job:

@@ -1,5 +1,6 @@
-"""``python -m sglang_sim.child scheduler|detokenizer TP_RANK``: the stand-in for one of the
-processes SGLang's server forks (``sglang::scheduler_TP0``, ``sglang::detokenizer``).
+"""``python -m sglang_sim.child scheduler RANKS | detokenizer | controller TP DP FD``: the stand-in
+for one of the processes SGLang's server forks (``sglang::scheduler_TP0``,
+``sglang::detokenizer``, ``sglang::data_parallel_controller`` and its ``sglang::scheduler_DP3``).
 
 It holds no model; it lives and dies as SGLang's children do:
 - its first act is PR_SET_PDEATHSIG = SIGKILL (run_scheduler_process → kill_itself_when_parent_died,
@@ -16,6 +17,13 @@ It holds no model; it lives and dies as SGLang's children do:
 - ``hang SECONDS`` stands for a forward batch that never returns: after ``--watchdog-timeout``
   the scheduler's watchdog logs ``Scheduler watchdog timeout (...)``, sleeps 5 s so the parent
   can print, and sends SIGQUIT (0.5.23 utils/watchdog.py:150-163).
+
+The DP controller (``--dp-size`` > 1 without DP attention; see dp.py for the sources) forks a
+scheduler per DP rank, logging ``Launch DP{d} starting at GPU #{base}.`` for each, and installs no
+SIGQUIT handler: a DP rank's scheduler exception (its SIGQUIT goes to its parent, the controller)
+ends the controller by SIGQUIT's default action, and every scheduler with it (their parent died).
+It tells the server its schedulers' pids (``scheduler_pids``, one JSON line on the pipe FD) and
+passes the server's fault commands (``D exception ...``) on to DP rank D's scheduler.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -34,10 +43,15 @@ from types import FrameType
 from sglang_sim import logs
 
 PR_SET_PDEATHSIG = 1
+PARENT = "SGLANG_SIM_PARENT_PID"  # who forked this child (processes.py)
 
 
 def _die_with_parent() -> None:
+    """As kill_itself_when_parent_died; a parent already gone before it (the simulator's load
+    runs beside the children's own start) is a parent that died."""
     ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if str(os.getppid()) != os.environ.get(PARENT, str(os.getppid())):
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def exception(formatted: str) -> None:
@@ -76,13 +90,41 @@ def _commands() -> None:
             watchdog_timeout(rest)
 
 
+def controller(tp_size: int, dp_size: int, ready_fd: int) -> None:
+    """run_data_parallel_controller_process → launch_dp_schedulers: each DP rank's TP group from
+    GPU ``dp_rank * tp_size`` (0.5.12 managers/data_parallel_controller.py:240-268, 0.5.23
+    :420-449), its schedulers forked by the controller (0.5.12 :529-553, 0.5.23 :771-799)."""
+    from sglang_sim import processes  # the children's spawner, here the controller's
+
+    log = logging.getLogger("sglang.srt.managers.data_parallel_controller")
+    groups: list[list[subprocess.Popen[bytes]]] = []
+    for dp_rank in range(dp_size):
+        log.info(f"Launch DP{dp_rank} starting at GPU #{dp_rank * tp_size}.")
+        groups.append([processes.spawn_scheduler(logs.scheduler_prefix(t, tp_size, dp_rank))
+                       for t in range(tp_size)])
+    with os.fdopen(ready_fd, "w") as ready:
+        ready.write(json.dumps({"scheduler_pids": [[p.pid for p in g] for g in groups]}) + "\n")
+    for line in sys.stdin:  # the server's fault commands for one DP rank's scheduler
+        rank, _, command = line.partition(" ")
+        stdin = groups[int(rank)][0].stdin
+        if stdin is not None and groups[int(rank)][0].poll() is None:
+            stdin.write(command.encode())
+            stdin.flush()
+
+
 def main(argv: list[str]) -> None:
     _die_with_parent()
-    role, rank = argv[0], int(argv[1]) if len(argv) > 1 else 0
-    logs.configure(os.environ.get("SGLANG_SIM_LOG_LEVEL", "info"), tp_rank=rank)
-    if role == "scheduler":
+    role = argv[0]
+    level = os.environ.get("SGLANG_SIM_LOG_LEVEL", "info")
+    if role == "controller":
+        logs.configure(level, prefix="")
+        controller(int(argv[1]), int(argv[2]), int(argv[3]))
+    elif role == "scheduler":
+        logs.configure(level, prefix=" " + argv[1].replace("_", " "))
         signal.signal(signal.SIGUSR1, _sigusr1)
         threading.Thread(target=_commands, daemon=True).start()
+    else:
+        logs.configure(level)
     while True:
         time.sleep(3600)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sglang_sim.args import release_tuple
+from sglang_sim.logs import SCHEDULER
 from sglang_sim.model import ModelShape
 
 JIT_SECONDS = "SGLANG_SIM_JIT_SECONDS"
@@ -142,8 +143,10 @@ def _progress(ms: int, seconds: float) -> None:
 
 
 def _logger(scheduler: logging.Logger) -> logging.Logger:
-    """compile_utils' logger, printed in the scheduler's format (it runs in the scheduler)."""
-    log = logging.getLogger(LOGGER)
+    """compile_utils' logger, printed in the scheduler's format (it runs in the scheduler; one
+    per scheduler, as DP ranks compile side by side)."""
+    log = logging.getLogger(LOGGER if scheduler.name == SCHEDULER else
+                            f"{LOGGER}.{scheduler.name}")
     log.handlers, log.propagate = list(scheduler.handlers), False
     log.setLevel(scheduler.getEffectiveLevel())
     return log

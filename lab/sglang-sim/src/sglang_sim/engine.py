@@ -48,6 +48,13 @@ class Histogram:
     total: float = 0.0
     n: int = 0
 
+    def add(self, other: Histogram) -> None:
+        if other.counts:
+            self.counts = [a + b for a, b in zip(self.counts or [0] * len(self.buckets),
+                                                 other.counts, strict=True)]
+        self.total += other.total
+        self.n += other.n
+
     def observe(self, value: float) -> None:
         if not self.counts:
             self.counts = [0] * len(self.buckets)
@@ -92,6 +99,24 @@ class Stats:
     def avg_accept_length(self) -> float:
         return self.accept_tokens / self.forward_steps if self.forward_steps else 0.0
 
+    @classmethod
+    def merged(cls, parts: list[Stats]) -> Stats:
+        """Several schedulers' counts as one (what the tokenizer counts for the server)."""
+        if len(parts) == 1:
+            return parts[0]
+        out = cls()
+        for part in parts:
+            out.prompt_tokens += part.prompt_tokens
+            out.generation_tokens += part.generation_tokens
+            out.requests += part.requests
+            out.accept_tokens += part.accept_tokens
+            out.forward_steps += part.forward_steps
+            out.recent += part.recent
+            for streaming in (False, True):
+                for mine, theirs in ((out.ttft, part.ttft), (out.e2e, part.e2e)):
+                    mine[streaming].add(theirs[streaming])
+        return out
+
 
 class Engine:
     def __init__(self, max_running: int, speculative: bool, draft_tokens: int, reasoning: bool,
@@ -120,6 +145,7 @@ class Engine:
         self._never = asyncio.Event()
         # The release's "Prefill batch" line (prompt tokens, running, queued), set by the launcher
         self.prefill_line: Callable[[int, int, int], str] | None = None
+        self.log = logging.getLogger(logs.SCHEDULER)  # this scheduler's (its DP rank's) logger
 
     def step(self, busy: bool = True) -> bool:
         """One scheduler iteration: where a faulted scheduler hits its exception (the first step
@@ -190,8 +216,7 @@ class Engine:
         self.running += 1
         await self._tick()
         if self.prefill_line:  # the scheduler logs every prefill batch (here: one request)
-            logging.getLogger(logs.SCHEDULER).info(
-                self.prefill_line(prompt_tokens, self.running, self.queued))
+            self.log.info(self.prefill_line(prompt_tokens, self.running, self.queued))
         try:
             await asyncio.sleep(prompt_tokens / self.prefill_rate)
             first = True

@@ -8,6 +8,7 @@ formats; the server turns healthy after a warmup request and drains on SIGTERM.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -18,12 +19,12 @@ import sys
 import time
 import traceback
 from argparse import Namespace
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import uvicorn
 
 from sglang_sim import args as args_mod
-from sglang_sim import deep_gemm, graphs, logs, memory, model, processes, rules, server
+from sglang_sim import deep_gemm, dp, graphs, logs, memory, model, processes, rules, server
 from sglang_sim import gpus as gpus_mod
 from sglang_sim.engine import Engine
 from sglang_sim.faults import Faults
@@ -36,30 +37,73 @@ DRAIN_POLL_SECONDS = float(os.environ.get("SGLANG_SIM_DRAIN_POLL_SECONDS", "5"))
 def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logger) -> State:
     """Everything from reading the model to allocating memory pools; raises as SGLang does:
     ServerArgs's checks in the server process (a traceback, exit 1), the rest in the scheduler
-    (``Scheduler hit an exception``, SIGQUIT, the whole tree SIGKILLed: see processes.py)."""
+    (``Scheduler hit an exception``, SIGQUIT, the whole tree SIGKILLed: see processes.py). With
+    ``--dp-size`` each DP rank loads at once on its own GPUs (dp.py); one that fails ends the DP
+    controller, and the server raises "Rank 0 scheduler died during initialization"."""
     started = time.time()
     table = args_mod.table(release)
     shape = model.load(args.model_path)
     rules.resolve(args, shape.architecture, release, table["speculative_algorithms"])
+    dp.resolve_load_balance_method(args)
     gpus = gpus_mod.discover()  # ServerArgs sizes memory from the first GPU, in this process
     memory.default_memory_settings(args, gpus[0].memory_mib)
     _log_server_args(args, release)
-    children = processes.Children(release, args.tp_size)
-    try:
-        return _load_in_scheduler(args, release, faults, scheduler, shape, started, children,
-                                  gpus)
-    except Exception:
-        children.exception(traceback.format_exc())  # ends this process, unless the child is gone
-        raise
+    children = processes.Children(release, args.tp_size, args.dp_size)
+    loggers = [scheduler] if args.dp_size == 1 else [
+        logs.rank_logger(logs.scheduler_prefix(0, args.tp_size, d)) for d in range(args.dp_size)]
+    ranks: list[Callable[[], memory.MemoryPlan]] = [
+        functools.partial(_load_in_scheduler, args, release, faults, log, shape, gpus, d)
+        for d, log in enumerate(loggers)]
+    if len(ranks) == 1:
+        try:
+            plans = [ranks[0]()]
+        except Exception:
+            children.exception(traceback.format_exc())  # ends this process, unless it is gone
+            raise
+    else:
+        plans = _load_at_once(ranks, children)
+    engines = [_engine(args, faults, plan, children, release, shape, d, log)
+               for d, (plan, log) in enumerate(zip(plans, loggers, strict=True))]
+    command = "python -m sglang.launch_server " + shlex.join(sys.argv[1:])
+    return State(args=args, release=release, launch_command=command, shape=shape,
+                 memories=plans, dispatch=dp.Dispatcher(engines, args.load_balance_method,
+                                                        release),
+                 faults=faults, startup_time=started, children=children)
+
+
+def _load_at_once(ranks: list[Callable[[], memory.MemoryPlan]],
+                  children: processes.Children) -> list[memory.MemoryPlan]:
+    """The DP ranks' schedulers load side by side; the first (lowest) rank that fails hits its
+    exception, whose SIGQUIT ends the controller: the server then raises what SGLang's
+    _wait_for_scheduler_ready raises, after launch_server's kill_process_tree of the rest."""
+    def attempt(rank: Callable[[], memory.MemoryPlan]) -> memory.MemoryPlan | str:
+        try:
+            return rank()
+        except Exception:
+            return traceback.format_exc()
+
+    with concurrent.futures.ThreadPoolExecutor(len(ranks)) as pool:
+        results = list(pool.map(attempt, ranks))
+    failed = [(d, r) for d, r in enumerate(results) if isinstance(r, str)]
+    if failed:
+        dp_rank, formatted = failed[0]
+        try:
+            children.exception(formatted, dp_rank=dp_rank)
+        finally:
+            children.kill_tree(include_parent=False)
+        raise RuntimeError("a DP rank's scheduler failed and the controller did not end")
+    return [r for r in results if not isinstance(r, str)]
 
 
 def _load_in_scheduler(args: Namespace, release: str, faults: Faults,
-                       scheduler: logging.Logger, shape: model.ModelShape, started: float,
-                       children: processes.Children, gpus: list[gpus_mod.Gpu]) -> State:
-    if args.tp_size * args.dp_size > len(gpus):
+                       scheduler: logging.Logger, shape: model.ModelShape,
+                       gpus: list[gpus_mod.Gpu], dp_rank: int) -> memory.MemoryPlan:
+    """One scheduler's start on its DP rank's first GPU: weights, pools, graphs, its summary."""
+    if (dp_rank + 1) * args.tp_size > len(gpus):
         raise RuntimeError(f"CUDA error: invalid device ordinal (tp_size={args.tp_size}, "
                            f"dp_size={args.dp_size}, visible GPUs={len(gpus)})")
-    before = gpus[0].memory_mib / 1024 - memory.CONTEXT_OVERHEAD_GB
+    gpu = gpus[dp_rank * args.tp_size]
+    before = gpu.memory_mib / 1024 - memory.CONTEXT_OVERHEAD_GB
     scheduler.info(f"Load weight begin. avail mem={before:.2f} GB")
     tic = time.perf_counter()
     deadline = time.monotonic() + faults.load_seconds
@@ -67,7 +111,7 @@ def _load_in_scheduler(args: Namespace, release: str, faults: Faults,
         time.sleep(min(0.2, max(deadline - time.monotonic(), 0.01)))
     if faults.fail_startup:
         raise RuntimeError(faults.fail_startup)
-    plan = memory.plan(args, shape, gpus[0].memory_mib, release)
+    plan = memory.plan(args, shape, gpu.memory_mib, release)
     rel = args_mod.release_tuple(release)
     scheduler.info(
         f"Load weight end. elapsed={time.perf_counter() - tic:.2f} s, type={shape.architecture}, "
@@ -86,20 +130,29 @@ def _load_in_scheduler(args: Namespace, release: str, faults: Faults,
         f"max_prefill_tokens={plan.max_prefill_tokens}, "
         f"max_running_requests={plan.max_running_requests}, context_len={plan.context_len}, "
         f"available_gpu_mem={available:.2f} GB")
-    deep_gemm.warmup(args, release, shape, gpus[0].name, available, scheduler)
+    deep_gemm.warmup(args, release, shape, gpu.name, available, scheduler)
+    return plan
+
+
+def _engine(args: Namespace, faults: Faults, plan: memory.MemoryPlan,
+            children: processes.Children, release: str, shape: model.ModelShape, dp_rank: int,
+            log: logging.Logger) -> Engine:
+    """One scheduler's serving loop; the simulator's faults act on the first (DP0's)."""
     engine = Engine(plan.max_running_requests, args.speculative_algorithm is not None,
                     args.speculative_num_draft_tokens or 1, args.reasoning_parser is not None,
                     args.random_seed or 0)
-    engine.crash_after = faults.crash_after
-    engine.hang_after = faults.hang_after
-    engine.fault = functools.partial(_fault, children, args.watchdog_timeout)
-    engine.prefill_line = functools.partial(graphs.prefill_line, rel, shape.is_hybrid)
-    command = "python -m sglang.launch_server " + shlex.join(sys.argv[1:])
-    return State(args=args, release=release, launch_command=command, shape=shape, memory=plan,
-                 engine=engine, faults=faults, startup_time=started, children=children)
+    if dp_rank == 0:
+        engine.crash_after = faults.crash_after
+        engine.hang_after = faults.hang_after
+    engine.fault = functools.partial(_fault, children, args.watchdog_timeout, dp_rank)
+    engine.prefill_line = functools.partial(graphs.prefill_line, args_mod.release_tuple(release),
+                                            shape.is_hybrid)
+    engine.log = log
+    return engine
 
 
-def _fault(children: processes.Children, watchdog_timeout: float | int, what: str) -> None:
+def _fault(children: processes.Children, watchdog_timeout: float | int, dp_rank: int,
+           what: str) -> None:
     """The engine's scheduler stops: an exception (``crash MESSAGE``) or a batch that hangs
     until the scheduler's watchdog (``--watchdog-timeout``) ends it."""
     verb, _, message = what.partition(" ")
@@ -107,9 +160,9 @@ def _fault(children: processes.Children, watchdog_timeout: float | int, what: st
         try:
             raise RuntimeError(message)
         except RuntimeError:
-            children.exception(traceback.format_exc(), wait=False)
+            children.exception(traceback.format_exc(), wait=False, dp_rank=dp_rank)
     else:
-        children.tell(f"hang {watchdog_timeout!r}")
+        children.tell(f"hang {watchdog_timeout!r}", dp_rank)
 
 
 def _log_server_args(args: Namespace, release: str) -> None:
@@ -216,9 +269,10 @@ async def serve(state: State) -> None:
     async def watchdog() -> None:
         while not state.draining:
             await asyncio.sleep(min(DRAIN_POLL_SECONDS, 0.5))
-            state.engine.step(busy=False)  # an idle scheduler still iterates
+            state.dispatch.step(busy=False)  # an idle scheduler still iterates
+            state.dispatch.mark_dead(state.children.dp_rank_alive)
         while True:
-            remaining_rids = list(state.engine.rids)
+            remaining_rids = list(state.dispatch.rids)
             remain_num_req = len(remaining_rids)
             logger.info(f"Gracefully exiting... Remaining number of requests {remain_num_req}. "
                         f"Remaining requests {remaining_rids=}.")
@@ -231,10 +285,10 @@ async def serve(state: State) -> None:
         while not http.started:
             await asyncio.sleep(0.05)
         state.children.handle_loop(loop)  # the first generate request: the warm-up's
-        out = state.engine.compose("warmup", 1, False, None)
-        async for _ in state.engine.run("warmup", 1, out, streaming=False):
+        out = state.dispatch.compose("warmup", 1, False, None)
+        async for _ in state.dispatch.run("warmup", 1, out, streaming=False):
             pass
-        state.engine.stats = type(state.engine.stats)()
+        state.dispatch.reset_stats()
         state.up = True
         logger.info("The server is fired up and ready to roll!")
 

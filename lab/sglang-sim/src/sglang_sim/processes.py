@@ -39,14 +39,31 @@ WATCHDOG_INTERVAL = 1.0  # SubprocessWatchdog(interval=1.0)
 
 
 class Children:
-    """The server's children and the watchdog that turns one's death into the server's."""
+    """The server's children and the watchdog that turns one's death into the server's.
 
-    def __init__(self, release: str, tp_size: int) -> None:
+    With ``dp_size`` > 1 the server forks the DP controller instead of its schedulers (0.5.12
+    entrypoints/engine.py:584-653, 0.5.23 engine.py:910-983); the controller forks one scheduler
+    per DP rank (child.py) and the watchdog watches the controller as ``scheduler_0`` and the
+    detokenizer (0.5.12 engine.py:866-876, 0.5.23 :1360-1367), never the DP ranks' schedulers:
+    a DP rank's scheduler killed outright is noticed by nothing (its requests wait forever).
+    """
+
+    def __init__(self, release: str, tp_size: int, dp_size: int = 1) -> None:
         self.release = release
+        self.dp_size = dp_size
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        for rank in range(tp_size):
-            self.procs[f"scheduler_{rank}"] = _spawn("scheduler", rank)
-        self.procs["detokenizer"] = _spawn("detokenizer", 0)
+        self.dp_pids: list[list[int]] = []  # each DP rank's schedulers (scheduler_pids)
+        if dp_size > 1:
+            read, write = os.pipe()  # the controller's ready message (its mp.Pipe in SGLang)
+            self.procs["scheduler_0"] = _spawn(
+                "sglang::data_parallel_controller",
+                ["controller", str(tp_size), str(dp_size), str(write)], pass_fds=(write,))
+            os.close(write)
+            self.dp_pids = self._scheduler_pids(read)
+        else:
+            for rank in range(tp_size):
+                self.procs[f"scheduler_{rank}"] = spawn_scheduler(f" TP{rank}")
+        self.procs["detokenizer"] = _spawn("sglang::detokenizer", ["detokenizer"])
         self._stop = threading.Event()
         self._watching: threading.Thread | None = None
         self._signals = threading.current_thread() is threading.main_thread()
@@ -55,25 +72,46 @@ class Children:
 
     @property
     def scheduler(self) -> subprocess.Popen[bytes]:
+        """The process the server forked for its schedulers: TP0's, or the DP controller."""
         return self.procs["scheduler_0"]
 
-    def tell(self, command: str) -> None:
-        """A fault for the TP0 scheduler (``exception JSON``, ``hang SECONDS``)."""
+    def _scheduler_pids(self, fd: int) -> list[list[int]]:
+        """The controller's report of its schedulers (SCHEDULER_PIDS_ARG in its ready message)."""
+        with os.fdopen(fd, "rb") as pipe:
+            line = pipe.readline()
+        if not line:
+            raise RuntimeError(_died_during_init(self.scheduler))
+        pids: list[list[int]] = json.loads(line)["scheduler_pids"]
+        return pids
+
+    def dp_rank_alive(self, dp_rank: int) -> bool:
+        """Whether every scheduler of a DP rank still runs (a zombie does not: the controller
+        never reaps them, as SGLang's does not while it serves)."""
+        return all(_running(pid) for pid in self.dp_pids[dp_rank]) if self.dp_pids else True
+
+    def tell(self, command: str, dp_rank: int = 0) -> None:
+        """A fault for a scheduler (``exception JSON``, ``hang SECONDS``): TP0's, or DP rank
+        ``dp_rank``'s through the controller."""
         stdin = self.scheduler.stdin
         if stdin is not None and self.scheduler.poll() is None:
-            stdin.write(f"{command}\n".encode())
+            line = f"{dp_rank} {command}" if self.dp_size > 1 else command
+            stdin.write(f"{line}\n".encode())
             stdin.flush()
 
-    def exception(self, formatted: str, wait: bool = True) -> None:
-        """The TP0 scheduler hits an exception (its traceback, formatted): it logs it and sends
-        SIGQUIT to the server, whose handler then kills the whole tree. ``wait``: for that end,
-        as the server's launch waits on its scheduler (returns if no SIGQUIT came)."""
-        self.tell("exception " + json.dumps(formatted))
+    def exception(self, formatted: str, wait: bool = True, dp_rank: int = 0) -> None:
+        """A scheduler hits an exception (its traceback, formatted): it logs it and sends
+        SIGQUIT to its parent, the server, whose handler then kills the whole tree; with DP the
+        parent is the controller, which dies of it. ``wait``: for that end, as the server's
+        launch waits on its scheduler; with DP the server then raises what SGLang's
+        _wait_for_scheduler_ready raises (returns if no SIGQUIT came)."""
+        self.tell("exception " + json.dumps(formatted), dp_rank)
         if not wait:
             return
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and self.scheduler.poll() is None:
             time.sleep(0.1)
+        if self.dp_size > 1 and self.scheduler.poll() is not None:
+            raise RuntimeError(_died_during_init(self.scheduler))
 
     def serving(self) -> None:
         """The model is loaded (wait_for_ready): the watchdog starts."""
@@ -130,12 +168,39 @@ class Children:
             proc.wait()
 
 
-def _spawn(role: str, rank: int) -> subprocess.Popen[bytes]:
+def spawn_scheduler(prefix: str) -> subprocess.Popen[bytes]:
+    """A scheduler under its process title: ``sglang::scheduler`` and its ranks, spaces as
+    ``_`` (0.5.12 managers/scheduler.py:3966, 0.5.23 :6294): ``sglang::scheduler_DP3``."""
+    return _spawn(f"sglang::scheduler{prefix.replace(' ', '_')}",
+                  ["scheduler", prefix.strip().replace(" ", "_")])
+
+
+def _spawn(title: str, argv: list[str], pass_fds: tuple[int, ...] = ()
+           ) -> subprocess.Popen[bytes]:
     """The child under SGLang's process title (setproctitle there; argv[0] here, which leaves
     the interpreter unable to find its own packages: PYTHONPATH names the simulator's)."""
-    title = f"sglang::scheduler_TP{rank}" if role == "scheduler" else "sglang::detokenizer"
     here = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [here, *filter(None, [os.environ.get("PYTHONPATH")])])}
-    return subprocess.Popen([title, "-m", "sglang_sim.child", role, str(rank)],
-                            executable=sys.executable, stdin=subprocess.PIPE, env=env)
+        [here, *filter(None, [os.environ.get("PYTHONPATH")])]), "SGLANG_SIM_PARENT_PID":
+        str(os.getpid())}
+    # a child under a title has no sys.executable: the DP controller forks by /proc/self/exe
+    python = sys.executable or os.readlink("/proc/self/exe")
+    return subprocess.Popen([title, "-m", "sglang_sim.child", *argv], executable=python,
+                            stdin=subprocess.PIPE, env=env, pass_fds=pass_fds)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _died_during_init(proc: subprocess.Popen[bytes]) -> str:
+    """_scheduler_died_error (0.5.10 - 0.5.23 entrypoints/engine.py; 0.5.12 :1315-1323): rank 0
+    is the controller, its exit code SIGQUIT's when a DP rank's scheduler failed."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    return (f"Rank 0 scheduler died during initialization (exit code: {proc.returncode}). "
+            "If exit code is -9 (SIGKILL), a common cause is the OS OOM killer. "
+            "Run `dmesg -T | grep -i oom` to check.")

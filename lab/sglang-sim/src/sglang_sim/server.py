@@ -37,6 +37,7 @@ def _error(message: str, status: int = 400, kind: str = "BadRequestError") -> Re
 
 def build_app(state: State) -> Starlette:
     engine: Engine = state.engine
+    dispatch = state.dispatch
     args = state.args
 
     async def health(request: Request) -> Response:
@@ -45,8 +46,9 @@ def build_app(state: State) -> Starlette:
             return Response(status_code=503)
         if not state.up:
             return Response(status_code=503)
-        if state.faults.health_timeout:
-            await state.sleep_health_timeout()
+        if state.faults.health_timeout or not await state.health_generation():
+            if state.faults.health_timeout:
+                await state.sleep_health_timeout()
             logger.error("Health check failed. Server couldn't get a response from detokenizer "
                          f"for last {state.health_timeout:g} seconds.")
             state.unhealthy = True
@@ -61,6 +63,7 @@ def build_app(state: State) -> Starlette:
         if request.url.path == "/get_server_info":
             logger.warning("Endpoint '/get_server_info' is deprecated and will be removed in a "
                            "future version. Please use '/server_info' instead.")
+        await state.internal_states_answered()
         return _json(state.server_info())
 
     async def model_info(request: Request) -> Response:
@@ -103,7 +106,7 @@ def build_app(state: State) -> Starlette:
         prompt = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
         kwargs = body.get("chat_template_kwargs") or {}
         think = state.reasoning and kwargs.get("enable_thinking", True) is not False
-        out = engine.compose(prompt, max_tokens(body), think, body.get("seed"))
+        out = dispatch.compose(prompt, max_tokens(body), think, body.get("seed"))
         prompt_tokens = state.count_tokens(prompt) + 4 * len(messages)
         rid = uuid.uuid4().hex
         separate = body.get("separate_reasoning", True) and think
@@ -111,7 +114,7 @@ def build_app(state: State) -> Starlette:
             return StreamingResponse(
                 chat_stream(rid, prompt_tokens, out, separate, body),
                 media_type="text/event-stream")
-        async for _ in engine.run(rid, prompt_tokens, out, streaming=False):
+        async for _ in dispatch.run(rid, prompt_tokens, out, streaming=False):
             pass
         reasoning = " ".join(out.reasoning)
         answer = " ".join(out.answer)
@@ -171,7 +174,7 @@ def build_app(state: State) -> Starlette:
         words = [("reasoning_content" if separate else "content", w) for w in out.reasoning]
         words += [("content", w) for w in out.answer]
         sent = 0
-        async for n in engine.run(rid, prompt_tokens, out, streaming=True):
+        async for n in dispatch.run(rid, prompt_tokens, out, streaming=True):
             piece = words[sent:sent + n]
             sent += n
             for key in ("reasoning_content", "content"):
@@ -190,13 +193,13 @@ def build_app(state: State) -> Starlette:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             return _error("prompt must be a string")
-        out = engine.compose(prompt, max_tokens(body), False, body.get("seed"))
+        out = dispatch.compose(prompt, max_tokens(body), False, body.get("seed"))
         prompt_tokens = state.count_tokens(prompt)
         rid = uuid.uuid4().hex
         if body.get("stream"):
             return StreamingResponse(completion_stream(rid, prompt_tokens, out),
                                      media_type="text/event-stream")
-        async for _ in engine.run(rid, prompt_tokens, out, streaming=False):
+        async for _ in dispatch.run(rid, prompt_tokens, out, streaming=False):
             pass
         return _json({"id": rid, "object": "text_completion", "created": int(time.time()),
                       "model": state.served_model_name,
@@ -213,7 +216,7 @@ def build_app(state: State) -> Starlette:
     async def completion_stream(rid: str, prompt_tokens: int, out: Output
                                 ) -> AsyncIterator[bytes]:
         sent = 0
-        async for n in engine.run(rid, prompt_tokens, out, streaming=True):
+        async for n in dispatch.run(rid, prompt_tokens, out, streaming=True):
             text = " ".join(out.answer[sent:sent + n])
             sent += n
             data = {"id": rid, "object": "text_completion", "created": int(time.time()),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from argparse import Namespace
 from dataclasses import dataclass, field
 from typing import Any
 
 from sglang_sim.args import release_tuple
+from sglang_sim.dp import Dispatcher
 from sglang_sim.engine import Engine
 from sglang_sim.faults import Faults
 from sglang_sim.memory import MemoryPlan
@@ -35,8 +37,8 @@ class State:
     release: str
     launch_command: str
     shape: ModelShape
-    memory: MemoryPlan
-    engine: Engine
+    memories: list[MemoryPlan]  # each DP rank's (one without --dp-size)
+    dispatch: Dispatcher
     faults: Faults
     startup_time: float
     children: Children
@@ -46,6 +48,15 @@ class State:
     served: int = 0
     health_timeout: float = field(
         default_factory=lambda: float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT", "20")))
+
+    @property
+    def engine(self) -> Engine:
+        """DP rank 0's scheduler (the only one without --dp-size)."""
+        return self.dispatch.first
+
+    @property
+    def memory(self) -> MemoryPlan:
+        return self.memories[0]
 
     @property
     def served_model_name(self) -> str:
@@ -72,32 +83,61 @@ class State:
     async def sleep_health_timeout(self) -> None:
         await asyncio.sleep(self.health_timeout)
 
+    async def health_generation(self) -> bool:
+        """/health_generate's one-token request, sent to a DP rank (dp.py): healthy as soon as
+        any scheduler answers anything, else after SGLANG_HEALTH_CHECK_TIMEOUT not (0.5.12
+        entrypoints/http_server.py:549-576), so a dead DP rank fails the checks it is given
+        only while the other ranks are idle."""
+        if not self.dispatch.engines[self.dispatch.health_rank()].stuck:
+            return True
+        tic = time.monotonic()
+        while time.monotonic() < tic + self.health_timeout:
+            await asyncio.sleep(1)
+            if self.dispatch.last_output > tic:
+                return True
+        return False
+
+    async def internal_states_answered(self) -> None:
+        """/server_info waits for every DP rank's GetInternalStateReq answer (the tokenizer's
+        communicator, fan-out dp_size): a rank that moves nothing never answers."""
+        while any(engine.stuck for engine in self.dispatch.engines):
+            await asyncio.sleep(1)
+
     def server_info(self) -> dict[str, Any]:
+        """/server_info: the arguments (``max_running_requests`` as given: per DP rank, None
+        unless set), the first scheduler's ``max_total_num_tokens`` and one ``internal_states``
+        entry per DP rank with what that rank runs (0.5.12 entrypoints/http_server.py:630-644
+        and managers/scheduler.py:3469-3481; 0.5.23 http_server.py:864-892 and
+        managers/scheduler_components/internal_state.py:45-73, world_size dp x tp x pp)."""
         info = {k: _plain(v) for k, v in vars(self.args).items()}
-        stats = self.engine.stats
-        internal: dict[str, Any] = {
-            "world_size": self.args.tp_size,
-            "startup_time": self.startup_time,
-            "effective_max_running_requests_per_dp": self.memory.max_running_requests,
-            "last_gen_throughput": stats.throughput(),
-            "memory_usage": {"weight": round(self.memory.weight_gb, 2),
-                             "kvcache": round(self.memory.kv_k_gb + self.memory.kv_v_gb, 2),
-                             "token_capacity": self.memory.kv_tokens,
-                             "graph": 0.0},
-        }
-        if self.args.speculative_algorithm is not None:
-            internal["avg_spec_accept_length"] = stats.avg_accept_length
         info.update(
             launch_command=self.launch_command,
             max_total_num_tokens=self.memory.kv_tokens,
             max_req_input_len=self.memory.context_len - 1,
             status="ready" if self.up and not self.draining else "starting",
             startup_time=self.startup_time,
-            internal_states=[internal],
+            internal_states=[self._internal_state(engine, plan) for engine, plan in
+                             zip(self.dispatch.engines, self.memories, strict=True)],
             version=self.release,
             frontend="python",
         )
         return info
+
+    def _internal_state(self, engine: Engine, plan: MemoryPlan) -> dict[str, Any]:
+        stats = engine.stats
+        internal: dict[str, Any] = {
+            "world_size": self.args.tp_size * self.args.dp_size,
+            "startup_time": self.startup_time,
+            "effective_max_running_requests_per_dp": plan.max_running_requests,
+            "last_gen_throughput": stats.throughput(),
+            "memory_usage": {"weight": round(plan.weight_gb, 2),
+                             "kvcache": round(plan.kv_k_gb + plan.kv_v_gb, 2),
+                             "token_capacity": plan.kv_tokens,
+                             "graph": 0.0},
+        }
+        if self.args.speculative_algorithm is not None:
+            internal["avg_spec_accept_length"] = stats.avg_accept_length
+        return internal
 
     def model_info(self) -> dict[str, Any]:
         return {
