@@ -185,11 +185,12 @@ def test_batch_instances_larger_than_a_hosts_servers_is_named() -> None:
         roll._fits(2, after)
     # through the command, before any host is touched (a process of its own: see below)
     result = subprocess.run(["sglang-fleet", "roll", "inventories/b200.py",
-                             "--batch-instances", "3"], cwd=ROOT, capture_output=True,
+                             "--batch-instances", "9"], cwd=ROOT, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 1 and "roll:" not in result.stdout
-    assert result.stderr.startswith("error: --batch-instances: 3 is more than a host's "
-                                    "servers: b200-01 runs 1 server, b200-02 runs 1 server\n")
+    # instances: auto on the example's gpu_count 8
+    assert result.stderr.startswith("error: --batch-instances: 9 is more than a host's "
+                                    "servers: b200-01 runs 8 servers, b200-02 runs 8 servers\n")
 
 
 def test_every_hosts_change_is_checked_before_any_host_is_touched() -> None:

@@ -213,3 +213,37 @@ def test_a_units_files_and_start_come_after_the_wave_before_it_and_stop_with_a_f
     assert all(c.__self__ is waves for c in going) and all(c() for c in going)
     waves.error = "sglang-0.service failed to start"
     assert not any(c() for c in going)  # every later unit's operations are skipped
+
+
+def test_every_server_is_gated_and_put_back_before_a_verdict_fails_the_host() -> None:
+    """The gate stage as pyinfra builds it: each server's gate and its way back come before
+    the first verdict, which stops the host's run when it fails; so a first server that fails
+    its gate never leaves the others on a release no gate checked."""
+    from pyinfra.api.config import Config
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.deploy import add_deploy
+    from pyinfra.api.inventory import Inventory
+    from pyinfra.api.state import State
+    from pyinfra.context import ctx_state
+
+    from sglang_fleet import gate
+    from sglang_fleet.engine import Release
+
+    inventory = Inventory((["@local"], {}))  # type: ignore[no-untyped-call]
+    state = State(inventory, Config())  # type: ignore[no-untyped-call]
+    with ctx_state.use(state):
+        connect_all(state)
+        found = field_profile({"parallel.instances": 3})
+        add_deploy(state, gate.run_gate, profile=found, launches=render_all(found),
+                   release=Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3"))
+    host = inventory.get_host("@local")
+    names = [sorted(state.op_meta[h].names)[0].split(" | ")[-1]
+             for h in state.get_op_order() if h in state.ops[host]]  # type: ignore[no-untyped-call]
+    first_verdict = min(n for n, name in enumerate(names) if name.startswith("Gate verdict"))
+    for i in range(3):
+        unit = f"sglang-{i}.service"
+        assert names.index(f"Back to the last good {unit} (only if the gate failed)") < \
+            first_verdict
+        assert any(name.startswith(f"Gate {unit}: health") for name in names[:first_verdict])
+    assert [n for n in names[first_verdict:] if n.startswith("Gate verdict")] == [
+        f"Gate verdict on sglang-{i}.service (if it failed: what serves now)" for i in range(3)]

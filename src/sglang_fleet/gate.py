@@ -406,9 +406,12 @@ def run_gate(profile: Profile, launches: list[Launch], release: Release) -> None
             _sized_restart(profile, launch, release, verdict, target, str(job), soak)
         last_good_back(name=f"Back to the last good {launch.unit} (only if the gate failed)",
                        unit=launch.unit, _if=verdict.failed)
-        gate_failed(name=f"Gate verdict on {launch.unit} (if it failed: what serves now)",
-                    profile=profile, launch=launch, budget=startup_budget(), verdict=verdict,
-                    _if=verdict.failed)
     host_capacity(name=f"Capacity of the host ({len(launches)} server"
                   f"{'s' if len(launches) > 1 else ''}): summed from the gates",
                   units=[launch.unit for launch in launches], verdicts=verdicts, job=str(job))
+    # Every server is gated (and a failed one put back) before a verdict fails the host: a
+    # first server's failure must not leave the others on a release nobody checked.
+    for launch, verdict in zip(launches, verdicts, strict=True):
+        gate_failed(name=f"Gate verdict on {launch.unit} (if it failed: what serves now)",
+                    profile=profile, launch=launch, budget=startup_budget(), verdict=verdict,
+                    _if=verdict.failed)
