@@ -102,7 +102,7 @@ def wait_serving(timeout: float = 180) -> None:
             return
         time.sleep(2)
     raise AssertionError("sglang-0.service did not turn healthy:\n"
-                         + ssh("lab1", "journalctl -u sglang -n 30 -o cat").stdout)
+                         + ssh("lab1", "journalctl -u sglang-0 -n 30 -o cat").stdout)
 
 
 def stop_and_check() -> None:
@@ -113,7 +113,7 @@ def stop_and_check() -> None:
     # a stop that was asked for is never restarted, whatever the release's end (systemd decides
     # at once: a restart would show as SubState auto-restart)
     assert unit("SubState") == "dead" and unit("NRestarts") == restarts
-    log = ssh("lab1", "journalctl -u sglang -o cat -n 200").stdout
+    log = ssh("lab1", "journalctl -u sglang-0 -o cat -n 200").stdout
     assert "Draining requests and shutting down..." in log
     assert "Gracefully exiting... Remaining number of requests 0." in log
 
@@ -181,7 +181,7 @@ def test_a_stop_under_load_drains_every_request(lab: None, release: str) -> None
         assert stop.returncode == 0, stop.stderr
         assert codes == [200] * 8, codes
         assert unit("ActiveState") == "inactive" and unit("Result") == "success"
-        log = ssh("lab1", "journalctl -u sglang -o cat -n 300").stdout
+        log = ssh("lab1", "journalctl -u sglang-0 -o cat -n 300").stdout
         assert re.search(r"Gracefully exiting\.\.\. Remaining number of requests [1-8]\.", log)
         assert "Subprocess" not in log.split("Draining requests")[-1]  # no child died early
     finally:
@@ -212,7 +212,7 @@ def back_serving(before: int, restarts: int, budget: float) -> float:
             return time.monotonic() - tic
         time.sleep(1)
     raise AssertionError(f"not back within {budget:.0f} s:\n"
-                         + ssh("lab1", "systemctl status sglang; journalctl -u sglang -n 30 "
+                         + ssh("lab1", "systemctl status sglang-0; journalctl -u sglang-0 -n 30 "
                                        "-o cat").stdout)
 
 
@@ -252,10 +252,11 @@ def test_a_scheduler_exception_comes_back(lab: None) -> None:
     then systemd restarts it; status names the exception."""
     deployed()
     before, restarts = main_pid(), int(unit("NRestarts"))
-    assert ssh("lab1", "pkill -USR1 -f '^sglang::scheduler_TP0'").returncode == 0
+    # sglang-0's own scheduler (a server of one GPU names it sglang::scheduler, no rank)
+    assert ssh("lab1", f"pkill -USR1 -P {before} -f '^sglang::scheduler '").returncode == 0
     took = back_serving(before, restarts, restart_sec() + READY_BUDGET)
     assert took <= restart_sec() + READY_BUDGET
-    log = ssh("lab1", "journalctl -u sglang -o cat -n 400").stdout
+    log = ssh("lab1", "journalctl -u sglang-0 -o cat -n 400").stdout
     assert "SIGQUIT received. signum=None, frame=None." in log
     assert "kill_process_tree called" in log
     assert "Scheduled restart job, restart counter is at" in log
@@ -270,7 +271,8 @@ def test_a_scheduler_exception_comes_back(lab: None) -> None:
 
 def status_rows() -> dict[str, dict[str, object]]:
     result = run("sglang-fleet", "status", "inventories/lab.py", "--json")
-    return {r["host"]: r for r in json.loads(result.stdout) if r["kind"] == "server"}
+    return {r["host"]: r for r in json.loads(result.stdout)
+            if r["kind"] == "server" and r["unit"] == "sglang-0.service"}
 
 
 def test_a_guest_whose_nspawn_was_killed_is_reported_and_stopped(lab: None) -> None:

@@ -113,13 +113,13 @@ def test_second_run_changes_nothing(lab: None) -> None:
 
 def test_one_profile_change_restarts_each_server_once(lab: None) -> None:
     pids = {h: main_pid(h) for h in HOSTS}
-    before = {h: ssh(h, "journalctl -u sglang -o cat | grep -c 'fired up'").stdout.strip()
+    before = {h: ssh(h, "journalctl -u sglang-0 -o cat | grep -c 'fired up'").stdout.strip()
               for h in HOSTS}
     code, out = deploy("sglang.memory.max_running_requests=16")
     assert code == 0, out[-3000:]
     for host in HOSTS:
         assert main_pid(host) != pids[host]
-        fired = ssh(host, "journalctl -u sglang -o cat | grep -c 'fired up'").stdout.strip()
+        fired = ssh(host, "journalctl -u sglang-0 -o cat | grep -c 'fired up'").stdout.strip()
         assert int(fired) == int(before[host]) + 1  # exactly one restart
         assert server_info(host)["max_running_requests"] == 16
         assert f"[{host}] health: /health_generate 200" in out

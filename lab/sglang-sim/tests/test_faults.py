@@ -19,7 +19,7 @@ def test_fail_at_startup(sims: Launcher) -> None:
     for the scheduler, whose launch-phase handler kills the tree (0.5.23 entrypoints/engine.py:
     1976-1982, managers/scheduler.py:6370-6373)."""
     result = sims.run(env={"SGLANG_SIM_FAIL_STARTUP": "CUDA out of memory. Tried to allocate"})
-    died_of_a_child(result.stderr, result.returncode, "TP0] Scheduler hit an exception: "
+    died_of_a_child(result.stderr, result.returncode, "] Scheduler hit an exception: "
                     "Traceback (most recent call last):", running=False)
     assert "\nRuntimeError: CUDA out of memory. Tried to allocate" in result.stderr
     assert "Load weight begin." in result.stderr and "fired up" not in result.stderr
@@ -34,7 +34,7 @@ def test_crash_after_requests(sims: Launcher) -> None:
         assert sim.client().post("/v1/chat/completions", json=chat).status_code == 200
     with contextlib.suppress(httpx.HTTPError):
         sim.client(timeout=5).post("/v1/chat/completions", json=chat)
-    died_of_a_child(sim.output(), sim.proc.wait(10), "TP0] Scheduler hit an exception: "
+    died_of_a_child(sim.output(), sim.proc.wait(10), "] Scheduler hit an exception: "
                     "Traceback (most recent call last):")
     assert "\nRuntimeError: simulated crash after 2 requests\n" in sim.output()
 
@@ -53,7 +53,7 @@ def test_crash_takes_the_running_batch_with_it(sims: Launcher) -> None:
     with ThreadPoolExecutor(16) as pool:
         codes = list(pool.map(ask, range(16)))
     assert 0 < codes.count(200) < 16 and codes.count(200) + codes.count(0) == 16, codes
-    died_of_a_child(sim.output(), sim.proc.wait(10), "TP0] Scheduler hit an exception: ")
+    died_of_a_child(sim.output(), sim.proc.wait(10), "] Scheduler hit an exception: ")
     assert "RuntimeError: simulated crash after" in sim.output()
 
 
@@ -94,7 +94,7 @@ def test_state_cache_too_small_fault(sims: Launcher) -> None:
 def test_a_killed_server_takes_its_scheduler_with_it(sims: Launcher) -> None:
     """As SGLang's scheduler (kill_itself_when_parent_died): no orphan outlives kill -9."""
     sim = sims.start()
-    found = subprocess.run(["pgrep", "-P", str(sim.proc.pid), "-f", "sglang::scheduler_TP0"],
+    found = subprocess.run(["pgrep", "-P", str(sim.proc.pid), "-f", "sglang::scheduler"],
                            capture_output=True, text=True).stdout.split()
     assert len(found) == 1, found
     sim.proc.kill()
@@ -107,7 +107,7 @@ def test_a_killed_server_takes_its_scheduler_with_it(sims: Launcher) -> None:
 
 
 def children(sim_pid: int) -> dict[str, int]:
-    """The server's children by process title (``sglang::scheduler_TP0``, ...)."""
+    """The server's children by process title (``sglang::scheduler``, ...)."""
     out = subprocess.run(["pgrep", "-a", "-P", str(sim_pid)], capture_output=True,
                          text=True).stdout.split("\n")
     return {line.split()[1]: int(line.split()[0]) for line in out if line.strip()}
@@ -129,21 +129,21 @@ def test_a_child_that_dies_outright_brings_the_server_down(sims: Launcher) -> No
     server, which kills the rest of its tree and itself."""
     sim = sims.start()
     kids = children(sim.proc.pid)
-    assert set(kids) == {"sglang::scheduler_TP0", "sglang::detokenizer"}, kids
+    assert set(kids) == {"sglang::scheduler", "sglang::detokenizer"}, kids
     os.kill(kids["sglang::detokenizer"], signal.SIGKILL)
     died_of_a_child(*ended(sim, 10),
                     f"Subprocess detokenizer (pid={kids['sglang::detokenizer']}) crashed with "
                     "exit code -9. Triggering SIGQUIT for cleanup...")
-    assert gone(kids["sglang::scheduler_TP0"])
+    assert gone(kids["sglang::scheduler"])
 
 
 def test_a_scheduler_exception_on_demand(sims: Launcher) -> None:
     """SIGUSR1 to the scheduler stand-in (the simulator's fault hook): the same end as any
     scheduler exception."""
     sim = sims.start()
-    os.kill(children(sim.proc.pid)["sglang::scheduler_TP0"], signal.SIGUSR1)
+    os.kill(children(sim.proc.pid)["sglang::scheduler"], signal.SIGUSR1)
     died_of_a_child(*ended(sim, 10),
-                    "TP0] Scheduler hit an exception: Traceback (most recent call last):")
+                    "] Scheduler hit an exception: Traceback (most recent call last):")
     assert "RuntimeError: simulated scheduler exception (SIGUSR1 to the scheduler)" in \
         sim.output()
 
@@ -157,7 +157,7 @@ def test_a_hung_batch_ends_at_the_schedulers_watchdog(sims: Launcher) -> None:
     with contextlib.suppress(httpx.HTTPError):
         sim.client(timeout=20).post("/v1/chat/completions", json=chat)
     died_of_a_child(*ended(sim, 20),
-                    "TP0] Scheduler watchdog timeout (self.watchdog_timeout=1.0, "
+                    "] Scheduler watchdog timeout (self.watchdog_timeout=1.0, "
                     "self.soft=False)")
 
 
@@ -165,7 +165,7 @@ def test_kill_process_tree_logs_itself_from_0_5_13(sims: Launcher) -> None:
     """utils/common.py: 0.5.12 kills silently, 0.5.13 logs ``kill_process_tree called``."""
     for release, logged in (("0.5.12", False), ("0.5.13", True)):
         sim = sims.start(env={"SGLANG_SIM_VERSION": release})
-        os.kill(children(sim.proc.pid)["sglang::scheduler_TP0"], signal.SIGUSR1)
+        os.kill(children(sim.proc.pid)["sglang::scheduler"], signal.SIGUSR1)
         assert sim.proc.wait(10) == -9, release
         assert ("kill_process_tree called" in sim.output()) == logged, release
 

@@ -1,5 +1,5 @@
 """``python -m sglang_sim.child scheduler RANKS | detokenizer | controller TP DP FD``: the stand-in
-for one of the processes SGLang's server forks (``sglang::scheduler_TP0``,
+for one of the processes SGLang's server forks (``sglang::scheduler``,
 ``sglang::detokenizer``, ``sglang::data_parallel_controller`` and its ``sglang::scheduler_DP3``).
 
 It holds no model; it lives and dies as SGLang's children do:
@@ -120,7 +120,7 @@ def main(argv: list[str]) -> None:
         logs.configure(level, prefix="")
         controller(int(argv[1]), int(argv[2]), int(argv[3]))
     elif role == "scheduler":
-        logs.configure(level, prefix=" " + argv[1].replace("_", " "))
+        logs.configure(level, prefix=f" {argv[1].replace('_', ' ')}" if argv[1] else "")
         signal.signal(signal.SIGUSR1, _sigusr1)
         threading.Thread(target=_commands, daemon=True).start()
     else:

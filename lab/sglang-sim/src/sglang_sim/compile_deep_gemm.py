@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     timeout, rest = split_timeout(sys.argv[1:] if argv is None else argv)
     release = args_mod.version()
     args = args_mod.parse(rest, release)
-    scheduler = logs.configure(args.log_level)
+    scheduler = logs.configure(args.log_level, logs.scheduler_prefix(0, args.tp_size, None))
     os.environ[PRECOMPILE_STAGE] = "1"  # envs.SGLANG_IN_DEEPGEMM_PRECOMPILE_STAGE.set(True)
     print("Disable CUDA Graph and Torch Compile to save time...", flush=True)
     print("Begin DeepGEMM Kernels compilation...\n"

@@ -318,7 +318,7 @@ async def dummy_health(host: str, port: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     release = args_mod.version()
     args = args_mod.parse(sys.argv[1:] if argv is None else argv, release)
-    scheduler = logs.configure(args.log_level)
+    scheduler = logs.configure(args.log_level, logs.scheduler_prefix(0, args.tp_size, None))
     if getattr(args, "node_rank", 0):
         asyncio.run(dummy_health(args.host, args.port))
         return

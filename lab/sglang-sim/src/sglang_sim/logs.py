@@ -2,7 +2,8 @@
 
 The ranks (``configure_scheduler_process``, 0.5.12 managers/scheduler.py:3951-3963, 0.5.23
 :6278-6290): `` DP{d}`` when the scheduler has a DP rank, then `` TP{t}`` only when tp_size > 1,
-so ``--dp-size 8`` alone logs ``[time DP3] ...``. The simulator's single server keeps `` TP0``.
+so ``--dp-size 8`` alone logs ``[time DP3] ...`` and a server of one GPU logs ``[time] ...``
+under the process title ``sglang::scheduler``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ DATEFMT = "%Y-%m-%d %H:%M:%S"
 SCHEDULER = "sglang.srt.managers.scheduler"
 
 
-def configure(level: str = "info", prefix: str = " TP0") -> logging.Logger:
+def configure(level: str = "info", prefix: str = "") -> logging.Logger:
     """Configure the root (main process) format; return the scheduler's logger (``prefix``:
     its ranks, as SGLang builds them)."""
     logging.basicConfig(level=getattr(logging, level.upper()), format="[%(asctime)s] %(message)s",
@@ -41,8 +42,7 @@ def scheduler_prefix(tp_rank: int, tp_size: int, dp_rank: int | None) -> str:
     """The ranks a scheduler logs and names its process by (see above).
 
         >>> scheduler_prefix(0, 1, 3), scheduler_prefix(1, 2, 3), scheduler_prefix(0, 1, None)
-        (' DP3', ' DP3 TP1', ' TP0')
+        (' DP3', ' DP3 TP1', '')
     """
-    if dp_rank is None:
-        return f" TP{tp_rank}"  # the simulator's single server (see the module's docstring)
-    return f" DP{dp_rank}" + (f" TP{tp_rank}" if tp_size > 1 else "")
+    dp = f" DP{dp_rank}" if dp_rank is not None else ""
+    return dp + (f" TP{tp_rank}" if tp_size > 1 else "")

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 
 from sglang_sim import args as args_mod
+from sglang_sim import logs
 
 logger = logging.getLogger("sglang.srt.managers.tokenizer_manager")
 common = logging.getLogger("sglang.srt.utils.common")
@@ -62,7 +63,8 @@ class Children:
             self.dp_pids = self._scheduler_pids(read)
         else:
             for rank in range(tp_size):
-                self.procs[f"scheduler_{rank}"] = spawn_scheduler(f" TP{rank}")
+                self.procs[f"scheduler_{rank}"] = spawn_scheduler(
+                    logs.scheduler_prefix(rank, tp_size, None))
         self.procs["detokenizer"] = _spawn("sglang::detokenizer", ["detokenizer"])
         self._stop = threading.Event()
         self._watching: threading.Thread | None = None
