@@ -50,7 +50,7 @@ def spare_gpus(profile: Profile, gpu_count: int) -> list[int]:
     too few).
 
     >>> from sglang_fleet.profile import load
-    >>> spare_gpus(load("qwen3.6-27b-mtp"), 8)
+    >>> spare_gpus(load("qwen3.6-27b-mtp", {"parallel.instances": 1}), 8)
     [1]
     """
     size = profile.parallel.gpus_per_instance
@@ -144,8 +144,9 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
     report = host.get_fact(NvidiaSmi)
     gpus = spare_gpus(profile, len(report.gpus) if report.ok else 0)
     if not gpus:
-        logger.warning(f"{host.print_prefix}warm-up skipped: no GPUs beside the servers' "
-                       f"(parallel.instances x tp x dp); {launch.unit}'s restart compiles")
+        logger.info(f"{host.print_prefix}warm-up skipped: no GPUs beside the servers' "
+                    f"(parallel.instances x tp x dp); {launch.unit} restarts first and "
+                    "compiles, the host's other servers after it (restart waves)")
         return
     module = launch.argv[2]
     if profile.warmup == "compile":

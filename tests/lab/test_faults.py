@@ -47,7 +47,7 @@ def test_deploy_soaks_the_server_with_a_full_batch(lab: None) -> None:
     code, out = deploy()
     assert code == 0, out[-4000:]
     found = re.search(r"\[lab1\] soak: (\d+) concurrent requests, all answered in [\d.]+ s; "
-                      r"sglang\.service still serving", out)
+                      r"sglang-0\.service still serving", out)
     capacity = re.search(r"\[lab1\] capacity: .*max running requests (\d+)", out)
     assert found and capacity, out[-3000:]
     assert int(found.group(1)) == 2 * int(capacity.group(1))
@@ -78,7 +78,7 @@ def test_a_server_that_dies_under_its_first_batch_fails_the_gate(lab: None) -> N
                        "sglang.env.SGLANG_SIM_CRASH_AFTER=\"8\"")
     assert code != 0
     assert re.search(r"\[lab1\] error: soak: \d+ of 32 concurrent requests failed .*"
-                     r"sglang\.service died under the soak: .*simulated crash after", out), \
+                     r"sglang-0\.service died under the soak: .*simulated crash after", out), \
         out[-4000:]
     assert "the last good release serves again" in out
     assert time.monotonic() - tic < 120
