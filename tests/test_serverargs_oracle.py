@@ -235,7 +235,8 @@ def test_a_dp_server_resolves_as_the_simulator_resolves_it(version: str) -> None
     the simulator's rules and dp.resolve_load_balance_method say the same."""
     from sglang_sim import dp as sim_dp
 
-    p = profile.load("qwen3.6-27b-mtp", overrides={"parallel.dp": 8, "engine.version": version})
+    p = profile.load("qwen3.6-27b-mtp", overrides={"parallel.dp": 8, "engine.version": version}
+                     ).for_gpus(8, "a B200 host")  # auto: one server of dp 8
     launch = render(p, version)
     argvs = [list(launch.argv[3:]), [*launch.argv[3:], "--load-balance-method", "total_requests"]]
     cases = [{"argv": argv, "arch": ALWAYS_HYBRID, "env": launch.env} for argv in argvs]
