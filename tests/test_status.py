@@ -273,3 +273,11 @@ def test_a_dp_server_is_one_row_on_all_its_gpus(tmp_path: Path) -> None:
         proc.terminate()
         proc.wait(20)
     assert (values["running"], values["queued"]) == (8, 2), values
+
+
+def test_a_host_without_any_gate_record_reads_as_none_measured() -> None:
+    """A host never deployed (no record, so no output): pyinfra gives the fact its default,
+    which must be an empty mapping, not None (status read it as one and crashed)."""
+    from sglang_fleet.facts.units import GateRecords
+
+    assert GateRecords.default() == {} and GateRecords().process([]) == {}

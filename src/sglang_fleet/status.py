@@ -216,7 +216,7 @@ def read_host(host: Host, rows: list[Row]) -> None:
             row.last_crash = _last_crash(host, row.unit)
     _fill_gpus(rows, health, ignored(host.data, host.name))
     try:
-        records = host.get_fact(GateRecords, units=[r.unit for r in rows])
+        records = host.get_fact(GateRecords, units=[r.unit for r in rows]) or {}
     except Exception as exc:  # as read_host: the row says it, the rest go on
         reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         for row in rows:

@@ -283,7 +283,7 @@ def test_roll_with_batch_instances_keeps_each_host_serving(
     assert len(router_workers()) == 3 * INSTANCES and all(router_workers().values())
     since = time.time()
     # warm-up off (and no spare GPU anyway): the first server of each host must compile
-    jit = ("sglang.warmup=off", "sglang.env.SGLANG_SIM_JIT_SECONDS=20")
+    jit = ("sglang.warmup=off", "sglang.env.SGLANG_SIM_JIT_SECONDS=\"20\"")
     with Healthy() as healthy:
         code, out, load = roll(*jit, flags=("--batch-instances", "4"))
     assert code == 0, out[-5000:]

@@ -88,8 +88,9 @@ def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Pa
     assert "fix: reboot the host" in out and "gpu_health_ignore = ['xid-79']" in out
     assert "Beginning operation run" not in out  # refused while preparing: nothing ran
     assert main_pid() == pid
-    [server] = [r for r in rows() if r["kind"] == "server"]
-    assert server["gpu_health"] == ["FATAL xid-79 (GPU 0)"]
+    servers = {r["unit"]: r for r in rows() if r["kind"] == "server"}
+    assert servers["sglang-0.service"]["gpu_health"] == ["FATAL xid-79 (GPU 0)"]
+    assert servers["sglang-1.service"]["gpu_health"] == []  # GPU 1's server: not that GPU
 
     targets = tmp_path / "sd" / "fleet.json"
     let_through = pyinfra("deploys/sglang.py", "--data", 'gpu_health_ignore=["xid-79"]',
@@ -100,7 +101,8 @@ def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Pa
     assert "xid-79" in out and "ignored by gpu_health_ignore" in out
     assert main_pid() == pid  # nothing changed, nothing restarted
     jobs = {g["labels"]["job"]: g["targets"] for g in json.loads(targets.read_text())}
-    assert jobs == {"sglang": ["127.0.0.11:30000"], "sglang-router": ["127.0.0.11:29000"]}
+    assert jobs == {"sglang": [f"127.0.0.11:{30000 + i}" for i in range(8)],
+                    "sglang-router": ["127.0.0.11:29000"]}
 
 
 def test_dcgm_and_its_exporter_serve_every_gpu(deployed: None, tmp_path: Path) -> None:

@@ -117,6 +117,10 @@ class GateRecords(FactBase[dict[str, Any]]):
     JSON each, root's, readable by all), by unit; a unit without a record is absent. The
     values are as the file holds them: ``eta.from_record`` checks each figure."""
 
+    @staticmethod
+    def default() -> dict[str, Any]:
+        return {}  # no record at all: pyinfra gives a fact without output its default
+
     def command(self, units: list[str]) -> str:
         paths_ = [shlex.quote(paths.gate_record(u)) for u in units if _UNIT.fullmatch(u)]
         return f"grep -H '' -- {' '.join(paths_)} 2>/dev/null || true" if paths_ else "true"
