@@ -201,7 +201,7 @@ def plan(inventory: str, data: Sequence[str], batch: int,
         try:
             profile = hostdata.profile_for(host)
             launches = render_all(profile)
-            preflight.require_host(profile, launches, host.name, host.data.get("gpu_count"))
+            preflight.require_host(profile, launches, host.name, hostdata.gpu_count(host))
             after[host.name] = fleet.urls(host, profile, launches)
             units[host.name] = {launch.unit: [url] for launch, url in
                                 zip(launches, after[host.name], strict=True)}
