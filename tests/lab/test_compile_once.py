@@ -1,6 +1,6 @@
 """Compile once per fleet on three lab hosts behind the router: a roll to a release whose cold
-DeepGEMM compile costs 20 s, eight servers per host (the shipped profile's instances: auto,
-every GPU serving: no spare GPU to warm on). The first host compiles, the other two
+DeepGEMM compile costs 20 s, two GPUs per host, each serving (the shipped profile's instances: auto:
+no spare GPU to warm on). The first host compiles, the other two
 receive its kernels through the controller before they restart and compile nothing; the files
 end the service user's, every host records the same digest, and no archive or staging is left.
 
@@ -20,6 +20,7 @@ from tests.lab.conftest import booted_lab, pyinfra, run, ssh
 
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2", "lab3")
+GPUS = 2  # servers per host (instances: auto): a first that could compile, one after it
 JIT = 20  # seconds of a cold compile: far above a warm start's load and capture (about 4 s)
 KERNELS = f"{paths.CACHE}/deep_gemm/cache"
 
@@ -27,7 +28,7 @@ KERNELS = f"{paths.CACHE}/deep_gemm/cache"
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[None]:
     """Three hosts serving the pinned release (no DeepGEMM kernels yet) behind the router."""
-    for _ in booted_lab("--hosts", "3"):
+    for _ in booted_lab("--hosts", "3", "--gpus", str(GPUS)):
         for deploy in ("deploys/sglang.py", "deploys/router.py"):
             result = pyinfra(deploy)
             assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
@@ -63,7 +64,7 @@ def test_the_first_host_compiles_and_the_others_receive_its_kernels(fleet: None)
     for host in ("lab2", "lab3"):
         assert re.search(rf"\[{host}\] kernels: received from lab1: {len(kernels)} kernels "
                          "placed, 0 there already", out), out[-5000:]
-        assert len(ready(out, host)) == 8 and max(ready(out, host)) < JIT / 2  # no compile
+        assert len(ready(out, host)) == GPUS and max(ready(out, host)) < JIT / 2  # no compile
         assert ssh(host, f"ls {KERNELS}").stdout.split() == kernels
         assert ssh(host, f"find {paths.CACHE}/deep_gemm ! -user {paths.USER}").stdout == ""
     table = out[out.rindex("out of router (s)"):]  # the roll's table: what each host did

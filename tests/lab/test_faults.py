@@ -25,7 +25,7 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[None]:
-    yield from booted_lab("--hosts", "2")
+    yield from booted_lab("--hosts", "2", "--gpus", "1")
 
 
 def deploy(*data: str) -> tuple[int, str]:
@@ -285,7 +285,7 @@ def test_a_guest_whose_nspawn_was_killed_is_reported_and_stopped(lab: None) -> N
                                                    "--json").stdout)}
     assert status["lab2"]["state"] == "running without nspawn" and status["lab2"]["running"]
     assert status["lab1"]["state"] == "running"
-    assert "lab2    127.0.0.12    8 GPUs  running without nspawn" in \
+    assert "lab2    127.0.0.12    1 GPU  running without nspawn" in \
         run("sglang-fleet", "lab", "status").stdout
     result = run("sglang-fleet", "lab", "down")
     assert result.returncode == 0, result.stderr

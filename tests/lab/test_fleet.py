@@ -23,7 +23,8 @@ from tests.lab.load import Load
 
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2", "lab3")
-INSTANCES = 8  # servers per lab host: the shipped profile's instances: auto on its 8 GPUs
+INSTANCES = 4  # servers per lab host: the shipped profile's instances: auto on its 4 GPUs
+BATCH = 2  # --batch-instances: waves of 1 (the compile), 2, then the last 1
 SERVERS = [f"sglang-{i}.service" for i in range(INSTANCES)]
 EVERY_WORKER = {f"http://127.0.0.{10 + i}:{30000 + k}": True for i in (1, 2, 3)
                 for k in range(INSTANCES)}
@@ -51,7 +52,7 @@ def snapshot(host: str) -> list[str]:
 @pytest.fixture(scope="module")
 def fresh() -> Iterator[dict[str, list[str]]]:
     """Three booted hosts reached as a sudo user; what they look like before any deploy."""
-    for _ in booted_lab("--hosts", "3", "--sudo-user", "deployer"):
+    for _ in booted_lab("--hosts", "3", "--gpus", str(INSTANCES), "--sudo-user", "deployer"):
         yield {host: snapshot(host) for host in HOSTS}
 
 
@@ -275,9 +276,9 @@ def compile_seconds(host: str, unit: str, since: float) -> list[int]:
 
 def test_roll_with_batch_instances_keeps_each_host_serving(
         fleet: dict[str, list[str]]) -> None:
-    """Eight servers per host (instances: auto), restarted four at a time onto kernels whose
+    """Four servers per host (instances: auto), restarted two at a time onto kernels whose
     cold compile costs 20 s: only the restarting servers leave the router (never fewer than
-    24 - 4 healthy), each wave back before the next; on each host the first server compiles
+    12 - 2 healthy), each wave back before the next; on each host the first server compiles
     alone and the others start from its cache; no request fails. A release that fails to
     start then stops at lab1's first server, the others untouched."""
     assert len(router_workers()) == 3 * INSTANCES and all(router_workers().values())
@@ -285,9 +286,9 @@ def test_roll_with_batch_instances_keeps_each_host_serving(
     # warm-up off (and no spare GPU anyway): the first server of each host must compile
     jit = ("sglang.warmup=off", "sglang.env.SGLANG_SIM_JIT_SECONDS=\"20\"")
     with Healthy() as healthy:
-        code, out, load = roll(*jit, flags=("--batch-instances", "4"))
+        code, out, load = roll(*jit, flags=("--batch-instances", str(BATCH)))
     assert code == 0, out[-5000:]
-    assert healthy.fewest is not None and healthy.fewest >= 3 * INSTANCES - 4, healthy.fewest
+    assert healthy.fewest is not None and healthy.fewest >= 3 * INSTANCES - BATCH, healthy.fewest
     assert load.failed == 0, load.errors[:5]
     assert load.sent / load.seconds >= 20
     for i, host in enumerate(HOSTS, 1):
@@ -307,8 +308,9 @@ def test_roll_with_batch_instances_keeps_each_host_serving(
         address = f"http://127.0.0.{10 + i}"
         assert [(n, urls) for n, _, urls in waves] == [
             ("1", f"{address}:30000"),
-            ("2", ", ".join(f"{address}:{30000 + k}" for k in range(1, 5))),
-            ("3", ", ".join(f"{address}:{30000 + k}" for k in range(5, 8)))], out[-3000:]
+            ("2", ", ".join(f"{address}:{30000 + k}" for k in range(1, 1 + BATCH))),
+            ("3", ", ".join(f"{address}:{30000 + k}" for k in range(1 + BATCH, INSTANCES)))
+        ], out[-3000:]
         assert float(row.group(2)) == max(float(s) for _, s, _ in waves)
         assert float(waves[0][1]) >= 20  # the compile, out of the router alone
     assert len(router_workers()) == 3 * INSTANCES and all(router_workers().values())
@@ -318,7 +320,7 @@ def test_roll_with_batch_instances_keeps_each_host_serving(
             for u in SERVERS[1:]}
     code, out, load = roll("sglang.engine.version=0.5.22",
                            "sglang.env.SGLANG_SIM_FAIL_STARTUP=simulated startup failure",
-                           flags=("--batch-instances", "4"))
+                           flags=("--batch-instances", str(BATCH)))
     assert code != 0
     assert re.search(r"^lab1\s+failed, last good release serving again", out, re.M), \
         out[-4000:]

@@ -32,7 +32,7 @@ N = 5000
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[None]:
-    for _ in booted_lab("--hosts", "2"):
+    for _ in booted_lab("--hosts", "2", "--gpus", "1"):
         for deploy in ("deploys/sglang.py", "deploys/router.py"):
             result = pyinfra(deploy)
             assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]

@@ -41,6 +41,14 @@ def main_pid() -> str:
     return ssh("lab1", "systemctl show -p MainPID --value sglang-0.service").stdout.strip()
 
 
+def file_sd_jobs(path: Path) -> dict[str, list[str]]:
+    """Every target of a file_sd list, by job (a group per server, router or exporter)."""
+    jobs: dict[str, list[str]] = {}
+    for group in json.loads(path.read_text()):
+        jobs.setdefault(group["labels"]["job"], []).extend(group["targets"])
+    return jobs
+
+
 def test_status_of_a_deployed_host(deployed: None) -> None:
     found = rows()
     servers = [r for r in found if r["kind"] == "server"]
@@ -100,7 +108,7 @@ def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Pa
     assert "Beginning operation run" in out
     assert "xid-79" in out and "ignored by gpu_health_ignore" in out
     assert main_pid() == pid  # nothing changed, nothing restarted
-    jobs = {g["labels"]["job"]: g["targets"] for g in json.loads(targets.read_text())}
+    jobs = file_sd_jobs(targets)
     assert jobs == {"sglang": [f"127.0.0.11:{30000 + i}" for i in range(8)],
                     "sglang-router": ["127.0.0.11:29000"]}
 
@@ -115,7 +123,7 @@ def test_dcgm_and_its_exporter_serve_every_gpu(deployed: None, tmp_path: Path) -
     assert main_pid() == pid  # the driver stage's DCGM: the server is untouched
     for unit in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
         assert ssh("lab1", f"systemctl is-active {unit}").stdout.strip() == "active"
-    jobs = {g["labels"]["job"]: g["targets"] for g in json.loads(targets.read_text())}
+    jobs = file_sd_jobs(targets)
     assert jobs["dcgm"] == ["127.0.0.11:9400"]
     metrics = httpx.get("http://127.0.0.11:9400/metrics", timeout=10).text
     temps = [line for line in metrics.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]

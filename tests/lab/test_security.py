@@ -29,7 +29,7 @@ def keys() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[None]:
-    for _ in booted_lab("--hosts", "2"):
+    for _ in booted_lab("--hosts", "2", "--gpus", "1"):
         for deploy in ("deploys/sglang.py", "deploys/router.py"):
             result = pyinfra(deploy, "--data", "sglang_allowed_clients=[\"10.20.0.0/16\"]")
             assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]

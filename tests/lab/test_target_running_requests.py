@@ -27,7 +27,7 @@ TARGET = "sglang.memory.target_running_requests=48"
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[None]:
-    yield from booted_lab("--hosts", "1")
+    yield from booted_lab("--hosts", "1", "--gpus", "2")
 
 
 def deploy(*data: str) -> tuple[int, str]:
