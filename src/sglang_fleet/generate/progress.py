@@ -48,6 +48,11 @@ class Stats:
     shards_written: int = 0
     shards_skipped: int = 0
     concurrency: int = 0
+    # The fleet is out (every request refused, 503, no healthy worker): why, and since when
+    # (monotonic); the run's seconds paused so far. Set by the job's outage breaker.
+    pause_cause: str | None = None
+    paused_since: float | None = None
+    paused_s: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
     def add(self, usage: Any, line_bytes: int, tries: int, ok: bool) -> None:
