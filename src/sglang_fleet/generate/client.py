@@ -1,8 +1,9 @@
-"""One chat completion with retries: connection errors, timeouts, 429, 502, 503 and 504 are
-retried with exponential backoff and jitter (a worker leaving during a roll loses nothing);
-any other answer is final.
+"""One chat completion with retries: connection errors, timeouts, 429, 502, 503 and 504 (and a
+router's 500 for a worker it could not reach) are retried with exponential backoff and jitter,
+after any Retry-After (a worker leaving during a roll loses nothing); any other answer is
+final. During an outage of the whole fleet the tries wait on the job's breaker (outage.py).
 
-    outcome = await complete(pool, limiter, url, item, retries=8)
+    outcome = await complete(pool, limiter, url, item, retries=8, breaker=breaker)
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import httpx
 import orjson
 
 from sglang_fleet.generate.errors import GenerateError
+from sglang_fleet.generate.outage import Breaker, is_trouble, retry_after
 from sglang_fleet.generate.source import Item
 from sglang_fleet.validators import without_userinfo
 
-RETRY_STATUS = frozenset({429, 502, 503, 504})
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 CONNECT_TIMEOUT = 10.0
@@ -349,29 +350,39 @@ async def _try(pool: Pool, url: str, item: Item) -> tuple[httpx.Response | None,
 
 
 async def complete(http: Pool, limiter: Limiter, url: str, item: Item,
-                   retries: int) -> Outcome:
-    """Send ``item`` until it is answered or ``retries`` retries are spent; the slot is held
-    only while a request is in flight, not while backing off."""
-    error = ""
-    for attempt in range(retries + 1):
-        if attempt:
-            await asyncio.sleep(backoff(attempt - 1))
+                   retries: int, breaker: Breaker) -> Outcome:
+    """Send ``item`` until it is answered, it fails for its own reason, or ``retries`` retries
+    are spent while the fleet serves (``breaker``: tries during an outage wait and do not
+    count); the slot is held only while a request is in flight, not while backing off."""
+    error, counted, sent = "", 0, 0
+    while True:
+        await breaker.admit()
         await limiter.acquire()
         start = time.monotonic()
         try:
             response, error = await _try(http, url, item)
         finally:
             limiter.release()
-        if response is None:
-            continue
-        if response.status_code == 200:
-            try:
-                answer = orjson.loads(response.content)  # 10x json's speed, same values
-                record = to_record(item, answer, time.monotonic() - start, url)
-            except (ValueError, KeyError, IndexError, TypeError) as exc:
-                return Outcome(None, f"unreadable answer: {exc!r}", attempt + 1)
-            return Outcome(record, None, attempt + 1)
-        error = f"HTTP {response.status_code}: {response.text[:300]}"
-        if response.status_code not in RETRY_STATUS:
-            return Outcome(None, error, attempt + 1)
-    return Outcome(None, f"gave up after {retries + 1} tries; last: {error}", retries + 1)
+        sent += 1
+        wait = None
+        if response is not None:
+            if response.status_code == 200:
+                breaker.answered()
+                try:
+                    answer = orjson.loads(response.content)  # 10x json's speed, same values
+                    record = to_record(item, answer, time.monotonic() - start, url)
+                except (ValueError, KeyError, IndexError, TypeError) as exc:
+                    return Outcome(None, f"unreadable answer: {exc!r}", sent)
+                return Outcome(record, None, sent)
+            error = f"HTTP {response.status_code}: {response.text[:300]}"
+            if not is_trouble(response.status_code, response.content):
+                breaker.answered()  # the fleet answered; the request was refused
+                return Outcome(None, error, sent)
+            wait = retry_after(response.headers.get("retry-after"))
+        if await breaker.counts(error, start, wait):
+            counted += 1
+            if counted > retries:
+                return Outcome(None, f"gave up after {counted} tries while the fleet served"
+                               + (f" ({sent} sent)" if sent > counted else "")
+                               + f"; last: {error}", sent)
+            await asyncio.sleep(max(backoff(counted - 1), wait or 0))

@@ -54,6 +54,7 @@ from sglang_fleet.generate.identity import (
     conflict,
     refuse_changed,
 )
+from sglang_fleet.generate.outage import Breaker
 from sglang_fleet.generate.progress import Display, Stats, final_table
 from sglang_fleet.generate.source import (
     LineError,
@@ -68,6 +69,7 @@ from sglang_fleet.generate.store import Store, open_store
 MANIFEST = "manifest.json"
 FAILURES = "failures.jsonl"
 MAX_OPEN_SHARDS = 64
+HEALTH_TIMEOUT_S = 30.0  # SGLang's /health_generate waits for a one-token generation
 T = TypeVar("T")
 
 
@@ -191,6 +193,8 @@ class Job:
         self.stats = Stats()
         self.display = Display(self.stats, opts.json_status)
         self.limiter = Limiter(opts.concurrency)
+        self.breaker = Breaker(self.health, self.paused, self.resumed)
+        self.http: Pool | None = None
         self.window = Limiter(2 * opts.concurrency + 64)  # requests started, bounded memory
         self.shard_closed = asyncio.Event()
         self.commit_lock = asyncio.Lock()
@@ -360,7 +364,8 @@ class Job:
     async def handle(self, http: Pool, shard: Shard, item: Any,
                      nbytes: int, lineno: int) -> None:
         try:
-            outcome = await complete(http, self.limiter, self.opts.url, item, self.opts.retries)
+            outcome = await complete(http, self.limiter, self.opts.url, item, self.opts.retries,
+                                     self.breaker)
         except Exception as exc:  # a bug must not leave the shard open forever
             outcome = Outcome(None, f"internal error: {exc!r}", 1)
         self.finish(shard, item.id, item.sha256, outcome, nbytes, lineno)
@@ -600,6 +605,29 @@ class Job:
                 self.resize(limit)
                 self.display.event("concurrency", limit=limit, source=how)
 
+    async def health(self) -> str | None:
+        """The fleet's health through --url (None: healthy), the outage breaker's probe."""
+        url = f"{self.opts.url}/health_generate"
+        assert self.http is not None
+        try:
+            response = await self.http.get(url, HEALTH_TIMEOUT_S)
+        except httpx.HTTPError as exc:
+            return f"GET /health_generate: {type(exc).__name__}"
+        if response.status_code == 200:
+            return None
+        return f"GET /health_generate: HTTP {response.status_code}"
+
+    def paused(self, cause: str) -> None:
+        """Every request is failing and nothing is answered: lines wait instead of failing."""
+        self.stats.pause_cause, self.stats.paused_since = cause, self.breaker.paused_since
+        self.display.event("paused", cause=cause, waiting=self.window.busy,
+                           probe="GET /health_generate, every 1 s doubling to 30 s")
+
+    def resumed(self, seconds: float, cause: str) -> None:
+        self.stats.paused_s += seconds
+        self.stats.pause_cause = self.stats.paused_since = None
+        self.display.event("resumed", paused_s=round(seconds, 1), cause=cause)
+
     def resize(self, limit: int) -> None:
         self.limiter.resize(limit)
         self.window.resize(2 * limit + 64)
@@ -664,7 +692,7 @@ class Job:
         if self.opts.api_key:
             headers["Authorization"] = f"Bearer {self.opts.api_key}"
         stream = await asyncio.to_thread(open_input, self.opts.input, self.s3)
-        http = Pool(headers, self.opts.timeout, only=self.opts.url, tls=self.tls)
+        http = self.http = Pool(headers, self.opts.timeout, only=self.opts.url, tls=self.tls)
         try:
             await self.pick_model(http)
             await self.size_fleet(http)
