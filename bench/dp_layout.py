@@ -18,16 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from simserver import REPO, free_port
+from simserver import REPO, cpu_seconds, free_port, tree
 
 MODEL = REPO / "lab" / "models" / "qwen3.6-27b"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
-
-
-def tree(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    kids = [int(p) for p in out.split()]
-    return [pid, *(q for k in kids for q in tree(k))]
 
 
 def pss_mib(pids: list[int]) -> float:
@@ -37,15 +31,6 @@ def pss_mib(pids: list[int]) -> float:
             if line.startswith("Pss:"):
                 total += int(line.split()[1])
     return total / 1024
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
 
 
 def start(workdir: Path, flags: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes],

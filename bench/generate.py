@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
-from simserver import free_port, start_sim
+from simserver import cpu_seconds, free_port, run_client, start_sim, tree, write_input
 
 GOAL_RATE = 1000
 GOAL_RSS_MB = 300
@@ -50,35 +50,11 @@ def start_s3(port: int) -> subprocess.Popen[bytes]:
     return proc
 
 
-def write_input(path: Path, lines: int) -> Path:
-    with path.open("w") as f:
-        for i in range(lines):
-            f.write(json.dumps({"id": f"q{i}", "max_tokens": 8, "messages": [
-                {"role": "user", "content": f"question {i}: what is {i} + {i}?"}]}) + "\n")
-    return path
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a live process has used (from /proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run(argv: list[str], env: dict[str, str]) -> tuple[dict[str, object], float, float, float]:
     """(final JSON line, wall seconds, peak RSS in MB, CPU seconds) of one generate run."""
-    start = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "sglang_fleet.cli", "generate", *argv,
-                             "--json"], stdout=subprocess.PIPE, env=env)
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak RSS, not the bench's
-    proc.returncode = code = os.waitstatus_to_exitcode(status)
-    wall = time.monotonic() - start
-    if code:
-        raise SystemExit(f"generate {argv} exited {code}")
-    return (json.loads(out.decode().splitlines()[-1]), wall, usage.ru_maxrss / 1024,
-            usage.ru_utime + usage.ru_stime)
+    done = run_client([sys.executable, "-m", "sglang_fleet.cli", "generate", *argv, "--json"],
+                      env)
+    return json.loads(done.out.splitlines()[-1]), done.wall_s, done.rss_mb, done.cpu_s
 
 
 def main() -> int:
@@ -119,9 +95,10 @@ def main() -> int:
                               [str(big), str(work / "out3"), *url]))
             for name, lines, argv in cases:
                 load = os.getloadavg()[0]
-                sim_cpu = cpu_seconds(procs[0].pid)
+                sim = tree(procs[0].pid)
+                sim_cpu = cpu_seconds(sim)
                 summary, wall, rss, cpu = run(argv, env)
-                sim_cpu = cpu_seconds(procs[0].pid) - sim_cpu
+                sim_cpu = cpu_seconds(sim) - sim_cpu
                 assert summary["records"] == lines, summary
                 rows.append((name, lines, summary["completions_per_s"], wall, rss,
                              1000 * cpu / lines, 1000 * sim_cpu / lines, load))

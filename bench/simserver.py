@@ -1,16 +1,20 @@
 """The simulator as the benchmarks start it: on loopback, with an nvidia-smi that answers like one
-B200, no loading time and near-zero decode time, so what is measured is the client and HTTP.
+B200, no loading time and near-zero decode time, so what is measured is the client and HTTP;
+and what the benchmarks measure of it and of their clients (CPU, peak RSS, wall time).
 
     proc = start_sim(free_port(), workdir, "--max-running-requests", "256")
+    before = cpu_seconds(tree(proc.pid))
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -39,9 +43,69 @@ def start_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1,
+                         trust_env=False).status_code == 200:
                 return proc
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("the simulator did not become healthy")
+
+
+def loopback_env() -> dict[str, str]:
+    """This environment without proxy settings, so that a client's HTTP library (httpx honours
+    ``HTTP_PROXY``) talks to the loopback simulator itself, and without the ``OPENAI_*``
+    settings that would point the openai package elsewhere."""
+    return {k: v for k, v in os.environ.items()
+            if not k.lower().endswith("_proxy") and not k.startswith("OPENAI_")}
+
+
+def write_input(path: Path, lines: int) -> Path:
+    """``lines`` short chat requests (ids ``q0``...), 8 tokens each, as JSONL."""
+    with path.open("w") as f:
+        for i in range(lines):
+            f.write(json.dumps({"id": f"q{i}", "max_tokens": 8, "messages": [
+                {"role": "user", "content": f"question {i}: what is {i} + {i}?"}]}) + "\n")
+    return path
+
+
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the simulator forks SGLang's scheduler and detokenizer)."""
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    kids = [int(p) for p in out.split()]
+    return [pid, *(q for k in kids for q in tree(k))]
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds live processes have used (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+@dataclass(frozen=True)
+class Run:
+    """One client process, run to its end: its standard output and what it cost."""
+
+    out: str
+    wall_s: float
+    rss_mb: float  # the process's own peak RSS
+    cpu_s: float  # user + system, its own and its children's
+
+
+def run_client(argv: list[str], env: dict[str, str]) -> Run:
+    """Run ``argv`` to its end, measured from os.wait4 (the child's usage, not the bench's);
+    a non-zero exit is the bench's error."""
+    start = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = code = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - start
+    if code:
+        raise SystemExit(f"{' '.join(argv)} exited {code}")
+    return Run(out.decode(), wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)
