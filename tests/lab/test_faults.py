@@ -35,7 +35,7 @@ def deploy(*data: str) -> tuple[int, str]:
 
 
 def unit(prop: str) -> str:
-    return ssh("lab1", f"systemctl show -p {prop} --value sglang-0.service").stdout.strip()
+    return ssh("lab1", f"systemctl show -p {prop} --value sglang.service").stdout.strip()
 
 
 def health() -> str:
@@ -47,7 +47,7 @@ def test_deploy_soaks_the_server_with_a_full_batch(lab: None) -> None:
     code, out = deploy()
     assert code == 0, out[-4000:]
     found = re.search(r"\[lab1\] soak: (\d+) concurrent requests, all answered in [\d.]+ s; "
-                      r"sglang-0\.service still serving", out)
+                      r"sglang\.service still serving", out)
     capacity = re.search(r"\[lab1\] capacity: .*max running requests (\d+)", out)
     assert found and capacity, out[-3000:]
     assert int(found.group(1)) == 2 * int(capacity.group(1))
@@ -57,14 +57,14 @@ def test_restarts_in_a_row_spend_the_start_limit_and_the_next_deploy_recovers(
         lab: None) -> None:
     refused = None
     for attempt in range(12):  # by hand, as an operator would; systemd counts each one
-        if ssh("lab1", "systemctl restart sglang-0.service").returncode != 0:
+        if ssh("lab1", "systemctl restart sglang.service").returncode != 0:
             refused = attempt
             break
     assert refused is not None and unit("Result") == "start-limit-hit"
     assert health() != "200"
     code, out = deploy()
     assert code == 0, out[-4000:]
-    assert "[lab1] sglang-0.service was found failed (start-limit-hit" in out
+    assert "[lab1] sglang.service was found failed (start-limit-hit" in out
     assert health() == "200" and unit("ActiveState") == "active"
 
 
@@ -78,19 +78,19 @@ def test_a_server_that_dies_under_its_first_batch_fails_the_gate(lab: None) -> N
                        "sglang.env.SGLANG_SIM_CRASH_AFTER=\"8\"")
     assert code != 0
     assert re.search(r"\[lab1\] error: soak: \d+ of 32 concurrent requests failed .*"
-                     r"sglang-0\.service died under the soak: .*simulated crash after", out), \
+                     r"sglang\.service died under the soak: .*simulated crash after", out), \
         out[-4000:]
     assert "the last good release serves again" in out
     assert time.monotonic() - tic < 120
     assert health() == "200" and unit("MainPID") != before
-    assert "SGLANG_SIM_CRASH_AFTER" not in ssh("lab1", "cat /etc/sglang/sglang-0.env").stdout
+    assert "SGLANG_SIM_CRASH_AFTER" not in ssh("lab1", "cat /etc/sglang/sglang.env").stdout
 
 
-# A clean stop leaves sglang-0.service inactive, not failed, whichever way the release ends: 0.5.19+
+# A clean stop leaves sglang.service inactive, not failed, whichever way the release ends: 0.5.19+
 # exit 0 after draining, 0.5.10 - 0.5.18 SIGKILL their own process tree (the unit's
 # SuccessExitStatus=SIGKILL). The simulator imitates the older ending with SGLANG_SIM_VERSION,
 # set here by a drop-in on the host.
-DROP_IN = "/etc/systemd/system/sglang-0.service.d/zz-sim-release.conf"
+DROP_IN = "/etc/systemd/system/sglang.service.d/zz-sim-release.conf"
 
 
 def wait_serving(timeout: float = 180) -> None:
@@ -101,28 +101,28 @@ def wait_serving(timeout: float = 180) -> None:
         if code == "200":
             return
         time.sleep(2)
-    raise AssertionError("sglang-0.service did not turn healthy:\n"
-                         + ssh("lab1", "journalctl -u sglang-0 -n 30 -o cat").stdout)
+    raise AssertionError("sglang.service did not turn healthy:\n"
+                         + ssh("lab1", "journalctl -u sglang -n 30 -o cat").stdout)
 
 
 def stop_and_check() -> None:
     restarts = unit("NRestarts")
-    ssh("lab1", "systemctl stop sglang-0.service")
+    ssh("lab1", "systemctl stop sglang.service")
     assert unit("ActiveState") == "inactive", ssh("lab1", "systemctl status sglang").stdout
     assert unit("Result") == "success"
     # a stop that was asked for is never restarted, whatever the release's end (systemd decides
     # at once: a restart would show as SubState auto-restart)
     assert unit("SubState") == "dead" and unit("NRestarts") == restarts
-    log = ssh("lab1", "journalctl -u sglang-0 -o cat -n 200").stdout
+    log = ssh("lab1", "journalctl -u sglang -o cat -n 200").stdout
     assert "Draining requests and shutting down..." in log
     assert "Gracefully exiting... Remaining number of requests 0." in log
 
 
 def with_drop_in(*lines: str) -> None:
-    """Extra [Service] lines for sglang-0.service on lab1, then a (re)start."""
+    """Extra [Service] lines for sglang.service on lab1, then a (re)start."""
     body = "\\n".join(["[Service]", *lines])
     ssh("lab1", f"mkdir -p {DROP_IN.rsplit('/', 1)[0]} && printf '{body}\\n' > {DROP_IN} "
-                "&& systemctl daemon-reload && systemctl restart sglang-0.service")
+                "&& systemctl daemon-reload && systemctl restart sglang.service")
 
 
 def without_drop_in() -> None:
@@ -148,7 +148,7 @@ def test_stop_after_sigkill_of_its_own_tree(lab: None) -> None:
 
 
 def api_key() -> str:
-    env = ssh("lab1", "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang-0.env").stdout
+    env = ssh("lab1", "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang.env").stdout
     return env.strip().strip("'\"")
 
 
@@ -176,17 +176,17 @@ def test_a_stop_under_load_drains_every_request(lab: None, release: str) -> None
         with ThreadPoolExecutor(8) as pool:
             answers = [pool.submit(ask, key) for _ in range(8)]
             time.sleep(2)
-            stop = ssh("lab1", "systemctl stop sglang-0.service")
+            stop = ssh("lab1", "systemctl stop sglang.service")
             codes = [a.result() for a in answers]
         assert stop.returncode == 0, stop.stderr
         assert codes == [200] * 8, codes
         assert unit("ActiveState") == "inactive" and unit("Result") == "success"
-        log = ssh("lab1", "journalctl -u sglang-0 -o cat -n 300").stdout
+        log = ssh("lab1", "journalctl -u sglang -o cat -n 300").stdout
         assert re.search(r"Gracefully exiting\.\.\. Remaining number of requests [1-8]\.", log)
         assert "Subprocess" not in log.split("Draining requests")[-1]  # no child died early
     finally:
         without_drop_in()
-        ssh("lab1", "systemctl start sglang-0.service")
+        ssh("lab1", "systemctl start sglang.service")
         wait_serving()
 
 
@@ -212,7 +212,7 @@ def back_serving(before: int, restarts: int, budget: float) -> float:
             return time.monotonic() - tic
         time.sleep(1)
     raise AssertionError(f"not back within {budget:.0f} s:\n"
-                         + ssh("lab1", "systemctl status sglang-0; journalctl -u sglang-0 -n 30 "
+                         + ssh("lab1", "systemctl status sglang; journalctl -u sglang -n 30 "
                                        "-o cat").stdout)
 
 
@@ -252,11 +252,11 @@ def test_a_scheduler_exception_comes_back(lab: None) -> None:
     then systemd restarts it; status names the exception."""
     deployed()
     before, restarts = main_pid(), int(unit("NRestarts"))
-    # sglang-0's own scheduler (a server of one GPU names it sglang::scheduler, no rank)
+    # sglang's own scheduler (a server of one GPU names it sglang::scheduler, no rank)
     assert ssh("lab1", f"pkill -USR1 -P {before} -f '^sglang::scheduler '").returncode == 0
     took = back_serving(before, restarts, restart_sec() + READY_BUDGET)
     assert took <= restart_sec() + READY_BUDGET
-    log = ssh("lab1", "journalctl -u sglang-0 -o cat -n 400").stdout
+    log = ssh("lab1", "journalctl -u sglang -o cat -n 400").stdout
     assert "SIGQUIT received. signum=None, frame=None." in log
     assert "kill_process_tree called" in log
     assert "Scheduled restart job, restart counter is at" in log
@@ -272,7 +272,7 @@ def test_a_scheduler_exception_comes_back(lab: None) -> None:
 def status_rows() -> dict[str, dict[str, object]]:
     result = run("sglang-fleet", "status", "inventories/lab.py", "--json")
     return {r["host"]: r for r in json.loads(result.stdout)
-            if r["kind"] == "server" and r["unit"] == "sglang-0.service"}
+            if r["kind"] == "server" and r["unit"] == "sglang.service"}
 
 
 def test_a_guest_whose_nspawn_was_killed_is_reported_and_stopped(lab: None) -> None:

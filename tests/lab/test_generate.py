@@ -160,7 +160,7 @@ def test_the_fleet_heals_while_servers_are_killed(fleet: None, tmp_path: Path) -
         seen_unhealthy |= {h for h, ok in health.items() if not ok}
         if health and all(health.values()) and time.monotonic() - last >= 30:
             victim = "lab1" if len(kills) % 2 == 0 else "lab2"
-            killed = ssh(victim, "kill -9 $(systemctl show -p MainPID --value sglang-0.service)")
+            killed = ssh(victim, "kill -9 $(systemctl show -p MainPID --value sglang.service)")
             assert killed.returncode == 0, killed.stderr
             kills.append((victim, time.monotonic()))
             last = time.monotonic()
@@ -178,7 +178,7 @@ def test_the_fleet_heals_while_servers_are_killed(fleet: None, tmp_path: Path) -
     while not whole(router_health()) and time.monotonic() < wait:
         time.sleep(2)
     assert whole(router_health()), "the fleet did not come back whole"
-    restarts = {h: ssh(h, "systemctl show -p NRestarts --value sglang-0.service").stdout.strip()
+    restarts = {h: ssh(h, "systemctl show -p NRestarts --value sglang.service").stdout.strip()
                 for h in HOSTS}
     assert all(int(restarts[h]) >= 1 for h in {victim for victim, _ in kills}), restarts
 

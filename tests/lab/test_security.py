@@ -44,12 +44,12 @@ def as_auditor(command: str) -> str:
 
 
 @pytest.mark.parametrize("command", [
-    "ps -eo args", "systemctl status --no-pager -l sglang-0.service sglang-router.service",
-    "systemctl show -p ExecStart sglang-0.service sglang-router.service",
-    "cat /etc/systemd/system/sglang-0.service /etc/systemd/system/sglang-router.service",
-    "journalctl -u sglang-0.service -u sglang-router.service --no-pager -o cat",
-    "cat /proc/$(systemctl show -p MainPID --value sglang-0.service)/cmdline",
-    "cat /proc/$(systemctl show -p MainPID --value sglang-0.service)/environ",
+    "ps -eo args", "systemctl status --no-pager -l sglang.service sglang-router.service",
+    "systemctl show -p ExecStart sglang.service sglang-router.service",
+    "cat /etc/systemd/system/sglang.service /etc/systemd/system/sglang-router.service",
+    "journalctl -u sglang.service -u sglang-router.service --no-pager -o cat",
+    "cat /proc/$(systemctl show -p MainPID --value sglang.service)/cmdline",
+    "cat /proc/$(systemctl show -p MainPID --value sglang.service)/environ",
 ])
 def test_another_user_finds_no_key(fleet: None, command: str) -> None:
     seen = as_auditor(command)
@@ -59,7 +59,7 @@ def test_another_user_finds_no_key(fleet: None, command: str) -> None:
 
 
 def test_the_journal_shows_server_args_with_the_key_masked(fleet: None) -> None:
-    journal = as_auditor("journalctl -u sglang-0.service --no-pager -o cat")
+    journal = as_auditor("journalctl -u sglang.service --no-pager -o cat")
     line = next(line for line in journal.splitlines() if "server_args=" in line)
     # ServerArgs(api_key='…') up to 0.5.18, {'api_key': '…'} from 0.5.19: the key masked either way.
     assert re.search(r"api_key'?(=|: )'<redacted>'", line), line[:300]
@@ -83,7 +83,7 @@ def test_the_router_takes_worker_changes_from_the_admin_key_only(fleet: None) ->
 
 
 def test_units_carry_the_client_allow_list(fleet: None) -> None:
-    for unit in ("sglang-0.service", "sglang-router.service"):
+    for unit in ("sglang.service", "sglang-router.service"):
         shown = ssh("lab1", f"systemctl show -p IPAddressAllow -p IPAddressDeny {unit}").stdout
         values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
         # systemd lists each set in no fixed order.
@@ -106,7 +106,7 @@ def test_the_service_cannot_change_what_root_runs_or_stages(fleet: None) -> None
 
 
 def test_exposure_scores(fleet: None) -> None:
-    for unit in ("sglang-0.service", "sglang-router.service"):
+    for unit in ("sglang.service", "sglang-router.service"):
         out = ssh("lab1", f"systemd-analyze security --no-pager {unit} | tail -1").stdout
         score = float(re.search(r"exposure level for \S+: (\d+\.\d+)", out).group(1))  # type: ignore[union-attr]
         print(f"{unit}: systemd-analyze security {score}")
@@ -135,11 +135,11 @@ def test_teardown_leaves_no_key(fleet: None) -> None:
     result = pyinfra("deploys/teardown.py", "--data", "purge=engine,weights,driver")
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-5000:]
-    for line in ("removing sglang-0.service and its secret file /etc/sglang/sglang-0.env",
+    for line in ("removing sglang.service and its secret file /etc/sglang/sglang.env",
                  "removing sglang-router.service and its secret file "
                  "/etc/sglang/sglang-router.env",
                  "removing secret file /etc/sglang/aws-credentials",
-                 "removing secret file /etc/sglang/last-good/sglang-0.service.env"):
+                 "removing secret file /etc/sglang/last-good/sglang.service.env"):
         assert f"[lab1] {line}" in out, out[-3000:]
     for key in keys().values():
         for host in ("lab1", "lab2"):
