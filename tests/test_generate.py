@@ -135,10 +135,13 @@ def test_content_null_and_empty_string_are_kept(sims: Sims, tmp_path: Path) -> N
         assert all(r["finish_reason"] == "length" and r["usage"]["completion_tokens"] == 4
                    for r in rows)
         assert set(rows[0]) == {"id", "request_sha256", "reasoning_content", "content",
-                                "finish_reason", "usage", "latency_s", "server"}
+                                "finish_reason", "usage", "latency_s", "server", "fingerprint"}
         assert rows[0]["server"] == url
         assert stats.concurrency == 8  # sized from the server's own /server_info
-        check_manifest(out, 20)
+        fingerprints = check_manifest(out, 20)["fingerprints"]
+        assert list(fingerprints) == [rows[0]["fingerprint"]] and \
+            {r["fingerprint"] for r in rows} == {rows[0]["fingerprint"]}
+        assert fingerprints[rows[0]["fingerprint"]]["version"] == release
     raw = (tmp_path / "out-0.5.12" / "shard-000000.jsonl").read_text()
     assert '"content":null' in raw and '"content":""' in \
         (tmp_path / "out-0.5.23" / "shard-000000.jsonl").read_text()

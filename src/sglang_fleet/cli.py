@@ -217,7 +217,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                            args.concurrency, args.shard_size, args.retries, args.timeout,
                            json_status=args.json, s3_endpoint=args.s3_endpoint,
                            retry_failures=args.retry_failures,
-                           redo_changed=args.redo_changed, ca_bundle=args.ca_bundle))
+                           redo_changed=args.redo_changed, ca_bundle=args.ca_bundle,
+                           worker=args.worker, allow_mixed=args.allow_mixed))
     except OSError as exc:
         print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -226,6 +227,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     except GenerateError as exc:
         print(f"error: {exc}", file=sys.stderr)
     return 1
+
+
+def _worker(text: str) -> tuple[int, int]:
+    """``--worker K/N``. Example: _worker("2/8") == (2, 8)."""
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit()) or not 0 <= int(k) < int(n) <= 100_000:
+        raise argparse.ArgumentTypeError(f"{text!r}: write K/N with 0 <= K < N, e.g. 0/4 for "
+                                         "the first of four workers")
+    return int(k), int(n)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -314,6 +324,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--redo-changed", action="store_true",
                    help="discard and redo the finished shards whose input lines changed "
                    "(default: refuse the run, naming the first one)")
+    p.add_argument("--worker", type=_worker, metavar="K/N", help="run worker K (from 0) of N "
+                   "on one job: the shards i with i %% N == K (e.g. a Slurm array's "
+                   "$SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="go on although the fleet's fingerprint (model, revision, SGLang "
+                   "release, sampling and speculative settings) differs from the job's records'")
     p.set_defaults(func=cmd_generate)
 
     for name, what in LAB_COMMANDS.items():  # listed here, parsed by the lab (run_lab)

@@ -37,13 +37,13 @@ import ssl
 from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, Literal, TypeVar
 
 import httpx
 import orjson
 
 from sglang_fleet import validators
-from sglang_fleet.generate import capacity
+from sglang_fleet.generate import capacity, fingerprint
 from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete, tls_context
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.identity import (
@@ -64,7 +64,7 @@ from sglang_fleet.generate.source import (
     parse_line,
     read_batches,
 )
-from sglang_fleet.generate.store import Store, open_store
+from sglang_fleet.generate.store import Store, open_store, share_suffix
 
 MANIFEST = "manifest.json"
 FAILURES = "failures.jsonl"
@@ -92,6 +92,13 @@ class Options:
     retry_failures: bool = False
     redo_changed: bool = False
     ca_bundle: str | None = None
+    worker: tuple[int, int] | None = None  # --worker K/N: shards i with i % N == K
+    allow_mixed: bool = False
+
+
+def layout(share: tuple[int, int] | None) -> str:
+    """How a share is run. Example: layout((0, 3)) == "--worker K/3"."""
+    return "one run (no --worker)" if share is None else f"--worker K/{share[1]}"
 
 
 def shard_name(index: int) -> str:
@@ -102,20 +109,43 @@ def failures_name(index: int) -> str:
     return f"failures-{index:06d}.jsonl"
 
 
-def retry_name(round_: int) -> str:
-    return f"retry-{round_:03d}.jsonl"
+def manifest_name(share: tuple[int, int] | None = None) -> str:
+    """``manifest.json`` for a whole job, ``manifest-K-of-N.json`` for worker K of N."""
+    return f"manifest{share_suffix(share)}.json"
 
 
-def retry_failures_name(round_: int) -> str:
-    return f"retry-failures-{round_:03d}.jsonl"
+def retry_name(round_: int, share: tuple[int, int] | None = None) -> str:
+    return f"retry-{round_:03d}{share_suffix(share)}.jsonl"
 
 
-def shard_index(name: str, prefix: str) -> int | None:
-    """``shard-000012.jsonl`` -> 12 for prefix "shard-"."""
-    stem = name.removeprefix(prefix).removesuffix(".jsonl")
-    if name.startswith(prefix) and name.endswith(".jsonl") and stem.isdigit():
+def retry_failures_name(round_: int, share: tuple[int, int] | None = None) -> str:
+    return f"retry-failures-{round_:03d}{share_suffix(share)}.jsonl"
+
+
+def gathered_failures_name(share: tuple[int, int] | None = None) -> str:
+    return f"failures{share_suffix(share)}.jsonl"
+
+
+def shard_index(name: str, prefix: str, share: tuple[int, int] | None = None) -> int | None:
+    """``shard-000012.jsonl`` -> 12 for prefix "shard-"; with ``share``, only names that
+    carry its suffix (``retry-002-0-of-3.jsonl`` -> 2 for share (0, 3))."""
+    suffix = share_suffix(share) + ".jsonl"
+    stem = name.removeprefix(prefix).removesuffix(suffix)
+    if name.startswith(prefix) and name.endswith(suffix) and stem.isdigit():
         return int(stem)
     return None
+
+
+def manifest_share(name: str) -> tuple[int, int] | Literal[False] | None:
+    """The share a manifest's name says (None: the whole job's), False if not a manifest.
+    Example: manifest_share("manifest-1-of-3.json") == (1, 3)."""
+    if name == MANIFEST:
+        return None
+    parts = name.removeprefix("manifest-").removesuffix(".json").split("-of-")
+    if name.startswith("manifest-") and name.endswith(".json") and len(parts) == 2 and \
+            all(x.isdigit() for x in parts):
+        return int(parts[0]), int(parts[1])
+    return False
 
 
 @dataclass
@@ -135,11 +165,14 @@ class Shard:
     input_digest: str | None = None
     round: int = 0  # a --retry-failures round's file, not an input range's shard
 
+    share: tuple[int, int] | None = None  # a retry round's worker
+
     @property
     def names(self) -> tuple[str, str]:
         """(records file, failures file) on the output."""
         if self.round:
-            return retry_name(self.round), retry_failures_name(self.round)
+            return retry_name(self.round, self.share), retry_failures_name(self.round,
+                                                                           self.share)
         return shard_name(self.index), failures_name(self.index)
 
 
@@ -158,8 +191,8 @@ def id_key(ident: str) -> int:
 
 
 def _round_entry(round_: int, records: int, failures: int, data_sha: str,
-                 nbytes: int) -> dict[str, Any]:
-    return {"name": retry_name(round_), "round": round_, "records": records,
+                 nbytes: int, share: tuple[int, int] | None = None) -> dict[str, Any]:
+    return {"name": retry_name(round_, share), "round": round_, "records": records,
             "failures": failures, "bytes": nbytes, "sha256": data_sha}
 
 
@@ -181,6 +214,7 @@ class Job:
     def __init__(self, opts: Options, store: Store, s3: Any,
                  tls: ssl.SSLContext | None = None) -> None:
         self.opts = opts
+        self.share = opts.worker
         self.tls = tls
         self.store = store
         self.s3 = s3
@@ -203,24 +237,28 @@ class Job:
         self.unverified: set[int] = set()  # finished shards whose input is not compared yet
         self.held_commits: list[Shard] = []  # ready, waiting for every comparison
         self.failed_at: dict[int, set[int]] = {}  # a finished shard's failed line numbers
+        self.fingerprints: dict[str, dict[str, Any]] = {}  # digest -> fields, on the manifest
+        self.digest = fingerprint.UNKNOWN
+        self.halt: GenerateError | None = None  # the fleet changed: nothing more is committed
 
     # ---- state on the output -------------------------------------------------------------
     def load_state(self) -> None:
-        """Read the manifest, add shards committed after its last write, drop stray failures."""
-        raw = self.store.get_bytes(MANIFEST)
-        self.manifest = json.loads(raw) if raw else {}
-        if self.manifest:
-            self._check_same_job()
+        """Read the manifests (this run's, and other workers' for the layout), add this run's
+        shards committed after its manifest's last write, drop its stray failures files."""
         names = self.store.names()
-        self.done = {int(e["first_line"] - 1) // self.size: e
-                     for e in self.manifest.get("shards", []) if e["name"] in names}
+        manifests = self.read_manifests(names)
+        self.manifest = manifests.get(self.share, {})
+        self.fingerprints = dict(self.manifest.get("fingerprints") or {})
+        entries = [e for m in manifests.values() for e in m.get("shards", [])]
+        self.done = {i: e for e in entries if e["name"] in names
+                     and self.mine(i := int(e["first_line"] - 1) // self.size)}
         for name in names:
             index = shard_index(name, "shard-")
-            if index is not None and index not in self.done:
+            if index is not None and index not in self.done and self.mine(index):
                 self.done[index] = self._rebuild(index, names)
         for name in names:
             index = shard_index(name, "failures-")
-            if index is not None and index not in self.done:
+            if index is not None and index not in self.done and self.mine(index):
                 self.store.delete(name)
         self.load_rounds(names)
         self.unverified = set(self.done)
@@ -229,20 +267,45 @@ class Job:
                                                         *self.rounds.values()])
         self.stats.earlier_failed = self.outstanding()
 
+    def mine(self, index: int) -> bool:
+        """Whether shard ``index`` is this run's: every shard, or worker K of N's share."""
+        return self.share is None or index % self.share[1] == self.share[0]
+
+    def read_manifests(self, names: set[str]) -> dict[tuple[int, int] | None, dict[str, Any]]:
+        """Every manifest on the output, by the share that wrote it; refused if an unfinished
+        one is of another layout (one run, or --worker runs of another N)."""
+        found: dict[tuple[int, int] | None, dict[str, Any]] = {}
+        for name in sorted(names):
+            share = manifest_share(name)
+            if share is False:
+                continue
+            raw = self.store.get_bytes(name)
+            manifest = json.loads(raw) if raw else {}
+            self._check_same_job(manifest, name)
+            if manifest and not manifest.get("complete") and share != self.share and \
+                    (share is None or self.share is None or share[1] != self.share[1]):
+                raise GenerateError(
+                    f"{self.store.location.rstrip('/')}/{name}: an unfinished job run as "
+                    f"{layout(share)} writes here; finish it that way (the same command with "
+                    f"{layout(share)}), or write to another output")
+            found[share] = manifest
+        return found
+
     def load_rounds(self, names: set[str]) -> None:
         """Retry rounds from the manifest, plus one committed just before a kill; a round's
         failures file without its records file is from a killed run."""
         self.rounds = {int(e["round"]): e for e in self.manifest.get("retries", [])}
         for name in names:
-            round_ = shard_index(name, "retry-")
+            round_ = shard_index(name, "retry-", self.share)
             if round_ is not None and round_ not in self.rounds:
                 data = self.store.get_bytes(name) or b""
-                fails = self.store.get_bytes(retry_failures_name(round_)) or b""
+                fails = self.store.get_bytes(retry_failures_name(round_, self.share)) or b""
                 self.rounds[round_] = _round_entry(round_, data.count(b"\n"),
                                                    fails.count(b"\n"),
-                                                   hashlib.sha256(data).hexdigest(), len(data))
+                                                   hashlib.sha256(data).hexdigest(), len(data),
+                                                   self.share)
         for name in names:
-            round_ = shard_index(name, "retry-failures-")
+            round_ = shard_index(name, "retry-failures-", self.share)
             if round_ is not None and round_ not in self.rounds:
                 self.store.delete(name)
 
@@ -252,13 +315,13 @@ class Job:
             return int(self.rounds[max(self.rounds)]["failures"])
         return sum(int(e["failures"]) for e in self.done.values())
 
-    def _check_same_job(self) -> None:
+    def _check_same_job(self, manifest: dict[str, Any], name: str) -> None:
         """Only the shard size here: the input is compared by content as it is read (its
         path may differ from run to run)."""
-        where = f"{self.store.location}/{MANIFEST}"
-        if self.manifest.get("shard_size") != self.size:
+        where = f"{self.store.location.rstrip('/')}/{name}"
+        if manifest and manifest.get("shard_size") != self.size:
             raise GenerateError(f"{where}: the job was started with --shard-size "
-                             f"{self.manifest.get('shard_size')}; rerun with that value")
+                                f"{manifest.get('shard_size')}; rerun with that value")
 
     def _rebuild(self, index: int, names: set[str]) -> dict[str, Any]:
         """The manifest entry of a shard committed just before a kill."""
@@ -271,14 +334,17 @@ class Job:
     async def write_manifest(self, complete: bool) -> None:
         self.manifest = {"version": 2, "input": self.opts.input, "url": self.opts.url,
                          "shard_size": self.size, "complete": complete,
+                         "fingerprints": self.fingerprints,
                          "records": sum(e["records"] for e in self.done.values())
                          + sum(e["records"] for e in self.rounds.values()),
                          "failures": self.outstanding(),
                          "shards": [self.done[i] for i in sorted(self.done)]}
         if self.rounds:
             self.manifest["retries"] = [self.rounds[r] for r in sorted(self.rounds)]
+        if self.share is not None:
+            self.manifest["worker"] = list(self.share)
         data = json.dumps(self.manifest, indent=1).encode()
-        await asyncio.to_thread(self.store.put_bytes, data, MANIFEST)
+        await asyncio.to_thread(self.store.put_bytes, data, manifest_name(self.share))
 
     # ---- shards ----------------------------------------------------------------------------
     def shard(self, index: int) -> Shard:
@@ -294,6 +360,8 @@ class Job:
         self._maybe_commit(shard)
 
     def _maybe_commit(self, shard: Shard) -> None:
+        if self.halt is not None:  # answered by a fleet this job did not start with
+            return
         if shard.read_all and shard.pending == 0 and shard.index in self.open:
             del self.open[shard.index]
             self.shard_closed.set()
@@ -340,7 +408,7 @@ class Job:
             counts = (shard.records, shard.failures, shard.digest.hexdigest(), nbytes)
             if shard.round:
                 await asyncio.to_thread(self.store.put_file, shard.out_path, out_name)
-                self.rounds[shard.round] = _round_entry(shard.round, *counts)
+                self.rounds[shard.round] = _round_entry(shard.round, *counts, self.share)
                 # a retry round runs on a finished job, which stays finished if killed now
                 await self.write_manifest(complete=True)
             else:
@@ -374,6 +442,7 @@ class Job:
     def finish(self, shard: Shard, ident: str, sha: str | None, outcome: Outcome,
                nbytes: int, lineno: int) -> None:
         if outcome.record is not None:
+            outcome.record["fingerprint"] = self.digest
             self.record_line(shard, outcome.record, True)
         else:  # the line number lets --retry-failures find the request again
             self.record_line(shard, {"id": ident, "line": lineno + 1, "request_sha256": sha,
@@ -429,6 +498,9 @@ class Job:
         while (batch := await asyncio.to_thread(next, batches, None)) is not None:
             for lineno, raw in batch:
                 index = lineno // self.size
+                if not self.mine(index):
+                    self.foreign(lineno, raw)
+                    continue
                 if reading is None or index != reading.index:
                     if reading is not None:
                         await self.end_reading(http, reading, tasks)
@@ -476,6 +548,13 @@ class Job:
         shard = self.shard(reading.index)
         shard.input_digest = reading.hexdigest()
         self.close_reading(shard)
+
+    def foreign(self, lineno: int, raw: bytes) -> None:
+        """A line of another worker's shard: only its id is marked, so that an id repeating
+        it later on fails here as it would in one run (its owner fails a repeat of ours)."""
+        self.stats.bytes_skipped += len(raw)
+        if raw.strip():
+            self.seen.add(id_key(line_id(lineno, raw)))
 
     async def skip(self, reading: Reading, lineno: int, raw: bytes) -> None:
         self.stats.bytes_skipped += len(raw)
@@ -565,11 +644,7 @@ class Job:
         if not self.manifest.get("complete"):
             raise GenerateError(f"{where}: no finished job to retry (no complete manifest); "
                                 "run the same command without --retry-failures first")
-        if self.rounds:
-            last = max(self.rounds)
-            names = [retry_failures_name(last)] if self.rounds[last]["failures"] else []
-        else:
-            names = [failures_name(i) for i, e in sorted(self.done.items()) if e["failures"]]
+        names = self.failure_files()
         lines: set[int] = set()
         for name in names:
             data = await asyncio.to_thread(self.store.get_bytes, name) or b""
@@ -585,10 +660,10 @@ class Job:
     def retry_shard(self) -> Shard:
         """The next round's file, open among the shards (index -R: no input range)."""
         round_ = max(self.rounds, default=0) + 1
-        out_path = self.store.spool / f"{retry_name(round_)}.part"
-        fail_path = self.store.spool / f"{retry_failures_name(round_)}.part"
+        out_path = self.store.spool / f"{retry_name(round_, self.share)}.part"
+        fail_path = self.store.spool / f"{retry_failures_name(round_, self.share)}.part"
         shard = Shard(-round_, out_path.open("wb"), fail_path.open("wb"), out_path, fail_path,
-                      round=round_)
+                      round=round_, share=self.share)
         self.open[shard.index] = shard
         return shard
 
@@ -604,6 +679,7 @@ class Job:
             if limit and limit != self.limiter.limit:
                 self.resize(limit)
                 self.display.event("concurrency", limit=limit, source=how)
+            await self.follow_fingerprint(http)
 
     async def health(self) -> str | None:
         """The fleet's health through --url (None: healthy), the outage breaker's probe."""
@@ -646,6 +722,48 @@ class Job:
         self.resize(limit)
         self.display.event("concurrency", limit=limit, source=how)
 
+    async def take_fingerprint(self, http: Pool) -> None:
+        """What answers now; refused if the job's records were answered by another fleet
+        configuration, unless --allow-mixed."""
+        found = await fingerprint.read(http, self.opts.url)
+        digest, fields = (found.digest, found.fields) if found else (fingerprint.UNKNOWN, {})
+        has_records = any(e["records"] for e in [*self.done.values(), *self.rounds.values()])
+        if digest not in self.fingerprints and self.fingerprints and has_records and \
+                not self.opts.allow_mixed:
+            raise self.mixed(digest, fields, "")
+        self.fingerprints[digest] = fields
+        self.digest = digest
+        self.display.event("fingerprint", digest=digest,
+                           answered_by=fingerprint.describe(fields))
+
+    async def follow_fingerprint(self, http: Pool) -> None:
+        """A fleet whose configuration changed mid-run (a redeploy): with --allow-mixed the
+        records after it name the new one; otherwise nothing more is committed and the run
+        stops, naming both."""
+        found = await fingerprint.read(http, self.opts.url)
+        if found is None or found.digest == self.digest or self.halt is not None:
+            return
+        if self.opts.allow_mixed:
+            self.fingerprints[found.digest] = found.fields
+            self.digest = found.digest
+            self.display.event("fingerprint", digest=found.digest, changed=True,
+                               answered_by=fingerprint.describe(found.fields))
+            return
+        self.halt = self.mixed(found.digest, found.fields, " during this run")
+        self.errors.append(self.halt)
+
+    def mixed(self, digest: str, fields: dict[str, Any], when: str) -> GenerateError:
+        old_digest = next(reversed(self.fingerprints)) if self.fingerprints else self.digest
+        old = self.fingerprints.get(old_digest, {})
+        return GenerateError(
+            f"{self.store.location.rstrip('/')}/{manifest_name(self.share)}: this job's "
+            f"records were answered by {fingerprint.describe(old)} [{old_digest}]; "
+            f"{self.opts.url} answers{when} with {fingerprint.describe(fields)} [{digest}] "
+            f"({fingerprint.differences(old, fields) or 'its fingerprint is unknown'})\n"
+            f"    fix: redeploy the job's configuration, or rerun with "
+            f"{fingerprint.MIXED_FLAG} to add records of this one (each record names its "
+            "fingerprint), or write to another output")
+
     async def pick_model(self, http: Pool) -> None:
         if self.opts.model:
             return
@@ -665,19 +783,24 @@ class Job:
     async def gather_failures(self) -> str | None:
         """``failures.jsonl``: every shard's failures, rewritten whole at the end of the input
         (after a retry round: that round's failures, or none)."""
-        if self.rounds:
-            last = max(self.rounds)
-            names = [retry_failures_name(last)] if self.rounds[last]["failures"] else []
-        else:
-            names = [failures_name(i) for i, e in sorted(self.done.items()) if e["failures"]]
+        names = self.failure_files()
+        gathered = gathered_failures_name(self.share)
         if not names:
             if self.rounds:  # every line has a record now: no stale list of failures
-                await asyncio.to_thread(self.store.delete, FAILURES)
+                await asyncio.to_thread(self.store.delete, gathered)
             return None
         chunks = [await asyncio.to_thread(self.store.get_bytes, name) for name in names]
         await asyncio.to_thread(self.store.put_bytes, b"".join(c or b"" for c in chunks),
-                                FAILURES)
-        return f"{self.store.location.rstrip('/')}/{FAILURES}"
+                                gathered)
+        return f"{self.store.location.rstrip('/')}/{gathered}"
+
+    def failure_files(self) -> list[str]:
+        """The files of the lines still without a record: the last round's, else the shards'."""
+        if self.rounds:
+            last = max(self.rounds)
+            return [retry_failures_name(last, self.share)] if self.rounds[last]["failures"] \
+                else []
+        return [failures_name(i) for i, e in sorted(self.done.items()) if e["failures"]]
 
     async def run(self) -> dict[str, Any]:
         await asyncio.to_thread(self.load_state)
@@ -696,6 +819,7 @@ class Job:
         try:
             await self.pick_model(http)
             await self.size_fleet(http)
+            await self.take_fingerprint(http)
             background = [asyncio.create_task(self.follow_fleet(http)),
                           asyncio.create_task(self.ticker())]
             tasks: set[asyncio.Task[None]] = set()
@@ -745,7 +869,7 @@ async def run_job(opts: Options) -> tuple[dict[str, Any], Stats]:
         import boto3
 
         s3 = boto3.client("s3", endpoint_url=opts.s3_endpoint)
-    store = open_store(opts.output, s3)
+    store = open_store(opts.output, s3, opts.worker)
     job = Job(opts, store, s3, tls)
     try:
         summary = await job.run()

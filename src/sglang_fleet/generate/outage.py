@@ -69,7 +69,7 @@ class Breaker:
         self.paused_since: float | None = None
         self.cause = ""
         self.last_answer = 0.0
-        self.last_probe = (0.0, False)  # (when it started, healthy)
+        self.last_probe: tuple[float, str | None] = (0.0, "not probed")  # (started, why not)
         self.probing: asyncio.Task[str | None] | None = None
         self.not_before = 0.0  # a Retry-After: no request before then
         self.resumed = asyncio.Event()
@@ -116,9 +116,9 @@ class Breaker:
 
     async def _health(self, after: float) -> str | None:
         """The result of a probe started at or after ``after``: one at a time, shared."""
-        started, healthy = self.last_probe
+        started, why = self.last_probe
         if started >= after:
-            return None if healthy else self.cause
+            return why
         if self.probing is None:
             self.probing = asyncio.create_task(self._probe_once())
         return await asyncio.shield(self.probing)
@@ -129,7 +129,7 @@ class Breaker:
             why = await self.probe()
         finally:
             self.probing = None
-        self.last_probe = (started, why is None)
+        self.last_probe = (started, why)
         return why
 
     def _pause(self, cause: str) -> None:

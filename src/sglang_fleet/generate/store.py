@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,6 +22,8 @@ from sglang_fleet.generate.lease import Lease
 from sglang_fleet.generate.source import split_s3
 
 MULTIPART_BYTES = 8 * 1024 * 1024
+
+SHARD_FILE = re.compile(r"(?:shard|failures)-(\d+)\.jsonl")
 
 
 class Store(Protocol):
@@ -40,15 +43,33 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-class LocalStore:
-    """A directory; partial shards are spooled in its ``.spool`` so the commit is a rename."""
+def share_suffix(share: tuple[int, int] | None) -> str:
+    """What a worker's own files carry. Example: share_suffix((0, 3)) == "-0-of-3"."""
+    return "" if share is None else f"-{share[0]}-of-{share[1]}"
 
-    def __init__(self, root: Path) -> None:
+
+def owned(name: str, share: tuple[int, int] | None) -> bool:
+    """Whether an output file is worker K of N's to write: its shards (index % N == K) and
+    the files that carry its suffix. Example: owned("shard-000004.jsonl", (1, 3)) is True."""
+    if share is None:
+        return True
+    found = SHARD_FILE.fullmatch(name)
+    if found:
+        return int(found.group(1)) % share[1] == share[0]
+    return share_suffix(share) in name
+
+
+class LocalStore:
+    """A directory; partial shards are spooled in its ``.spool`` so the commit is a rename;
+    worker K of N (``share``) holds its own lock and spool beside the other workers'."""
+
+    def __init__(self, root: Path, share: tuple[int, int] | None = None) -> None:
         self.location = str(root)
         self.root = root
+        suffix = share_suffix(share)
         try:
             root.mkdir(parents=True, exist_ok=True)
-            self.lock = (root / ".lock").open("w")
+            self.lock = (root / f".lock{suffix}").open("w")
         except OSError as exc:
             raise GenerateError(f"{root}: cannot write the output: {exc.strerror}") from None
         try:  # two runs on one output would write the same shards
@@ -57,7 +78,7 @@ class LocalStore:
             raise GenerateError(f"{root}: another sglang-fleet generate is writing here; "
                                 "wait for it or stop it") from None
         try:
-            self.spool = root / ".spool"
+            self.spool = root / f".spool{suffix}"
             shutil.rmtree(self.spool, ignore_errors=True)  # a killed run's partial shards
             self.spool.mkdir()
         except OSError as exc:
@@ -116,6 +137,7 @@ class S3Store:
             s3.head_bucket(Bucket=self.bucket)
         except Exception as exc:
             raise GenerateError(f"{url}: cannot use bucket {self.bucket!r}: {exc}") from None
+        self.share = share
         self.lease = Lease(s3, self.bucket, self.prefix, url, share)
         self.lease.acquire()  # before the aborts below: they are safe only with no other run
         self.abort_stale_uploads()
@@ -130,7 +152,8 @@ class S3Store:
                 Bucket=self.bucket, Prefix=self.prefix)
             for page in pages:
                 for upload in page.get("Uploads", []):
-                    if "/" not in upload["Key"][len(self.prefix):]:
+                    name = upload["Key"][len(self.prefix):]
+                    if "/" not in name and owned(name, self.share):  # not another worker's
                         self.s3.abort_multipart_upload(Bucket=self.bucket, Key=upload["Key"],
                                                        UploadId=upload["UploadId"])
         except Exception:  # no permission to list or abort: the job itself is unaffected
@@ -174,7 +197,7 @@ class S3Store:
 
 def open_store(location: str, s3: Any, share: tuple[int, int] | None = None) -> Store:
     """The store for an output location (``s3://`` or a directory); ``share`` (worker K of N,
-    a future --worker) takes that share's S3 lease instead of the whole job's."""
+    --worker) takes that share's lease or lock instead of the whole job's."""
     if location.startswith("s3://"):
         return S3Store(location, s3, share)
-    return LocalStore(Path(location))
+    return LocalStore(Path(location), share)
