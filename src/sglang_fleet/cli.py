@@ -304,7 +304,8 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("generate", help="resumable batch generation through a router or server")
-    p.add_argument("input", help="JSONL of chat requests: a path or s3://bucket/key")
+    p.add_argument("input", help="JSONL of chat requests or OpenAI Batch lines: a path, "
+                   "s3://bucket/key, or - for standard input")
     p.add_argument("output", help="a directory or s3://bucket/prefix/ for shards and manifest")
     p.add_argument("--url", required=True, help="the router or server, e.g. http://10.0.0.10:30080")
     p.add_argument("--api-key-file", help="a file holding the API key")

@@ -15,6 +15,7 @@ import random
 import ssl
 import time
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,11 +61,21 @@ def tls_context(ca_bundle: str | None) -> ssl.SSLContext:
 
 @dataclass
 class Outcome:
-    """A record to write (``record``) or a failure (``error``), and the tries it took."""
+    """A record to write (``record``) or a failure (``error``, and ``code``, its kind), and the
+    tries it took; ``status`` and ``body``: the last answer other than 200, if there was one;
+    ``usage``: the answer's token counts (for the progress counters, whatever the record's
+    shape)."""
 
     record: dict[str, Any] | None
     error: str | None
     tries: int
+    code: str | None = None
+    status: int | None = None
+    body: Any = None
+    usage: Any = None
+
+
+Build = Callable[[Item, dict[str, Any], float, str], dict[str, Any]]
 
 
 def _origin(url: str) -> tuple[str, str, int]:
@@ -349,11 +360,25 @@ async def _try(pool: Pool, url: str, item: Item) -> tuple[httpx.Response | None,
         return None, f"{type(exc).__name__}: {exc}"[:300]
 
 
+def refused(error: str, tries: int, response: httpx.Response | None) -> Outcome:
+    """No record: the last try's answer (status and body: JSON, else its first 300
+    characters), or none at all (a connection error, a timeout)."""
+    if response is None:
+        return Outcome(None, error, tries, "no_answer")
+    try:
+        body = orjson.loads(response.content)
+    except ValueError:
+        body = response.text[:300]
+    return Outcome(None, error, tries, "http_error", response.status_code, body)
+
+
 async def complete(http: Pool, limiter: Limiter, url: str, item: Item,
-                   retries: int, breaker: Breaker) -> Outcome:
+                   retries: int, breaker: Breaker, build: Build = to_record) -> Outcome:
     """Send ``item`` until it is answered, it fails for its own reason, or ``retries`` retries
     are spent while the fleet serves (``breaker``: tries during an outage wait and do not
-    count); the slot is held only while a request is in flight, not while backing off."""
+    count); the slot is held only while a request is in flight, not while backing off.
+    ``build`` makes the record of a 200 answer (a KeyError, IndexError, TypeError or
+    ValueError there: an unreadable answer)."""
     error, counted, sent = "", 0, 0
     while True:
         await breaker.admit()
@@ -370,19 +395,20 @@ async def complete(http: Pool, limiter: Limiter, url: str, item: Item,
                 breaker.answered()
                 try:
                     answer = orjson.loads(response.content)  # 10x json's speed, same values
-                    record = to_record(item, answer, time.monotonic() - start, url)
+                    record = build(item, answer, time.monotonic() - start, url)
                 except (ValueError, KeyError, IndexError, TypeError) as exc:
-                    return Outcome(None, f"unreadable answer: {exc!r}", sent)
-                return Outcome(record, None, sent)
+                    return Outcome(None, f"unreadable answer: {exc!r}", sent,
+                                   "unreadable_answer")
+                return Outcome(record, None, sent, usage=answer.get("usage"))
             error = f"HTTP {response.status_code}: {response.text[:300]}"
             if not is_trouble(response.status_code, response.content):
                 breaker.answered()  # the fleet answered; the request was refused
-                return Outcome(None, error, sent)
+                return refused(error, sent, response)
             wait = retry_after(response.headers.get("retry-after"))
         if await breaker.counts(error, start, wait):
             counted += 1
             if counted > retries:
-                return Outcome(None, f"gave up after {counted} tries while the fleet served"
+                return refused(f"gave up after {counted} tries while the fleet served"
                                + (f" ({sent} sent)" if sent > counted else "")
-                               + f"; last: {error}", sent)
+                               + f"; last: {error}", sent, response)
             await asyncio.sleep(max(backoff(counted - 1), wait or 0))

@@ -10,7 +10,8 @@ On-disk state (the output location holds all of it, so the same command resumes)
 - ``manifest.json``: the job (shard size) and each shard's counts, sha256 and input digest
   (identity.py: the job is its input's content, not its path), rewritten just before each
   shard is committed, so a committed shard always has its input digest; an entry whose shard
-  is missing was being committed when the run was killed and is redone.
+  is missing was being committed when the run was killed and is redone. Its ``format`` is the
+  input's (batchformat.py: chat or OpenAI Batch), which a resumed job's input must keep.
   ``failures.jsonl`` gathers every shard's failures when the input is done.
 - ``retry-RRR.jsonl`` and ``retry-failures-RRR.jsonl``: round R of ``--retry-failures`` (a
   finished job only): the lines still failed after the previous round (or the shards) are sent
@@ -43,7 +44,8 @@ import httpx
 import orjson
 
 from sglang_fleet import validators
-from sglang_fleet.generate import capacity, fingerprint
+from sglang_fleet.generate import batchformat, capacity, fingerprint
+from sglang_fleet.generate.batchformat import Input
 from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete, tls_context
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.identity import (
@@ -56,14 +58,7 @@ from sglang_fleet.generate.identity import (
 )
 from sglang_fleet.generate.outage import Breaker
 from sglang_fleet.generate.progress import Display, Stats, final_table
-from sglang_fleet.generate.source import (
-    LineError,
-    input_size,
-    line_id,
-    open_input,
-    parse_line,
-    read_batches,
-)
+from sglang_fleet.generate.source import LineError, input_size, read_batches
 from sglang_fleet.generate.store import Store, open_store, share_suffix
 
 MANIFEST = "manifest.json"
@@ -211,10 +206,12 @@ def dump_line(data: dict[str, Any]) -> bytes:
 class Job:
     """One run of a job (see the module docstring for the state it keeps)."""
 
-    def __init__(self, opts: Options, store: Store, s3: Any,
+    def __init__(self, opts: Options, store: Store, s3: Any, source: Input,
                  tls: ssl.SSLContext | None = None) -> None:
         self.opts = opts
         self.share = opts.worker
+        self.input = source
+        self.fmt = source.format or batchformat.CHAT  # the job's, once the manifest is read
         self.tls = tls
         self.store = store
         self.s3 = s3
@@ -322,6 +319,7 @@ class Job:
         if manifest and manifest.get("shard_size") != self.size:
             raise GenerateError(f"{where}: the job was started with --shard-size "
                                 f"{manifest.get('shard_size')}; rerun with that value")
+        self.fmt = batchformat.job_format(manifest, self.input.format, where, self.opts.input)
 
     def _rebuild(self, index: int, names: set[str]) -> dict[str, Any]:
         """The manifest entry of a shard committed just before a kill."""
@@ -333,8 +331,8 @@ class Job:
 
     async def write_manifest(self, complete: bool) -> None:
         self.manifest = {"version": 2, "input": self.opts.input, "url": self.opts.url,
-                         "shard_size": self.size, "complete": complete,
-                         "fingerprints": self.fingerprints,
+                         "shard_size": self.size, batchformat.FORMAT_KEY: self.fmt.name,
+                         "complete": complete, "fingerprints": self.fingerprints,
                          "records": sum(e["records"] for e in self.done.values())
                          + sum(e["records"] for e in self.rounds.values()),
                          "failures": self.outstanding(),
@@ -433,9 +431,9 @@ class Job:
                      nbytes: int, lineno: int) -> None:
         try:
             outcome = await complete(http, self.limiter, self.opts.url, item, self.opts.retries,
-                                     self.breaker)
+                                     self.breaker, self.fmt.record)
         except Exception as exc:  # a bug must not leave the shard open forever
-            outcome = Outcome(None, f"internal error: {exc!r}", 1)
+            outcome = Outcome(None, f"internal error: {exc!r}", 1, "internal_error")
         self.finish(shard, item.id, item.sha256, outcome, nbytes, lineno)
         self.window.release()
 
@@ -445,10 +443,8 @@ class Job:
             outcome.record["fingerprint"] = self.digest
             self.record_line(shard, outcome.record, True)
         else:  # the line number lets --retry-failures find the request again
-            self.record_line(shard, {"id": ident, "line": lineno + 1, "request_sha256": sha,
-                                     "error": outcome.error, "tries": outcome.tries}, False)
-        usage = outcome.record.get("usage") if outcome.record else None
-        self.stats.add(usage, nbytes, outcome.tries, outcome.record is not None)
+            self.record_line(shard, self.fmt.failure(ident, lineno, sha, outcome), False)
+        self.stats.add(outcome.usage, nbytes, outcome.tries, outcome.record is not None)
         shard.pending -= 1
         self._maybe_commit(shard)
 
@@ -468,16 +464,17 @@ class Job:
         shard = into or self.shard(lineno // self.size)
         shard.pending += 1
         try:
-            item = parse_line(lineno, raw, self.opts.input, self.opts.model)
+            item = self.fmt.parse(lineno, raw, self.opts.input, self.opts.model)
         except LineError as exc:
-            ident = line_id(lineno, raw)  # the line's own id when it has one
+            ident = self.fmt.line_id(lineno, raw)  # the line's own id when it has one
             self.first_sight(ident)
-            self.finish(shard, ident, None, Outcome(None, str(exc), 1), len(raw), lineno)
+            self.finish(shard, ident, None, Outcome(None, str(exc), 1, "invalid_line"),
+                        len(raw), lineno)
             return
         if not self.first_sight(item.id):
             self.finish(shard, item.id, item.sha256, Outcome(
                 None, f"{self.opts.input} line {lineno + 1}: id {item.id!r} appears earlier "
-                "in the input; ids must be unique", 1), len(raw), lineno)
+                "in the input; ids must be unique", 1, "duplicate_id"), len(raw), lineno)
             return
         while len(self.open) > MAX_OPEN_SHARDS:  # one slow line holds its shard open
             self.shard_closed.clear()
@@ -554,13 +551,13 @@ class Job:
         it later on fails here as it would in one run (its owner fails a repeat of ours)."""
         self.stats.bytes_skipped += len(raw)
         if raw.strip():
-            self.seen.add(id_key(line_id(lineno, raw)))
+            self.seen.add(id_key(self.fmt.line_id(lineno, raw)))
 
     async def skip(self, reading: Reading, lineno: int, raw: bytes) -> None:
         self.stats.bytes_skipped += len(raw)
         if not raw.strip():
             return
-        ident = line_id(lineno, raw)
+        ident = self.fmt.line_id(lineno, raw)
         key = id_key(ident)
         if key not in self.seen:
             self.seen.add(key)
@@ -814,7 +811,6 @@ class Job:
         headers = {"Content-Type": "application/json"}
         if self.opts.api_key:
             headers["Authorization"] = f"Bearer {self.opts.api_key}"
-        stream = await asyncio.to_thread(open_input, self.opts.input, self.s3)
         http = self.http = Pool(headers, self.opts.timeout, only=self.opts.url, tls=self.tls)
         try:
             await self.pick_model(http)
@@ -825,9 +821,9 @@ class Job:
             tasks: set[asyncio.Task[None]] = set()
             try:
                 if lines is None:
-                    await self.feed(http, read_batches(stream), tasks)
+                    await self.feed(http, read_batches(self.input.lines), tasks)
                 elif lines:  # nothing failed: nothing to send, no empty round
-                    await self.feed(http, read_batches(stream), tasks, retry=lines)
+                    await self.feed(http, read_batches(self.input.lines), tasks, retry=lines)
                 while tasks or self.commits:
                     await asyncio.gather(*tasks, *self.commits)
                 if self.errors:
@@ -836,7 +832,6 @@ class Job:
                 for task in background:
                     task.cancel()
         finally:
-            stream.close()
             await http.aclose()
         await self.write_manifest(complete=True)
         failures_file = await self.gather_failures()
@@ -869,12 +864,17 @@ async def run_job(opts: Options) -> tuple[dict[str, Any], Stats]:
         import boto3
 
         s3 = boto3.client("s3", endpoint_url=opts.s3_endpoint)
-    store = open_store(opts.output, s3, opts.worker)
-    job = Job(opts, store, s3, tls)
+    # a first line of no format is refused before a request is sent or the output touched
+    source = await asyncio.to_thread(batchformat.open_detected, opts.input, s3)
     try:
-        summary = await job.run()
+        store = open_store(opts.output, s3, opts.worker)
+        job = Job(opts, store, s3, source, tls)
+        try:
+            summary = await job.run()
+        finally:
+            store.close()
     finally:
-        store.close()
+        source.close()
     return summary, job.stats
 
 

@@ -1,7 +1,8 @@
-"""The input: JSONL from a local path or ``s3://bucket/key``, read in batches of lines so that
-memory stays bounded whatever the input's size, and each line turned into a chat request.
+"""The input: JSONL from a local path, ``s3://bucket/key`` or standard input (``-``), read in
+batches of lines so that memory stays bounded whatever the input's size, and each line turned
+into a chat request (the OpenAI Batch format's lines: batchformat.py).
 
-    for batch in read_batches("prompts.jsonl"):
+    for batch in read_batches(open_input("prompts.jsonl", None)):
         for lineno, raw in batch: ...
     item = parse_line(7, b'{"id": "a", "messages": [...]}', "prompts.jsonl", "m")
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +22,7 @@ from sglang_fleet.generate.errors import GenerateError
 
 BATCH_LINES = 512
 CONTROL_KEYS = frozenset({"id"})
+STDIN = "-"
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,10 @@ def split_s3(url: str) -> tuple[str, str]:
 
 
 def input_size(source: str, s3: Any) -> int | None:
-    """Bytes in the input (for the progress bar), None if unknown."""
+    """Bytes in the input (for the progress bar), None if unknown (standard input: never a
+    stat of a file that happens to be named ``-``)."""
+    if source == STDIN:
+        return None
     if source.startswith("s3://"):
         bucket, key = split_s3(source)
         return int(s3.head_object(Bucket=bucket, Key=key)["ContentLength"])
@@ -53,7 +59,14 @@ def input_size(source: str, s3: Any) -> int | None:
 
 
 def open_input(source: str, s3: Any) -> IO[bytes]:
-    """A binary stream over the input; S3 objects are streamed, never loaded whole."""
+    """A binary stream over the input; S3 objects are streamed, never loaded whole. ``-`` is
+    standard input (fd 0, left open when the stream is closed); a terminal there is refused,
+    as a job would wait on it for lines."""
+    if source == STDIN:
+        if os.isatty(0):
+            raise GenerateError("-: standard input is a terminal; pipe the JSONL in, e.g. "
+                                "sglang-fleet generate - OUTPUT --url URL < prompts.jsonl")
+        return open(0, "rb", buffering=1 << 20, closefd=False)
     if source.startswith("s3://"):
         bucket, key = split_s3(source)
         try:
@@ -71,7 +84,8 @@ def open_input(source: str, s3: Any) -> IO[bytes]:
         raise GenerateError(f"{source}: cannot read the input: {exc.strerror}") from None
 
 
-def read_batches(stream: IO[bytes], size: int = BATCH_LINES) -> Iterator[list[tuple[int, bytes]]]:
+def read_batches(stream: Iterable[bytes],
+                 size: int = BATCH_LINES) -> Iterator[list[tuple[int, bytes]]]:
     """(line number from 0, raw line) in batches of ``size``; blank lines are kept (numbered)."""
     batch: list[tuple[int, bytes]] = []
     for lineno, raw in enumerate(stream):
@@ -83,8 +97,19 @@ def read_batches(stream: IO[bytes], size: int = BATCH_LINES) -> Iterator[list[tu
         yield batch
 
 
-def line_id(lineno: int, raw: bytes) -> str:
-    """The id a line stands for (its own, else ``line-N`` from 1), without building a request.
+def is_text(value: str) -> bool:
+    """False for a str no UTF-8 file can hold (a lone surrogate, which JSON's \\ud800 escape
+    makes). Example: is_text("\\x00\\n$(x)") is True"""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def line_id(lineno: int, raw: bytes, key: str = "id") -> str:
+    """The id a line stands for (its own ``key``, else ``line-N`` from 1), without building a
+    request.
 
     Example: line_id(4, b'{"messages": []}') == "line-5"
     """
@@ -92,9 +117,34 @@ def line_id(lineno: int, raw: bytes) -> str:
         doc = json.loads(raw)
     except ValueError:
         return f"line-{lineno + 1}"
-    if isinstance(doc, dict) and isinstance(doc.get("id"), str | int):
-        return str(doc["id"])
+    ident = doc.get(key) if isinstance(doc, dict) else None
+    if isinstance(ident, str | int) and not isinstance(ident, bool) and is_text(str(ident)):
+        return str(ident)
     return f"line-{lineno + 1}"
+
+
+def load_line(raw: bytes, where: str) -> Any:
+    """A line's JSON value; LineError naming the line if it is not JSON."""
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise LineError(f"{where}: not JSON ({exc}); each line must be one JSON object") \
+            from None
+
+
+def make_item(ident: str, body: dict[str, Any], model: str | None, where: str) -> Item:
+    """The request to send: ``body`` with ``model`` if it names none, never streamed, in one
+    canonical JSON form (what ``request_sha256`` is over)."""
+    if model and "model" not in body:
+        body["model"] = model
+    body.pop("stream", None)  # one JSON answer per request: the record needs the whole answer
+    try:
+        data = json.dumps(body, separators=(",", ":"), sort_keys=True,
+                          ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise LineError(f"{where}: the request holds a lone surrogate (an escape like "
+                        "\\ud800 not in a pair), which is not text") from None
+    return Item(ident, data, hashlib.sha256(data).hexdigest())
 
 
 def parse_line(lineno: int, raw: bytes, source: str, model: str | None) -> Item:
@@ -104,10 +154,7 @@ def parse_line(lineno: int, raw: bytes, source: str, model: str | None) -> Item:
     Example: parse_line(0, b'"hi"', "in.jsonl", "m").id == "line-1"
     """
     where = f"{source} line {lineno + 1}"
-    try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise LineError(f"{where}: not JSON ({exc}); each line must be one JSON object") from None
+    doc = load_line(raw, where)
     if isinstance(doc, str):
         doc = {"prompt": doc}
     if not isinstance(doc, dict):
@@ -115,17 +162,18 @@ def parse_line(lineno: int, raw: bytes, source: str, model: str | None) -> Item:
     ident = doc.get("id", f"line-{lineno + 1}")
     if not isinstance(ident, str | int) or isinstance(ident, bool):
         raise LineError(f"{where}: key 'id' must be a string or an integer")
+    if not is_text(str(ident)):
+        raise LineError(f"{where}: key 'id' holds a lone surrogate, which is not text")
     body = {k: v for k, v in doc.items() if k not in CONTROL_KEYS}
     if "messages" not in body:
         prompt = body.pop("prompt", None)
         if not isinstance(prompt, str):
+            other = ("; it is an OpenAI Batch request, but the input's first line is a chat "
+                     "request: one input holds one format") if "custom_id" in doc else ""
             raise LineError(f"{where}: no 'messages' list and no 'prompt' string; "
-                            "write {\"messages\": [{\"role\": \"user\", \"content\": ...}]}")
+                            "write {\"messages\": [{\"role\": \"user\", \"content\": ...}]}"
+                            + other)
         body["messages"] = [{"role": "user", "content": prompt}]
     if not isinstance(body["messages"], list) or not body["messages"]:
         raise LineError(f"{where}: key 'messages' must be a non-empty list")
-    if model and "model" not in body:
-        body["model"] = model
-    body.pop("stream", None)  # one JSON answer per request: the record needs the whole answer
-    data = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode()
-    return Item(str(ident), data, hashlib.sha256(data).hexdigest())
+    return make_item(str(ident), body, model, where)
