@@ -34,7 +34,7 @@ import asyncio
 import hashlib
 import json
 import ssl
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -45,6 +45,7 @@ import orjson
 from sglang_fleet import validators
 from sglang_fleet.generate import capacity
 from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete, tls_context
+from sglang_fleet.generate.commands import results_command, retry_command
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.identity import (
     DIGEST_KEY,
@@ -54,6 +55,7 @@ from sglang_fleet.generate.identity import (
     conflict,
     refuse_changed,
 )
+from sglang_fleet.generate.interrupt import guard
 from sglang_fleet.generate.progress import Display, Stats, final_table
 from sglang_fleet.generate.source import (
     LineError,
@@ -153,6 +155,17 @@ def _entry(index: int, size: int, records: int, failures: int, data_sha: str,
 def id_key(ident: str) -> int:
     """8 bytes of an id's digest: 1M ids in tens of MB."""
     return int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "big")
+
+
+def failure_names(done: dict[int, dict[str, Any]],
+                  rounds: dict[int, dict[str, Any]]) -> list[str]:
+    """The failures files listing the lines still without a record: the last retry round's,
+    else every shard's (by index). Example: ["failures-000000.jsonl", "failures-000007.jsonl"]
+    before any round, ["retry-failures-002.jsonl"] after two."""
+    if rounds:
+        last = max(rounds)
+        return [retry_failures_name(last)] if rounds[last]["failures"] else []
+    return [failures_name(i) for i, e in sorted(done.items()) if e["failures"]]
 
 
 def _round_entry(round_: int, records: int, failures: int, data_sha: str,
@@ -560,11 +573,7 @@ class Job:
         if not self.manifest.get("complete"):
             raise GenerateError(f"{where}: no finished job to retry (no complete manifest); "
                                 "run the same command without --retry-failures first")
-        if self.rounds:
-            last = max(self.rounds)
-            names = [retry_failures_name(last)] if self.rounds[last]["failures"] else []
-        else:
-            names = [failures_name(i) for i, e in sorted(self.done.items()) if e["failures"]]
+        names = failure_names(self.done, self.rounds)
         lines: set[int] = set()
         for name in names:
             data = await asyncio.to_thread(self.store.get_bytes, name) or b""
@@ -637,11 +646,7 @@ class Job:
     async def gather_failures(self) -> str | None:
         """``failures.jsonl``: every shard's failures, rewritten whole at the end of the input
         (after a retry round: that round's failures, or none)."""
-        if self.rounds:
-            last = max(self.rounds)
-            names = [retry_failures_name(last)] if self.rounds[last]["failures"] else []
-        else:
-            names = [failures_name(i) for i, e in sorted(self.done.items()) if e["failures"]]
+        names = failure_names(self.done, self.rounds)
         if not names:
             if self.rounds:  # every line has a record now: no stale list of failures
                 await asyncio.to_thread(self.store.delete, FAILURES)
@@ -668,6 +673,11 @@ class Job:
         try:
             await self.pick_model(http)
             await self.size_fleet(http)
+            self.display.event("started", input=self.opts.input, output=self.store.location,
+                               url=self.opts.url, concurrency=self.stats.concurrency)
+            if lines:
+                self.display.event("retrying", round=max(self.rounds, default=0) + 1,
+                                   lines=len(lines))
             background = [asyncio.create_task(self.follow_fleet(http)),
                           asyncio.create_task(self.ticker())]
             tasks: set[asyncio.Task[None]] = set()
@@ -737,10 +747,14 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
-def run(opts: Options) -> int:
-    """The command: run the job, print the final table (or a JSON line); the exit status is 0
+def run(opts: Options, argv: Sequence[str] | None = None) -> int:
+    """The command: run the job, print the final table (or a JSON line) with what to run next
+    (``argv``: the command line as given, for the retry command); the exit status is 0
     when every line has a record, else 100 + the number of failed lines (at most 255)."""
-    summary, stats = run_loop(run_job(opts))
+    summary, stats = run_loop(guard(run_job(opts)))
+    summary["retry_command"] = retry_command(argv) \
+        if argv is not None and summary["failures"] else None
+    summary["results_command"] = results_command(opts.output, opts.s3_endpoint)
     if opts.json_status:
         print(json.dumps({"event": "done", **summary}), flush=True)
     else:

@@ -52,14 +52,15 @@ def input_size(source: str, s3: Any) -> int | None:
     return Path(source).stat().st_size
 
 
-def open_input(source: str, s3: Any) -> IO[bytes]:
-    """A binary stream over the input; S3 objects are streamed, never loaded whole."""
+def open_input(source: str, s3: Any, what: str = "the input") -> IO[bytes]:
+    """A binary stream over the input (or a file of the output: ``what`` in an error); S3
+    objects are streamed, never loaded whole."""
     if source.startswith("s3://"):
         bucket, key = split_s3(source)
         try:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"]
         except Exception as exc:  # botocore's errors carry the S3 code in their text
-            raise GenerateError(f"{source}: cannot read the input: {exc}") from None
+            raise GenerateError(f"{source}: cannot read {what}: {exc}") from None
         # urllib3's response under botocore's wrapper, buffered so that lines cost no
         # syscalls; auto_close off, or the buffer reads a closed stream at the end
         raw = body._raw_stream
@@ -68,7 +69,7 @@ def open_input(source: str, s3: Any) -> IO[bytes]:
     try:
         return Path(source).open("rb")
     except OSError as exc:
-        raise GenerateError(f"{source}: cannot read the input: {exc.strerror}") from None
+        raise GenerateError(f"{source}: cannot read {what}: {exc.strerror}") from None
 
 
 def read_batches(stream: IO[bytes], size: int = BATCH_LINES) -> Iterator[list[tuple[int, bytes]]]:
