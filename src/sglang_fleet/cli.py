@@ -205,25 +205,54 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    """Resumable batch generation through a router or a server (see sglang_fleet.generate)."""
+    """Resumable batch generation through a router or a server (see sglang_fleet.generate).
+    Ctrl-C and SIGTERM stop it cleanly (exit 130 and 143), saying how to resume."""
     from sglang_fleet.generate import Options, run
     from sglang_fleet.generate.errors import GenerateError
+    from sglang_fleet.generate.interrupt import sigterm_stops
 
     # The smoke test's rules: a stray CR or space in the key would reach the failures file in
     # the HTTP library's error about the header.
     key = api_key_from(args.api_key_file) if args.api_key_file is not None else None
     try:
-        return run(Options(args.input, args.output, args.url.rstrip("/"), key, args.model,
-                           args.concurrency, args.shard_size, args.retries, args.timeout,
-                           json_status=args.json, s3_endpoint=args.s3_endpoint,
-                           retry_failures=args.retry_failures,
-                           redo_changed=args.redo_changed, ca_bundle=args.ca_bundle,
-                           worker=args.worker, allow_mixed=args.allow_mixed))
+        with sigterm_stops():
+            return run(Options(args.input, args.output, args.url.rstrip("/"), key, args.model,
+                               args.concurrency, args.shard_size, args.retries, args.timeout,
+                               json_status=args.json, s3_endpoint=args.s3_endpoint,
+                               retry_failures=args.retry_failures,
+                               redo_changed=args.redo_changed, ca_bundle=args.ca_bundle,
+                               worker=args.worker, allow_mixed=args.allow_mixed),
+                       args.argv)
     except OSError as exc:
         print(f"error: {exc.filename}: {exc.strerror}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("interrupted: run the same command again to resume", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        return _interrupted(exc, args.argv, args.json)
+    except GenerateError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    return 1
+
+
+def _interrupted(exc: KeyboardInterrupt, argv: list[str], json_lines: bool) -> int:
+    """Which signal stopped the job and the command that resumes it; 128 + the signal."""
+    from sglang_fleet.generate.commands import as_run
+    from sglang_fleet.generate.interrupt import signal_of
+
+    sig, resume = signal_of(exc), as_run(argv)
+    if json_lines:
+        print(json.dumps({"event": "interrupted", "signal": sig.name, "resume_command": resume}),
+              flush=True)
+    print(f"interrupted ({sig.name}): run the same command again to resume:\n  {resume}",
+          file=sys.stderr)
+    return 128 + sig.value
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    """A generate job's records, each id once, as JSONL on stdout (or its failed lines)."""
+    from sglang_fleet.generate.errors import GenerateError
+    from sglang_fleet.generate.results import show
+
+    try:
+        return show(args.output, args.failed, args.s3_endpoint)
     except GenerateError as exc:
         print(f"error: {exc}", file=sys.stderr)
     return 1
@@ -333,6 +362,15 @@ def _parser() -> argparse.ArgumentParser:
                    "release, sampling and speculative settings) differs from the job's records'")
     p.set_defaults(func=cmd_generate)
 
+    p = sub.add_parser("results", help="a generate job's final records, each id once, as JSONL "
+                       "(read-only)", description="Exit status: 0 every record printed, 1 an "
+                       "error (or a job not complete yet: its committed records are printed).")
+    p.add_argument("output", help="the generate job's directory or s3://bucket/prefix/")
+    p.add_argument("--failed", action="store_true",
+                   help="print the lines still without a record instead")
+    p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: boto3's, AWS_ENDPOINT_URL)")
+    p.set_defaults(func=cmd_results)
+
     for name, what in LAB_COMMANDS.items():  # listed here, parsed by the lab (run_lab)
         sub.add_parser(name, help=what, add_help=False)
     return parser
@@ -381,6 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     lab = bool(argv) and argv[0] in LAB_COMMANDS
     args = None if lab else _parser().parse_args(argv)
+    if args is not None:
+        args.argv = argv  # as given: the commands printed back (resume, retry) repeat it
     try:
         code: int = run_lab(argv) if args is None else args.func(args)
     except InputError as exc:

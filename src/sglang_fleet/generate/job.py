@@ -35,7 +35,7 @@ import asyncio
 import hashlib
 import json
 import ssl
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
@@ -47,6 +47,7 @@ from sglang_fleet import validators
 from sglang_fleet.generate import batchformat, capacity, fingerprint
 from sglang_fleet.generate.batchformat import Input
 from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete, tls_context
+from sglang_fleet.generate.commands import results_command, retry_command
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.identity import (
     DIGEST_KEY,
@@ -56,6 +57,7 @@ from sglang_fleet.generate.identity import (
     conflict,
     refuse_changed,
 )
+from sglang_fleet.generate.interrupt import guard
 from sglang_fleet.generate.outage import Breaker
 from sglang_fleet.generate.progress import Display, Stats, final_table
 from sglang_fleet.generate.source import LineError, input_size, read_batches
@@ -183,6 +185,17 @@ def _entry(index: int, size: int, records: int, failures: int, data_sha: str,
 def id_key(ident: str) -> int:
     """8 bytes of an id's digest: 1M ids in tens of MB."""
     return int.from_bytes(hashlib.blake2b(ident.encode(), digest_size=8).digest(), "big")
+
+
+def failure_names(done: dict[int, dict[str, Any]], rounds: dict[int, dict[str, Any]],
+                  share: tuple[int, int] | None = None) -> list[str]:
+    """The failures files listing the lines still without a record: the last retry round's,
+    else every shard's (by index). Example: ["failures-000000.jsonl", "failures-000007.jsonl"]
+    before any round, ["retry-failures-002.jsonl"] after two."""
+    if rounds:
+        last = max(rounds)
+        return [retry_failures_name(last, share)] if rounds[last]["failures"] else []
+    return [failures_name(i) for i, e in sorted(done.items()) if e["failures"]]
 
 
 def _round_entry(round_: int, records: int, failures: int, data_sha: str,
@@ -641,7 +654,7 @@ class Job:
         if not self.manifest.get("complete"):
             raise GenerateError(f"{where}: no finished job to retry (no complete manifest); "
                                 "run the same command without --retry-failures first")
-        names = self.failure_files()
+        names = failure_names(self.done, self.rounds, self.share)
         lines: set[int] = set()
         for name in names:
             data = await asyncio.to_thread(self.store.get_bytes, name) or b""
@@ -780,7 +793,7 @@ class Job:
     async def gather_failures(self) -> str | None:
         """``failures.jsonl``: every shard's failures, rewritten whole at the end of the input
         (after a retry round: that round's failures, or none)."""
-        names = self.failure_files()
+        names = failure_names(self.done, self.rounds, self.share)
         gathered = gathered_failures_name(self.share)
         if not names:
             if self.rounds:  # every line has a record now: no stale list of failures
@@ -790,14 +803,6 @@ class Job:
         await asyncio.to_thread(self.store.put_bytes, b"".join(c or b"" for c in chunks),
                                 gathered)
         return f"{self.store.location.rstrip('/')}/{gathered}"
-
-    def failure_files(self) -> list[str]:
-        """The files of the lines still without a record: the last round's, else the shards'."""
-        if self.rounds:
-            last = max(self.rounds)
-            return [retry_failures_name(last, self.share)] if self.rounds[last]["failures"] \
-                else []
-        return [failures_name(i) for i, e in sorted(self.done.items()) if e["failures"]]
 
     async def run(self) -> dict[str, Any]:
         await asyncio.to_thread(self.load_state)
@@ -816,6 +821,11 @@ class Job:
             await self.pick_model(http)
             await self.size_fleet(http)
             await self.take_fingerprint(http)
+            self.display.event("started", input=self.opts.input, output=self.store.location,
+                               url=self.opts.url, concurrency=self.stats.concurrency)
+            if lines:
+                self.display.event("retrying", round=max(self.rounds, default=0) + 1,
+                                   lines=len(lines))
             background = [asyncio.create_task(self.follow_fleet(http)),
                           asyncio.create_task(self.ticker())]
             tasks: set[asyncio.Task[None]] = set()
@@ -889,10 +899,14 @@ def run_loop(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
-def run(opts: Options) -> int:
-    """The command: run the job, print the final table (or a JSON line); the exit status is 0
+def run(opts: Options, argv: Sequence[str] | None = None) -> int:
+    """The command: run the job, print the final table (or a JSON line) with what to run next
+    (``argv``: the command line as given, for the retry command); the exit status is 0
     when every line has a record, else 100 + the number of failed lines (at most 255)."""
-    summary, stats = run_loop(run_job(opts))
+    summary, stats = run_loop(guard(run_job(opts)))
+    summary["retry_command"] = retry_command(argv) \
+        if argv is not None and summary["failures"] else None
+    summary["results_command"] = results_command(opts.output, opts.s3_endpoint)
     if opts.json_status:
         print(json.dumps({"event": "done", **summary}), flush=True)
     else:

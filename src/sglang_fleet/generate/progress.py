@@ -1,6 +1,7 @@
 """What a job shows while it runs and at its end: a progress bar (tqdm, on a terminal) with
-completions/s, output tokens/s, the reasoning/answer split and the ETA; ``--json`` status lines
-for logs; and a final table.
+the ETA, completions/s and output tokens/s (and, as the terminal's width allows, the counts,
+the reasoning/answer split and the concurrency; ``PAUSED`` while the fleet is out); ``--json``
+status lines for logs; and a final table.
 
     stats = Stats(total_bytes=10_000)
     stats.add(record, line_bytes=120)
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from tqdm import tqdm
+from tqdm.utils import disp_len, disp_trim
 
 
 def token_split(usage: Any) -> tuple[int, int]:
@@ -69,6 +71,11 @@ class Stats:
     def elapsed(self) -> float:
         return max(time.monotonic() - self.started, 1e-9)
 
+    def paused_total(self) -> float:
+        """Seconds paused in this run, the pause going on included."""
+        ongoing = 0.0 if self.paused_since is None else time.monotonic() - self.paused_since
+        return self.paused_s + max(ongoing, 0.0)
+
     def eta(self) -> float | None:
         """Seconds left, from the input bytes still to do at this run's byte rate."""
         if self.total_bytes is None or not self.bytes_done:
@@ -87,7 +94,9 @@ class Stats:
                 "reasoning_tokens": self.reasoning_tokens, "answer_tokens": self.answer_tokens,
                 "retries": self.retries, "concurrency": self.concurrency,
                 "shards_written": self.shards_written, "elapsed_s": round(t, 1),
-                "eta_s": None if eta is None else round(eta, 1)}
+                "eta_s": None if eta is None else round(eta, 1),
+                "paused": self.pause_cause is not None, "pause_cause": self.pause_cause,
+                "paused_s": round(self.paused_total(), 1)}
 
 
 def _clock(seconds: float | None) -> str:
@@ -97,17 +106,111 @@ def _clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-class Display:
-    """The bar (if stderr is a terminal and --json is off) and the --json status lines."""
+def compact(x: float) -> str:
+    """Three digits and a k/M/G/T suffix, whole numbers under 1000 as they are.
 
-    def __init__(self, stats: Stats, json_lines: bool, out: TextIO | None = None) -> None:
+    Example: compact(7) == "7"; compact(0.42) == "0.42"; compact(850.4) == "850";
+    compact(12_345) == "12.3k"; compact(1_234_567) == "1.23M"
+    """
+    suffixes = ["", "k", "M", "G", "T"]
+    while abs(x) >= 999.5 and len(suffixes) > 1:
+        x /= 1000
+        suffixes.pop(0)
+    if not suffixes[0] and x == int(x):
+        return str(int(x))
+    digits = 0 if abs(x) >= 99.95 else 1 if abs(x) >= 9.995 else 2
+    return f"{x:.{digits}f}{suffixes[0]}"
+
+
+def _short_time(seconds: float) -> str:
+    """Example: _short_time(7) == "7s"; _short_time(185) == "3m05s";
+    _short_time(3720) == "1h02m"."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+BAR_FORMAT = "{percentage:3.0f}%|{bar}| {desc}"
+BAR_FIXED = len("100%|| ")  # the bar format's own characters around the bar and the text
+MIN_BAR = 10
+
+
+def bar_text(stats: Stats, width: int) -> str:
+    """The text beside the bar, at most ``width - BAR_FIXED - MIN_BAR`` characters: the ETA
+    first (``?`` while paused), completions/s and tokens/s always; then, while they fit, the
+    pause and its cause, the counts, the reasoning/answer split and the concurrency.
+
+    Example (80 columns): "ETA 0:12:34, 41.2k done, 3 failed, 850/s, 12.3k tok/s"
+    """
+    room = width - BAR_FIXED - MIN_BAR
+    status = stats.status()
+    paused = stats.pause_cause is not None  # no estimate while nothing moves
+    required = [(0, f"ETA {'?' if paused else _clock(status['eta_s'])}"),
+                (4, f"{compact(status['completions_per_s'])}/s"),
+                (5, f"{compact(status['output_tokens_per_s'])} tok/s")]
+    total = stats.reasoning_tokens + stats.answer_tokens
+    optional = [(2, f"{compact(stats.done + stats.skipped)} done"),
+                (3, f"{compact(stats.failed)} failed")]
+    if total:
+        optional.append((6, f"reasoning/answer {100 * stats.reasoning_tokens / total:.0f}/"
+                            f"{100 * stats.answer_tokens / total:.0f}%"))
+    optional.append((7, f"concurrency {stats.concurrency}"))
+    chosen = list(required)
+    used = sum(len(text) + 2 for _, text in chosen) - 2
+    if paused:
+        pause = _pause_text(stats, room - used - 2)
+        if pause:
+            chosen.append((1, pause))
+            used += disp_len(pause) + 2
+    for place, text in optional:
+        if used + 2 + len(text) <= room:
+            chosen.append((place, text))
+            used += len(text) + 2
+    return ", ".join(text for _, text in sorted(chosen))
+
+
+def _pause_text(stats: Stats, room: int) -> str:
+    """``PAUSED 12s: connection refused``, the cause cut to ``room`` (nothing if even
+    ``PAUSED`` does not fit)."""
+    head = "PAUSED"
+    if stats.paused_since is not None:
+        head += f" {_short_time(time.monotonic() - stats.paused_since)}"
+    # one line of printable text, whatever the server said (no escape reaches the terminal)
+    cause = "".join(c if c.isprintable() else " " for c in stats.pause_cause or "")
+    cause = " ".join(cause.split())
+    text = f"{head}: {cause}" if cause else head
+    if disp_len(text) <= room:  # a terminal's columns: a CJK character takes two
+        return text
+    if room >= len(head) + 3:
+        return disp_trim(text, room - 1) + "\u2026"
+    for short in (head, "PAUSED"):
+        if room >= len(short):
+            return short
+    return ""
+
+
+def new_bar(total: int | None, file: TextIO | None = None,
+            ncols: int | None = None) -> tqdm[Any]:
+    """The bar on stderr, as wide as the terminal (``ncols`` fixed: a test's width)."""
+    return tqdm(total=total, unit="B", unit_scale=True, bar_format=BAR_FORMAT,
+                file=file or sys.stderr, ncols=ncols, dynamic_ncols=ncols is None)
+
+
+class Display:
+    """The bar (if stderr is a terminal and --json is off, or the ``bar`` given) and the
+    --json status lines."""
+
+    def __init__(self, stats: Stats, json_lines: bool, out: TextIO | None = None,
+                 bar: tqdm[Any] | None = None) -> None:
         self.stats = stats
         self.json_lines = json_lines
         self.out = out or sys.stdout
-        self.bar: tqdm[Any] | None = None
-        if not json_lines and sys.stderr.isatty():
-            self.bar = tqdm(total=stats.total_bytes, unit="B", unit_scale=True,
-                            bar_format="{percentage:3.0f}%|{bar}| {desc}", dynamic_ncols=True)
+        self.bar = bar
+        if bar is None and not json_lines and sys.stderr.isatty():
+            self.bar = new_bar(stats.total_bytes)
 
     def event(self, kind: str, **fields: Any) -> None:
         """A one-off line: JSON with --json, else text (through the bar if there is one)."""
@@ -126,16 +229,9 @@ class Display:
             self.event("progress", **s.status())
         if self.bar is None:
             return
-        status = s.status()
-        total = s.reasoning_tokens + s.answer_tokens
-        split = f"{100 * s.reasoning_tokens / total:.0f}/{100 * s.answer_tokens / total:.0f}" \
-            if total else "-"
         self.bar.n = s.bytes_done + s.bytes_skipped
-        self.bar.set_description_str(
-            f"{s.done + s.skipped} done, {s.failed} failed, "
-            f"{status['completions_per_s']:.0f} compl/s, "
-            f"{status['output_tokens_per_s']:.0f} tok/s, reasoning/answer {split}%, "
-            f"conc {s.concurrency}, ETA {_clock(status['eta_s'])}")
+        width = self.bar.format_dict.get("ncols") or 80  # unknown: a terminal's usual width
+        self.bar.set_description_str(bar_text(s, width))
 
     def close(self) -> None:
         if self.bar is not None:
@@ -157,6 +253,22 @@ def final_table(stats: Stats, summary: dict[str, Any]) -> str:
                                           f"{stats.answer_tokens:,}"),
             ("retries", f"{stats.retries:,}"),
             ("elapsed", _clock(s["elapsed_s"])),
+            ("time paused", _clock(s["paused_s"])),
             ("failures file", summary.get("failures_file") or "-")]
     width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+    return "\n".join([*(f"{k:<{width}}  {v}" for k, v in rows), "", *next_steps(summary)])
+
+
+def next_steps(summary: dict[str, Any]) -> list[str]:
+    """What to run next, below the table: the failed lines' retry, the one view of results."""
+    lines = []
+    failed = int(summary.get("failures") or 0)
+    if failed:
+        lines.append(f"{failed:,} line{'s' if failed > 1 else ''} failed (listed in "
+                     f"{summary.get('failures_file')})"
+                     + ("; to send them again:" if summary.get("retry_command") else ""))
+        if summary.get("retry_command"):
+            lines.append(f"  {summary['retry_command']}")
+    if summary.get("results_command"):
+        lines.append(f"every record in one view: {summary['results_command']}")
+    return lines

@@ -58,10 +58,10 @@ def input_size(source: str, s3: Any) -> int | None:
     return Path(source).stat().st_size
 
 
-def open_input(source: str, s3: Any) -> IO[bytes]:
-    """A binary stream over the input; S3 objects are streamed, never loaded whole. ``-`` is
-    standard input (fd 0, left open when the stream is closed); a terminal there is refused,
-    as a job would wait on it for lines."""
+def open_input(source: str, s3: Any, what: str = "the input") -> IO[bytes]:
+    """A binary stream over the input (or a file of the output: ``what`` in an error); S3
+    objects are streamed, never loaded whole. ``-`` is standard input (fd 0, left open when
+    the stream is closed); a terminal there is refused, as a job would wait on it for lines."""
     if source == STDIN:
         if os.isatty(0):
             raise GenerateError("-: standard input is a terminal; pipe the JSONL in, e.g. "
@@ -72,7 +72,7 @@ def open_input(source: str, s3: Any) -> IO[bytes]:
         try:
             body = s3.get_object(Bucket=bucket, Key=key)["Body"]
         except Exception as exc:  # botocore's errors carry the S3 code in their text
-            raise GenerateError(f"{source}: cannot read the input: {exc}") from None
+            raise GenerateError(f"{source}: cannot read {what}: {exc}") from None
         # urllib3's response under botocore's wrapper, buffered so that lines cost no
         # syscalls; auto_close off, or the buffer reads a closed stream at the end
         raw = body._raw_stream
@@ -81,7 +81,7 @@ def open_input(source: str, s3: Any) -> IO[bytes]:
     try:
         return Path(source).open("rb")
     except OSError as exc:
-        raise GenerateError(f"{source}: cannot read the input: {exc.strerror}") from None
+        raise GenerateError(f"{source}: cannot read {what}: {exc.strerror}") from None
 
 
 def read_batches(stream: Iterable[bytes],

@@ -5,6 +5,7 @@ upload that only becomes an object when it completes.
     store = open_store("s3://bucket/run-1/", s3)
     store.put_file(Path("/tmp/x"), "shard-000001.jsonl")
     names = store.names()
+    reader = open_reader("s3://bucket/run-1/", s3)  # sglang-fleet results: no lease taken
 """
 
 from __future__ import annotations
@@ -15,28 +16,35 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.lease import Lease
-from sglang_fleet.generate.source import split_s3
+from sglang_fleet.generate.source import open_input, split_s3
 
 MULTIPART_BYTES = 8 * 1024 * 1024
 
 SHARD_FILE = re.compile(r"(?:shard|failures)-(\d+)\.jsonl")
 
 
-class Store(Protocol):
+class Reader(Protocol):
+    """An output read only (``sglang-fleet results``): no lock, no lease, nothing written."""
+
     location: str
-    spool: Path
 
     def names(self) -> set[str]: ...
+
+    def get_bytes(self, name: str) -> bytes | None: ...
+
+    def open(self, name: str) -> IO[bytes]: ...
+
+
+class Store(Reader, Protocol):
+    spool: Path
 
     def put_file(self, path: Path, name: str) -> None: ...
 
     def put_bytes(self, data: bytes, name: str) -> None: ...
-
-    def get_bytes(self, name: str) -> bytes | None: ...
 
     def delete(self, name: str) -> None: ...
 
@@ -59,13 +67,32 @@ def owned(name: str, share: tuple[int, int] | None) -> bool:
     return share_suffix(share) in name
 
 
-class LocalStore:
+class LocalReader:
+    """A directory, read only: ``sglang-fleet results`` reads it while a run may write it."""
+
+    def __init__(self, root: Path) -> None:
+        self.location = str(root)
+        self.root = root
+
+    def names(self) -> set[str]:
+        return {p.name for p in self.root.iterdir() if p.is_file()}
+
+    def get_bytes(self, name: str) -> bytes | None:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def open(self, name: str) -> IO[bytes]:
+        return open_input(str(self.root / name), None, "the output")
+
+
+class LocalStore(LocalReader):
     """A directory; partial shards are spooled in its ``.spool`` so the commit is a rename;
     worker K of N (``share``) holds its own lock and spool beside the other workers'."""
 
     def __init__(self, root: Path, share: tuple[int, int] | None = None) -> None:
-        self.location = str(root)
-        self.root = root
+        super().__init__(root)
         suffix = share_suffix(share)
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -84,9 +111,6 @@ class LocalStore:
         except OSError as exc:
             raise GenerateError(f"{root}: cannot write the output: {exc.strerror}") from None
 
-    def names(self) -> set[str]:
-        return {p.name for p in self.root.iterdir() if p.is_file()}
-
     def put_file(self, path: Path, name: str) -> None:
         with path.open("rb+") as f:
             os.fsync(f.fileno())
@@ -97,12 +121,6 @@ class LocalStore:
         tmp = self.spool / f"{name}.tmp"
         tmp.write_bytes(data)
         self.put_file(tmp, name)
-
-    def get_bytes(self, name: str) -> bytes | None:
-        try:
-            return (self.root / name).read_bytes()
-        except FileNotFoundError:
-            return None
 
     def delete(self, name: str) -> None:
         (self.root / name).unlink(missing_ok=True)
@@ -119,7 +137,42 @@ class LocalStore:
         self.lock.close()
 
 
-class S3Store:
+class S3Reader:
+    """A bucket prefix, read only: no lease taken (a run may be writing it)."""
+
+    def __init__(self, url: str, s3: Any) -> None:
+        self.location = url
+        self.bucket, prefix = split_s3(url)
+        self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+        self.s3 = s3
+        try:
+            s3.head_bucket(Bucket=self.bucket)
+        except Exception as exc:
+            raise GenerateError(f"{url}: cannot use bucket {self.bucket!r}: {exc}") from None
+
+    def names(self) -> set[str]:
+        found: set[str] = set()
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
+                                                                   Prefix=self.prefix)
+        for page in pages:
+            for obj in page.get("Contents", []):
+                rest = obj["Key"][len(self.prefix):]
+                if rest and "/" not in rest:
+                    found.add(rest)
+        return found
+
+    def get_bytes(self, name: str) -> bytes | None:
+        try:
+            return bytes(self.s3.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
+                         .read())
+        except self.s3.exceptions.NoSuchKey:
+            return None
+
+    def open(self, name: str) -> IO[bytes]:
+        return open_input(f"s3://{self.bucket}/{self.prefix}{name}", self.s3, "the output")
+
+
+class S3Store(S3Reader):
     """A bucket prefix; partial shards are spooled in a local temporary directory. One run
     writes it, holding its lease (lease.py), as the lock on a local output does: taken before
     anything under the prefix is touched, checked before each write, given back at close."""
@@ -127,16 +180,9 @@ class S3Store:
     def __init__(self, url: str, s3: Any, share: tuple[int, int] | None = None) -> None:
         from boto3.s3.transfer import TransferConfig
 
-        self.location = url
-        self.bucket, prefix = split_s3(url)
-        self.prefix = prefix if not prefix or prefix.endswith("/") else prefix + "/"
-        self.s3 = s3
+        super().__init__(url, s3)
         self.config = TransferConfig(multipart_threshold=MULTIPART_BYTES,
                                      multipart_chunksize=MULTIPART_BYTES)
-        try:
-            s3.head_bucket(Bucket=self.bucket)
-        except Exception as exc:
-            raise GenerateError(f"{url}: cannot use bucket {self.bucket!r}: {exc}") from None
         self.share = share
         self.lease = Lease(s3, self.bucket, self.prefix, url, share)
         self.lease.acquire()  # before the aborts below: they are safe only with no other run
@@ -159,17 +205,6 @@ class S3Store:
         except Exception:  # no permission to list or abort: the job itself is unaffected
             pass
 
-    def names(self) -> set[str]:
-        found: set[str] = set()
-        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket,
-                                                                   Prefix=self.prefix)
-        for page in pages:
-            for obj in page.get("Contents", []):
-                rest = obj["Key"][len(self.prefix):]
-                if rest and "/" not in rest:
-                    found.add(rest)
-        return found
-
     def put_file(self, path: Path, name: str) -> None:
         self.lease.ensure()
         self.s3.upload_file(str(path), self.bucket, self.prefix + name, Config=self.config)
@@ -179,13 +214,6 @@ class S3Store:
         self.lease.ensure()
         self.s3.put_object(Bucket=self.bucket, Key=self.prefix + name, Body=data)
 
-    def get_bytes(self, name: str) -> bytes | None:
-        try:
-            return bytes(self.s3.get_object(Bucket=self.bucket, Key=self.prefix + name)["Body"]
-                         .read())
-        except self.s3.exceptions.NoSuchKey:
-            return None
-
     def delete(self, name: str) -> None:
         self.lease.ensure()
         self.s3.delete_object(Bucket=self.bucket, Key=self.prefix + name)
@@ -193,6 +221,14 @@ class S3Store:
     def close(self) -> None:
         self.lease.release()
         shutil.rmtree(self.spool, ignore_errors=True)
+
+
+def open_reader(location: str, s3: Any) -> Reader:
+    """An output to read (``s3://`` or a directory), without its writer's lock or lease:
+    every object on it is written once and whole, so a reader sees only committed files."""
+    if location.startswith("s3://"):
+        return S3Reader(location, s3)
+    return LocalReader(Path(location))
 
 
 def open_store(location: str, s3: Any, share: tuple[int, int] | None = None) -> Store:
