@@ -94,7 +94,8 @@ def test_an_openai_batch_file_in_and_out(sim: str, tmp_path: Path) -> None:
     assert served == str(MODEL)
     for line in lines:
         row = rows[line["custom_id"]]
-        assert list(row) == ["id", "custom_id", "response", "error", "request_sha256"]
+        assert list(row) == ["id", "custom_id", "response", "error", "request_sha256",
+                             "fingerprint"]
         assert row["id"].startswith("batch_req_") and len(row["id"]) == len("batch_req_") + 32
         assert row["error"] is None and row["response"]["status_code"] == 200
         body = row["response"]["body"]
