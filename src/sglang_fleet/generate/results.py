@@ -27,12 +27,13 @@ from sglang_fleet.generate.job import (
     failure_names,
     failures_name,
     id_key,
+    manifest_share,
     retry_failures_name,
     retry_name,
     shard_index,
     shard_name,
 )
-from sglang_fleet.generate.store import Reader, open_reader
+from sglang_fleet.generate.store import Reader, open_reader, owned
 
 Entries = dict[int, dict[str, Any]]
 
@@ -48,28 +49,69 @@ class Committed:
 
 
 def committed(reader: Reader) -> Committed:
-    """The output's committed files, from its manifest and the files on it: a manifest entry
-    whose file is missing was being committed when a run stopped (an error on a finished job),
-    and a retry round committed just before a kill is not listed yet (job.Job.load_rounds)."""
-    manifest = read_manifest(reader)
-    names = reader.names()
-    shards = _listed(reader, manifest, "shards", "shard-", names)
-    rounds = _listed(reader, manifest, "retries", "retry-", names)
-    for name in names:  # on the output, not (yet) in the manifest
-        if (index := shard_index(name, "shard-")) is not None and index not in shards:
-            shards[index] = {"failures": int(failures_name(index) in names)}
-        if (round_ := shard_index(name, "retry-")) is not None and round_ not in rounds:
-            rounds[round_] = {"failures": int(retry_failures_name(round_) in names)}
-    return Committed(bool(manifest.get("complete")),
-                     [shard_name(i) for i in sorted(shards)] + [retry_name(r) for r in
-                                                                sorted(rounds)],
-                     failure_names(shards, rounds))
+    """The output's committed files, from its manifests (one run's, or each --worker K/N's)
+    and the files on it: a manifest entry whose file is missing was being committed when a
+    run stopped (an error on a finished job), and a retry round committed just before a kill
+    is not listed yet (job.Job.load_rounds). A job of N workers is complete once all N are."""
+    names = listing(reader)
+    shards: Entries = {}
+    rounds_named: list[str] = []
+    failures: list[str] = []
+    complete = True
+    manifests = read_manifests(reader, names)
+    for share, (name, manifest) in manifests.items():
+        own = _listed(reader, manifest, name, "shards", "shard-", names, None)
+        rounds = _listed(reader, manifest, name, "retries", "retry-", names, share)
+        for file in names:  # on the output, not (yet) in the manifest
+            index = shard_index(file, "shard-")
+            if index is not None and index not in own and index not in shards and \
+                    owned(file, share):
+                own[index] = {"failures": int(failures_name(index) in names)}
+            round_ = shard_index(file, "retry-", share)
+            if round_ is not None and round_ not in rounds:
+                rounds[round_] = {"failures": int(retry_failures_name(round_, share) in names)}
+        failures += failure_names({i: e for i, e in own.items() if i not in shards}, rounds,
+                                  share)
+        shards.update({i: e for i, e in own.items() if i not in shards})
+        rounds_named += [retry_name(r, share) for r in sorted(rounds)]
+        complete = complete and bool(manifest.get("complete"))
+    workers = {share for share in manifests if share is not None}
+    if workers and None not in manifests:
+        count = next(iter(workers))[1]
+        complete = complete and {k for k, _ in workers} == set(range(count))
+    return Committed(complete, [shard_name(i) for i in sorted(shards)] + rounds_named,
+                     failures)
 
 
-def read_manifest(reader: Reader) -> dict[str, Any]:
-    where = f"{reader.location.rstrip('/')}/{MANIFEST}"
+def read_manifests(reader: Reader, names: set[str] | None = None) -> \
+        dict[tuple[int, int] | None, tuple[str, dict[str, Any]]]:
+    """Every manifest on the output (``manifest.json``, ``manifest-K-of-N.json``), by share."""
+    names = listing(reader) if names is None else names
+    found = {}
+    for name in sorted(names):
+        share = manifest_share(name)
+        if share is not False:
+            found[share] = (name, read_manifest(reader, name))
+    if not found:
+        where = f"{reader.location.rstrip('/')}/{MANIFEST}"
+        raise GenerateError(f"{where}: not found: {reader.location} is not the output of a "
+                            "sglang-fleet generate run (or its run has not committed a shard "
+                            "yet); give the OUTPUT the generate command wrote to")
+    return found
+
+
+def listing(reader: Reader) -> set[str]:
+    """The output's file names; none for a path that is missing or a file (said as such)."""
     try:
-        raw = reader.get_bytes(MANIFEST)
+        return reader.names()
+    except (NotADirectoryError, FileNotFoundError):  # a file given as OUTPUT (the input, say)
+        return set()
+
+
+def read_manifest(reader: Reader, name: str = MANIFEST) -> dict[str, Any]:
+    where = f"{reader.location.rstrip('/')}/{name}"
+    try:
+        raw = reader.get_bytes(name)
     except NotADirectoryError:  # a file given as OUTPUT (the input, say)
         raw = None
     if raw is None:
@@ -89,16 +131,16 @@ def read_manifest(reader: Reader) -> dict[str, Any]:
     return dict(manifest)
 
 
-def _listed(reader: Reader, manifest: dict[str, Any], key: str, prefix: str,
-            names: set[str]) -> Entries:
+def _listed(reader: Reader, manifest: dict[str, Any], manifest_file: str, key: str,
+            prefix: str, names: set[str], share: tuple[int, int] | None) -> Entries:
     """The manifest's entries under ``key`` whose file is on the output, by index (round)."""
     found: Entries = {}
     for entry in manifest.get(key, []):
-        index = shard_index(entry["name"], prefix)
+        index = shard_index(entry["name"], prefix, share)
         if entry["name"] in names and index is not None:
             found[index] = entry
         elif manifest.get("complete") or key == "retries":  # a round is listed once written
-            raise GenerateError(f"{reader.location.rstrip('/')}/{MANIFEST} lists "
+            raise GenerateError(f"{reader.location.rstrip('/')}/{manifest_file} lists "
                                 f"{entry['name']}, which is not on the output; run the "
                                 "generate command again: it redoes a missing shard")
     return found
