@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from tests.test_generate import ROOT, Sims, cli, sims, write_input
+from tests.conftest import ROOT
+from tests.test_generate import Sims, cli, sims, write_input
 
 __all__ = ["sims"]  # the fixture, used by name
 N = 900
@@ -83,13 +84,13 @@ def test_a_resume_against_another_release_is_refused_unless_mixed_is_allowed(
     job.send_signal(signal.SIGKILL)
     job.wait()
     other = sims.start("--max-running-requests", "8", release="0.5.22")
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
     refused = subprocess.run(cli(str(inp), str(out), "--url", other, "--shard-size", "40"),
                              cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1, refused.stderr
     assert "SGLang 0.5.23" in refused.stderr and "answers with" in refused.stderr
     assert "version '0.5.23' -> '0.5.22'" in refused.stderr and "--allow-mixed" in refused.stderr
-    before = sorted(p.name for p in out.iterdir())
-    assert sorted(p.name for p in out.iterdir()) == before  # nothing was written
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # nothing written
 
     mixed = subprocess.run(cli(str(inp), str(out), "--url", other, "--shard-size", "40",
                                "--allow-mixed"), cwd=ROOT, capture_output=True, text=True,
