@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from simserver import (
+    alternate,
     cpu_seconds,
     free_port,
     loopback_env,
@@ -97,9 +98,8 @@ def measure(client: str, inp: Path, out: Path, n: int, url: str, concurrency: in
 
 
 def order(repeats: int) -> list[str]:
-    """a, b, b, a, a, b, ...: each client first as often as the other, give or take one."""
     a, b = CLIENTS
-    return [c for r in range(repeats) for c in ((a, b) if r % 2 == 0 else (b, a))]
+    return alternate(a, b, repeats)
 
 
 def median(client: str, rows: list[Row]) -> Row:

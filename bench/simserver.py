@@ -96,16 +96,42 @@ class Run:
     cpu_s: float  # user + system, its own and its children's
 
 
-def run_client(argv: list[str], env: dict[str, str]) -> Run:
-    """Run ``argv`` to its end, measured from os.wait4 (the child's usage, not the bench's);
-    a non-zero exit is the bench's error."""
+@dataclass(frozen=True)
+class Client:
+    """A client process started, not yet waited for (several may run at once)."""
+
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    start: float
+
+
+def launch(argv: list[str], env: dict[str, str]) -> Client:
+    """Start ``argv`` with its standard output piped to the bench."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
+    return Client(argv, subprocess.Popen(argv, stdout=subprocess.PIPE, env=env), start)
+
+
+def finish(client: Client) -> Run:
+    """Read ``client``'s output to its end and reap it, measured from os.wait4 (the child's
+    usage, not the bench's); a non-zero exit is the bench's error."""
+    proc = client.proc
     assert proc.stdout is not None
     out = proc.stdout.read()
+    proc.stdout.close()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = code = os.waitstatus_to_exitcode(status)
-    wall = time.monotonic() - start
+    wall = time.monotonic() - client.start
     if code:
-        raise SystemExit(f"{' '.join(argv)} exited {code}")
+        raise SystemExit(f"{' '.join(client.argv)} exited {code}")
     return Run(out.decode(), wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)
+
+
+def run_client(argv: list[str], env: dict[str, str]) -> Run:
+    """Run ``argv`` to its end (launch, then finish)."""
+    return finish(launch(argv, env))
+
+
+def alternate(a: str, b: str, repeats: int) -> list[str]:
+    """a, b, b, a, a, b, ...: each first as often as the other, give or take one, so neither
+    always runs on a warmer server. Example: alternate("x", "y", 2) == ["x", "y", "y", "x"]."""
+    return [c for r in range(repeats) for c in ((a, b) if r % 2 == 0 else (b, a))]
