@@ -27,7 +27,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +34,12 @@ from pathlib import Path
 from simserver import (
     Client,
     alternate,
+    chat_sim,
     cpu_seconds,
     finish,
-    free_port,
     launch,
     loopback_env,
     run_client,
-    start_sim,
-    tree,
     write_input,
 )
 
@@ -143,8 +140,10 @@ def table(rows: list[Row], job: Job, n: int, concurrency: int, startup: float) -
     lines.append(f"start-up (generate --help): {startup:.2f} s of CPU, in those figures: "
                  f"{1000 * startup / job.lines:.2f} ms a completion as 1 worker, "
                  f"{1000 * startup * n / job.lines:.2f} as each of {n}")
+    alone = 1000 / max(many.worker_ms)
     lines.append(f"a worker alone on a core of its own: {1000 / one.clients_ms:.0f} "
-                 f"completions/s as 1 worker, {1000 / max(many.worker_ms):.0f} as each of {n}")
+                 f"completions/s as 1 worker; {alone:.0f} as each of {n}, {n * alone:.0f} for the "
+                 f"{n} on {n} cores")
     lines.append(f"one worker at {one.rate:.0f} completions/s feeds about {one.rate:.0f} / "
                  f"{HOST_RATE} = {one.rate / HOST_RATE:.0f} hosts ({HOST_RATE} completions/s per "
                  "B200 host at ~95k output tok/s and ~1,818 tokens a completion)")
@@ -221,24 +220,15 @@ def main() -> int:
     if args.lines < 10 * n:
         ap.error(f"--lines must be at least 10 x --workers ({10 * n}), not {args.lines}")
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        port = free_port()
-        proc = start_sim(port, work, "--max-running-requests", str(args.max_running),
-                         "--reasoning-parser", "qwen3")
-        try:
-            # at most generate's default, and at least 10 shards for each worker
-            job = Job(write_input(work / "in.jsonl", args.lines), args.lines,
-                      f"http://127.0.0.1:{port}", min(1000, args.lines // (10 * n)))
-            sim = tree(proc.pid)
-            for i, name in enumerate(alternate("1", str(n), args.repeats)):
-                rows.append(measure(job, work / f"out-{i}", int(name), sim))
-                print(f"{rows[-1].config}: {rows[-1].rate:.0f} completions/s", file=sys.stderr)
-            print(table(rows, job, n, args.max_running, startup_cpu()), flush=True)
-            print(check(job, work / "out-check", n))
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with chat_sim(args.max_running) as sim:
+        # at most generate's default, and at least 10 shards for each worker
+        job = Job(write_input(sim.work / "in.jsonl", args.lines), args.lines, sim.url,
+                  min(1000, args.lines // (10 * n)))
+        for i, name in enumerate(alternate("1", str(n), args.repeats)):
+            rows.append(measure(job, sim.work / f"out-{i}", int(name), sim.pids))
+            print(f"{rows[-1].config}: {rows[-1].rate:.0f} completions/s", file=sys.stderr)
+        print(table(rows, job, n, args.max_running, startup_cpu()), flush=True)
+        print(check(job, sim.work / "out-check", n))
     return 0
 
 

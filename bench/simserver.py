@@ -4,6 +4,8 @@ and what the benchmarks measure of it and of their clients (CPU, peak RSS, wall 
 
     proc = start_sim(free_port(), workdir, "--max-running-requests", "256")
     before = cpu_seconds(tree(proc.pid))
+    with chat_sim(64) as sim:  # or: started in a scratch directory, stopped after the block
+        run = run_client([..., "--url", sim.url], loopback_env())
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +55,30 @@ def start_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("the simulator did not become healthy")
+
+
+@dataclass(frozen=True)
+class Sim:
+    """A simulator running for a bench: its scratch directory, URL and processes."""
+
+    work: Path
+    url: str
+    pids: list[int]  # for cpu_seconds
+
+
+@contextmanager
+def chat_sim(max_running: int) -> Iterator[Sim]:
+    """A simulator of ``max_running`` request slots with the qwen3 reasoning parser, in a
+    scratch directory, stopped on leaving the block."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        proc = start_sim(port, Path(tmp), "--max-running-requests", str(max_running),
+                         "--reasoning-parser", "qwen3")
+        try:
+            yield Sim(Path(tmp), f"http://127.0.0.1:{port}", tree(proc.pid))
+        finally:
+            proc.terminate()
+            proc.wait(30)
 
 
 def loopback_env() -> dict[str, str]:

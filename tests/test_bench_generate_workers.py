@@ -30,6 +30,8 @@ def test_the_bench_times_one_and_three_workers_and_passes_its_kill_check() -> No
     assert names == ["1 worker", "3 workers", "1 worker (median)", "3 workers (median)"]
     assert lines[5].startswith("3 workers: ") and "x one worker's completions/s" in lines[5]
     assert lines[6].startswith("start-up (generate --help): ")
+    assert lines[7].startswith("a worker alone on a core of its own: ")
+    assert lines[7].endswith("for the 3 on 3 cores")
     rate = float(lines[3].split()[3])
     assert lines[8] == (f"one worker at {rate:.0f} completions/s feeds about {rate:.0f} / 52 = "
                         f"{rate / 52:.0f} hosts (52 completions/s per B200 host at ~95k output "
