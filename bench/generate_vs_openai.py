@@ -23,18 +23,16 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from simserver import (
+    alternate,
+    chat_sim,
     cpu_seconds,
-    free_port,
     loopback_env,
     run_client,
-    start_sim,
-    tree,
     write_input,
 )
 
@@ -97,9 +95,8 @@ def measure(client: str, inp: Path, out: Path, n: int, url: str, concurrency: in
 
 
 def order(repeats: int) -> list[str]:
-    """a, b, b, a, a, b, ...: each client first as often as the other, give or take one."""
     a, b = CLIENTS
-    return [c for r in range(repeats) for c in ((a, b) if r % 2 == 0 else (b, a))]
+    return alternate(a, b, repeats)
 
 
 def median(client: str, rows: list[Row]) -> Row:
@@ -131,23 +128,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="runs of each client")
     args = ap.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        port = free_port()
-        proc = start_sim(port, work, "--max-running-requests", str(args.concurrency),
-                         "--reasoning-parser", "qwen3")
-        try:
-            url = f"http://127.0.0.1:{port}"
-            inp = write_input(work / "prompts.jsonl", args.prompts)
-            sim = tree(proc.pid)
-            for i, client in enumerate(order(args.repeats)):
-                out = work / f"out-{i}"  # a new output each run: generate would resume one
-                rows.append(measure(client, inp, out, args.prompts, url, args.concurrency,
-                                    sim))
-                print(f"{client}: {rows[-1].rate:.0f} completions/s", file=sys.stderr)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    with chat_sim(args.concurrency) as sim:
+        inp = write_input(sim.work / "prompts.jsonl", args.prompts)
+        for i, client in enumerate(order(args.repeats)):
+            out = sim.work / f"out-{i}"  # a new output each run: generate would resume one
+            rows.append(measure(client, inp, out, args.prompts, sim.url, args.concurrency,
+                                sim.pids))
+            print(f"{client}: {rows[-1].rate:.0f} completions/s", file=sys.stderr)
     print(table(rows, args.prompts, args.concurrency))
     return 0
 

@@ -4,6 +4,8 @@ and what the benchmarks measure of it and of their clients (CPU, peak RSS, wall 
 
     proc = start_sim(free_port(), workdir, "--max-running-requests", "256")
     before = cpu_seconds(tree(proc.pid))
+    with chat_sim(64) as sim:  # or: started in a scratch directory, stopped after the block
+        run = run_client([..., "--url", sim.url], loopback_env())
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +55,30 @@ def start_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("the simulator did not become healthy")
+
+
+@dataclass(frozen=True)
+class Sim:
+    """A simulator running for a bench: its scratch directory, URL and processes."""
+
+    work: Path
+    url: str
+    pids: list[int]  # for cpu_seconds
+
+
+@contextmanager
+def chat_sim(max_running: int) -> Iterator[Sim]:
+    """A simulator of ``max_running`` request slots with the qwen3 reasoning parser, in a
+    scratch directory, stopped on leaving the block."""
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        proc = start_sim(port, Path(tmp), "--max-running-requests", str(max_running),
+                         "--reasoning-parser", "qwen3")
+        try:
+            yield Sim(Path(tmp), f"http://127.0.0.1:{port}", tree(proc.pid))
+        finally:
+            proc.terminate()
+            proc.wait(30)
 
 
 def loopback_env() -> dict[str, str]:
@@ -96,16 +125,42 @@ class Run:
     cpu_s: float  # user + system, its own and its children's
 
 
-def run_client(argv: list[str], env: dict[str, str]) -> Run:
-    """Run ``argv`` to its end, measured from os.wait4 (the child's usage, not the bench's);
-    a non-zero exit is the bench's error."""
+@dataclass(frozen=True)
+class Client:
+    """A client process started, not yet waited for (several may run at once)."""
+
+    argv: list[str]
+    proc: subprocess.Popen[bytes]
+    start: float
+
+
+def launch(argv: list[str], env: dict[str, str]) -> Client:
+    """Start ``argv`` with its standard output piped to the bench."""
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, env=env)
+    return Client(argv, subprocess.Popen(argv, stdout=subprocess.PIPE, env=env), start)
+
+
+def finish(client: Client) -> Run:
+    """Read ``client``'s output to its end and reap it, measured from os.wait4 (the child's
+    usage, not the bench's); a non-zero exit is the bench's error."""
+    proc = client.proc
     assert proc.stdout is not None
     out = proc.stdout.read()
+    proc.stdout.close()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = code = os.waitstatus_to_exitcode(status)
-    wall = time.monotonic() - start
+    wall = time.monotonic() - client.start
     if code:
-        raise SystemExit(f"{' '.join(argv)} exited {code}")
+        raise SystemExit(f"{' '.join(client.argv)} exited {code}")
     return Run(out.decode(), wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime)
+
+
+def run_client(argv: list[str], env: dict[str, str]) -> Run:
+    """Run ``argv`` to its end (launch, then finish)."""
+    return finish(launch(argv, env))
+
+
+def alternate(a: str, b: str, repeats: int) -> list[str]:
+    """a, b, b, a, a, b, ...: each first as often as the other, give or take one, so neither
+    always runs on a warmer server. Example: alternate("x", "y", 2) == ["x", "y", "y", "x"]."""
+    return [c for r in range(repeats) for c in ((a, b) if r % 2 == 0 else (b, a))]
