@@ -176,7 +176,7 @@ def test_router_deploy_puts_a_missing_worker_back_without_a_restart(
     assert "http://127.0.0.13:30000" not in router_workers()
     result = pyinfra("deploys/router.py")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"Router routes to 24 workers\s+1\s+1\s", result.stderr), \
+    assert re.search(rf"Router routes to {3 * INSTANCES} workers\s+1\s+1\s", result.stderr), \
         result.stderr[-2000:]
     time.sleep(1)
     assert router_workers() == EVERY_WORKER

@@ -51,6 +51,11 @@ def file_sd_jobs(path: Path) -> dict[str, list[str]]:
 
 def test_status_of_a_deployed_host(deployed: None) -> None:
     found = rows()
+    deadline = time.monotonic() + 60  # the deploy's last soak may still be finishing
+    while any(r["kind"] == "server" and r["running"] for r in found) and \
+            time.monotonic() < deadline:
+        time.sleep(5)
+        found = rows()
     servers = [r for r in found if r["kind"] == "server"]
     [router] = [r for r in found if r["kind"] == "router"]
     [fleet] = [r for r in found if r["kind"] == "fleet"]
