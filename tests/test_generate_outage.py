@@ -3,6 +3,7 @@ again on its port; nothing fails, every id is written once, and the pause is sai
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet.generate.outage import is_trouble, retry_after
+from sglang_fleet.generate.outage import Breaker, is_trouble, retry_after
 from tests.conftest import free_port
 from tests.test_generate import Sims, cli, records, sims, write_input
 
@@ -67,3 +68,28 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert retry_after("Wed, 21 Oct 2015 07:28:10 GMT", now=1445412480.0) == 10.0
     assert retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412490.0) == 0.0
     assert retry_after(None) is None and retry_after("soon") is None and retry_after("") is None
+
+
+def test_a_try_counts_only_when_the_health_probe_after_it_passes() -> None:
+    """Answers to requests already in flight (servers draining) prove nothing: the probe
+    decides; a failed probe pauses, and the next passing probe resumes."""
+    health: list[str | None] = ["GET /health_generate: ConnectError"]
+    said: list[str] = []
+
+    async def probe() -> str | None:
+        return health[0]
+
+    async def scenario() -> list[bool]:
+        breaker = Breaker(probe, lambda cause: said.append(f"paused: {cause}"),
+                          lambda s, cause: said.append("resumed"))
+        breaker.answered()  # a draining server answers what it held
+        first = await breaker.counts("HTTP 500: Request failed: connect error")
+        second = await breaker.counts("HTTP 503: No available workers")  # paused: no probe
+        health[0] = None
+        await asyncio.wait_for(breaker.admit(), timeout=10)  # the prober resumes it
+        third = await breaker.counts("HTTP 503: alone")  # the fleet serves: it counts
+        return [first, second, third, breaker.paused]
+
+    assert asyncio.run(scenario()) == [False, False, True, False]
+    assert said == ["paused: HTTP 500: Request failed: connect error; GET /health_generate: "
+                    "ConnectError", "resumed"]

@@ -405,7 +405,7 @@ async def complete(http: Pool, limiter: Limiter, url: str, item: Item,
                 breaker.answered()  # the fleet answered; the request was refused
                 return refused(error, sent, response)
             wait = retry_after(response.headers.get("retry-after"))
-        if await breaker.counts(error, start, wait):
+        if await breaker.counts(error, wait):
             counted += 1
             if counted > retries:
                 return refused(f"gave up after {counted} tries while the fleet served"

@@ -3,15 +3,15 @@ router with no healthy worker), the job pauses instead of failing lines, probes 
 health on a backoff (1 s doubling to 30 s, after any Retry-After), and resumes by itself.
 
 A failed try counts against a line's ``--retries`` only while the fleet is known to serve:
-another request was answered after this one was sent, or the health probe passes once it
-failed. A try that failed while the fleet was out is sent again once the fleet is back, so a
-line fails only for its own reason (a 4xx, an answer it cannot read) or after its retries
-while the fleet serves (a request that alone gets 503 still ends).
+the health probe passes once it failed. A try that failed while the fleet was out is sent
+again once the fleet is back, so a line fails only for its own reason (a 4xx, an answer it
+cannot read) or after its retries while the fleet serves (a request that alone gets 503
+still ends).
 
     breaker = Breaker(probe=health, on_pause=print, on_resume=print)
     await breaker.admit()                    # waits while paused
     ...                                      # send it
-    breaker.answered()  /  counted = await breaker.counts(cause, sent_at, retry_after)
+    breaker.answered()  /  counted = await breaker.counts(cause, retry_after)
 """
 
 from __future__ import annotations
@@ -68,7 +68,6 @@ class Breaker:
         self.on_resume = on_resume
         self.paused_since: float | None = None
         self.cause = ""
-        self.last_answer = 0.0
         self.last_probe: tuple[float, str | None] = (0.0, "not probed")  # (started, why not)
         self.probing: asyncio.Task[str | None] | None = None
         self.not_before = 0.0  # a Retry-After: no request before then
@@ -92,18 +91,16 @@ class Breaker:
 
     def answered(self) -> None:
         """An answer came back: the fleet serves (a pause ends)."""
-        self.last_answer = time.monotonic()
         if self.paused:
             self._resume()
 
-    async def counts(self, cause: str, sent_at: float, wait: float | None = None) -> bool:
+    async def counts(self, cause: str, wait: float | None = None) -> bool:
         """After a try the fleet could not serve: True if it counts against the line's
-        retries (another request was answered since it was sent, or the fleet's health probe
-        passes now); False, and the job paused, if the fleet is out."""
+        retries (the fleet's health probe, started after it failed, passes); False, and the
+        job paused, if the fleet is out. Answers to other requests prove nothing here: servers
+        that are stopping answer what they hold while they refuse what comes."""
         if wait:
             self.not_before = max(self.not_before, time.monotonic() + wait)
-        if self.last_answer > sent_at:
-            return True
         if self.paused:
             return False
         failed_at = time.monotonic()
