@@ -193,7 +193,7 @@ def test_every_server_stopped_45_s_mid_job_pauses_it_and_fails_nothing(
     for 45 s in the middle of a job with --retries 2: the job pauses, says why, probes the
     fleet's health, resumes by itself once the router has its workers back, and ends with
     every id once and no failed line."""
-    n = 1500  # ~1 s each at the fleet's size: the first shard well before the outage
+    n = 2000  # ~125 s at 16 at a time (~1 s each): the outage lands in the middle
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"id": f"out-{i}", "max_tokens": 200, "messages": [
         {"role": "user", "content": f"task {i}"}]}) + "\n" for i in range(n)))
@@ -201,7 +201,8 @@ def test_every_server_stopped_45_s_mid_job_pauses_it_and_fails_nothing(
     job = subprocess.Popen(
         [sys.executable, "-m", "sglang_fleet.cli", "generate", str(source), str(out), "--url",
          ROUTER, "--api-key-file", str(KEY_FILE), "--shard-size", "100", "--retries", "2",
-         "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--concurrency", "16", "--json"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not list(out.glob("shard-*.jsonl")):
         assert job.poll() is None and time.monotonic() < deadline, job.communicate()
