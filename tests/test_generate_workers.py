@@ -50,7 +50,9 @@ def test_three_workers_one_killed_then_rerun_write_each_id_once(sims: Sims,
         _, err = procs[k].communicate(timeout=300)
         assert procs[k].returncode == 0, err[-3000:]
     killed = json.loads((out / "manifest-1-of-3.json").read_text())
-    assert killed["complete"] is False and 1 <= len(killed["shards"]) < N // SHARD // 3
+    # the manifest is written just before its shard: a kill between the two leaves it listed
+    committed = [e for e in killed["shards"] if (out / e["name"]).exists()]
+    assert killed["complete"] is False and committed
     assert results(out).returncode == 1  # worker 1 has not finished: the job is not complete
 
     other = subprocess.run(worker(1, 2), cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -61,7 +63,7 @@ def test_three_workers_one_killed_then_rerun_write_each_id_once(sims: Sims,
     rerun = subprocess.run(worker(1), cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     done = json.loads(rerun.stdout.splitlines()[-1])
-    assert done["skipped"] == SHARD * len(killed["shards"]) and done["failures"] == 0
+    assert done["skipped"] == SHARD * len(committed) and done["failures"] == 0
     for k in range(3):
         manifest = json.loads((out / f"manifest-{k}-of-3.json").read_text())
         assert manifest["complete"] and manifest["worker"] == [k, 3]

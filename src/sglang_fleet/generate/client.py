@@ -157,8 +157,8 @@ class Pool:
         self.live.add(conn)
         return conn
 
-    async def _take(self, origin: tuple[str, str, int]) -> _Connection:
-        idle = self.idle.get(origin)
+    async def _take(self, origin: tuple[str, str, int], fresh: bool = False) -> _Connection:
+        idle = None if fresh else self.idle.get(origin)
         while idle:
             conn = idle.pop()
             if conn.reusable():
@@ -175,14 +175,14 @@ class Pool:
             self.live.discard(conn)
 
     async def request(self, method: str, url: str, body: bytes | None = None,
-                      timeout: float | None = None) -> httpx.Response:
+                      timeout: float | None = None, fresh: bool = False) -> httpx.Response:
         """The whole response, or an httpx.HTTPError (ConnectError, ReadTimeout,
         RemoteProtocolError...)."""
         origin, host, target = self._target(url)
         headers = [(b"Host", host), *self.headers]
         if body is not None:
             headers.append((b"Content-Length", str(len(body)).encode()))
-        conn = await self._take(origin)
+        conn = await self._take(origin, fresh)
         try:
             status, reply_headers, content = await conn.exchange(
                 method.encode(), target, headers, body, self.timeout if timeout is None
@@ -194,9 +194,9 @@ class Pool:
         self._give_back(conn)
         return httpx.Response(status, headers=reply_headers, content=content)
 
-    async def get(self, url: str, timeout: float) -> httpx.Response:
+    async def get(self, url: str, timeout: float, fresh: bool = False) -> httpx.Response:
         """A GET (fleet sizing, model name)."""
-        return await self.request("GET", url, timeout=timeout)
+        return await self.request("GET", url, timeout=timeout, fresh=fresh)
 
     async def aclose(self) -> None:
         for conn in self.live:

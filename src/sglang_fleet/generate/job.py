@@ -696,7 +696,8 @@ class Job:
         url = f"{self.opts.url}/health_generate"
         assert self.http is not None
         try:
-            response = await self.http.get(url, HEALTH_TIMEOUT_S)
+            # a new connection: a kept-alive one the server closed would say nothing of it
+            response = await self.http.get(url, HEALTH_TIMEOUT_S, fresh=True)
         except httpx.HTTPError as exc:
             return f"GET /health_generate: {type(exc).__name__}"
         if response.status_code == 200:
