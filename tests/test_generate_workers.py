@@ -43,7 +43,10 @@ def test_three_workers_one_killed_then_rerun_write_each_id_once(sims: Sims,
 
     procs = [subprocess.Popen(worker(k), cwd=ROOT, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for k in range(3)]
-    wait_for(out, "manifest-1-of-3.json", procs[1])  # worker 1 has committed a shard
+    deadline = time.monotonic() + 120
+    while not any(int(s.name[6:12]) % 3 == 1 for s in out.glob("shard-*.jsonl")):
+        assert procs[1].poll() is None and time.monotonic() < deadline, procs[1].communicate()
+        time.sleep(0.05)  # until worker 1 has committed a shard
     procs[1].send_signal(signal.SIGKILL)
     procs[1].wait()
     for k in (0, 2):
