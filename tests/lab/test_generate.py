@@ -137,6 +137,55 @@ def router_health() -> dict[str, bool]:
     return {host: bool(workers.get(url, {}).get("is_healthy")) for host, url in HOSTS.items()}
 
 
+def test_every_server_stopped_45_s_mid_job_pauses_it_and_fails_nothing(
+        fleet: None, tmp_path: Path) -> None:
+    """Both hosts' servers stopped (systemctl stop: they drain, then the router has no worker)
+    for 45 s in the middle of a job with --retries 2: the job pauses, says why, probes the
+    fleet's health, resumes by itself once the router has its workers back, and ends with
+    every id once and no failed line."""
+    n = 2000  # ~125 s at 16 at a time (~1 s each): the outage lands in the middle
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"id": f"out-{i}", "max_tokens": 200, "messages": [
+        {"role": "user", "content": f"task {i}"}]}) + "\n" for i in range(n)))
+    out = tmp_path / "out"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "sglang_fleet.cli", "generate", str(source), str(out), "--url",
+         ROUTER, "--api-key-file", str(KEY_FILE), "--shard-size", "100", "--retries", "2",
+         "--concurrency", "16", "--json"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(out.glob("shard-*.jsonl")):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.5)
+    for host in HOSTS:
+        stopped = ssh(host, "systemctl stop sglang.service")
+        assert stopped.returncode == 0, stopped.stderr
+    time.sleep(45)
+    assert job.poll() is None, "the job ended during the outage"
+    for host in HOSTS:
+        started = ssh(host, "systemctl reset-failed sglang.service; systemctl start sglang.service")
+        assert started.returncode == 0, started.stdout + ssh(
+            host, "systemctl status sglang.service --no-pager; journalctl -u sglang -n 40 "
+            "-o cat --no-pager").stdout[-4000:]
+    stdout, stderr = job.communicate(timeout=900)
+    assert job.returncode == 0, stderr[-3000:]
+    events = [json.loads(line) for line in stdout.splitlines()]
+    paused = [e for e in events if e["event"] == "paused"]
+    resumed = [e for e in events if e["event"] == "resumed"]
+    assert paused and resumed and sum(e["paused_s"] for e in resumed) >= 30, (paused, resumed)
+    assert "/health_generate" in paused[0]["cause"], paused[0]
+    done = events[-1]
+    assert done["event"] == "done" and done["failures"] == 0, done
+    view = run("sglang-fleet", "results", str(out))
+    assert view.returncode == 0, view.stderr
+    ids = [json.loads(line)["id"] for line in view.stdout.splitlines()]
+    assert len(ids) == n and set(ids) == {f"out-{i}" for i in range(n)}
+    wait = time.monotonic() + 120
+    while not whole(router_health()) and time.monotonic() < wait:
+        time.sleep(2)
+    assert whole(router_health()), "the fleet did not come back whole"
+
+
 def test_the_fleet_heals_while_servers_are_killed(fleet: None, tmp_path: Path) -> None:
     """4,000 requests through the router while a server is killed with SIGKILL every ~30 s
     (lab1 and lab2 in turn, once both are healthy again): systemd restarts
@@ -185,49 +234,3 @@ def test_the_fleet_heals_while_servers_are_killed(fleet: None, tmp_path: Path) -
 
 def whole(health: dict[str, bool]) -> bool:
     return set(health) == set(HOSTS) and all(health.values())
-
-
-def test_every_server_stopped_45_s_mid_job_pauses_it_and_fails_nothing(
-        fleet: None, tmp_path: Path) -> None:
-    """Both hosts' servers stopped (systemctl stop: they drain, then the router has no worker)
-    for 45 s in the middle of a job with --retries 2: the job pauses, says why, probes the
-    fleet's health, resumes by itself once the router has its workers back, and ends with
-    every id once and no failed line."""
-    n = 2000  # ~125 s at 16 at a time (~1 s each): the outage lands in the middle
-    source = tmp_path / "prompts.jsonl"
-    source.write_text("".join(json.dumps({"id": f"out-{i}", "max_tokens": 200, "messages": [
-        {"role": "user", "content": f"task {i}"}]}) + "\n" for i in range(n)))
-    out = tmp_path / "out"
-    job = subprocess.Popen(
-        [sys.executable, "-m", "sglang_fleet.cli", "generate", str(source), str(out), "--url",
-         ROUTER, "--api-key-file", str(KEY_FILE), "--shard-size", "100", "--retries", "2",
-         "--concurrency", "16", "--json"], cwd=ROOT, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 300
-    while not list(out.glob("shard-*.jsonl")):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-        time.sleep(0.5)
-    for host in HOSTS:
-        stopped = ssh(host, "systemctl stop sglang.service")
-        assert stopped.returncode == 0, stopped.stderr
-    time.sleep(45)
-    assert job.poll() is None, "the job ended during the outage"
-    for host in HOSTS:
-        assert ssh(host, "systemctl start sglang.service").returncode == 0
-    stdout, stderr = job.communicate(timeout=900)
-    assert job.returncode == 0, stderr[-3000:]
-    events = [json.loads(line) for line in stdout.splitlines()]
-    paused = [e for e in events if e["event"] == "paused"]
-    resumed = [e for e in events if e["event"] == "resumed"]
-    assert paused and resumed and sum(e["paused_s"] for e in resumed) >= 30, (paused, resumed)
-    assert "/health_generate" in paused[0]["cause"], paused[0]
-    done = events[-1]
-    assert done["event"] == "done" and done["failures"] == 0, done
-    view = run("sglang-fleet", "results", str(out))
-    assert view.returncode == 0, view.stderr
-    ids = [json.loads(line)["id"] for line in view.stdout.splitlines()]
-    assert len(ids) == n and set(ids) == {f"out-{i}" for i in range(n)}
-    wait = time.monotonic() + 120
-    while not whole(router_health()) and time.monotonic() < wait:
-        time.sleep(2)
-    assert whole(router_health()), "the fleet did not come back whole"
