@@ -137,6 +137,18 @@ def router_health() -> dict[str, bool]:
     return {host: bool(workers.get(url, {}).get("is_healthy")) for host, url in HOSTS.items()}
 
 
+def start_again(host: str) -> bool:
+    """Start a stopped server. In the lab's nspawn guests systemd 252 can fail to remove a
+    stopped unit's cgroup ("Failed to kill control group ...: Input/output error") and the next
+    start then ends at once with status 219/CGROUP; a start a few seconds later succeeds."""
+    for _ in range(3):
+        if ssh(host, "systemctl reset-failed sglang.service; "
+                     "systemctl start sglang.service").returncode == 0:
+            return True
+        time.sleep(5)
+    return False
+
+
 def test_every_server_stopped_45_s_mid_job_pauses_it_and_fails_nothing(
         fleet: None, tmp_path: Path) -> None:
     """Both hosts' servers stopped (systemctl stop: they drain, then the router has no worker)
@@ -163,10 +175,8 @@ def test_every_server_stopped_45_s_mid_job_pauses_it_and_fails_nothing(
     time.sleep(45)
     assert job.poll() is None, "the job ended during the outage"
     for host in HOSTS:
-        started = ssh(host, "systemctl reset-failed sglang.service; systemctl start sglang.service")
-        assert started.returncode == 0, started.stdout + ssh(
-            host, "systemctl status sglang.service --no-pager; journalctl -u sglang -n 40 "
-            "-o cat --no-pager").stdout[-4000:]
+        assert start_again(host), ssh(host, "systemctl status sglang.service --no-pager; "
+                                            "journalctl -u sglang -n 40 -o cat").stdout[-4000:]
     stdout, stderr = job.communicate(timeout=900)
     assert job.returncode == 0, stderr[-3000:]
     events = [json.loads(line) for line in stdout.splitlines()]
