@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import time
@@ -44,7 +45,10 @@ def test_the_only_server_killed_mid_job_pauses_the_job_and_loses_nothing(
     events = [json.loads(line) for line in stdout.splitlines()]
     kinds = [e["event"] for e in events]
     paused = next(e for e in events if e["event"] == "paused")
-    assert "GET /health_generate: ConnectError" in paused["cause"], paused  # a new connection
+    # a new connection, refused, or (the killed server's children still hold its socket for a
+    # moment) closed unanswered
+    assert re.search(r"GET /health_generate: (ConnectError|RemoteProtocolError|ReadError)",
+                     paused["cause"]), paused
     resumed = next(e for e in events if e["event"] == "resumed")
     assert kinds.index("paused") < kinds.index("resumed") and resumed["paused_s"] >= 5
     assert events[-1]["event"] == "done" and events[-1]["failures"] == 0
@@ -54,7 +58,11 @@ def test_the_only_server_killed_mid_job_pauses_the_job_and_loses_nothing(
 
 @pytest.mark.parametrize("status, body, trouble", [
     (503, b'{"error":"No available workers"}', True), (502, b"", True), (504, b"", True),
-    (429, b"", True), (500, b"Request failed: error sending request", True),
+    (429, b"", True),
+    (500, b'{"error":{"type":"server_error","code":"call_upstream_connection_failed"}}', True),
+    (500, b'{"error":{"type":"Internal Server Error","code":"call_upstream_request_error"}}',
+     True),
+    (404, b'{"error":{"type":"invalid_request_error","code":"model_not_found"}}', True),
     (500, b'{"object":"error","message":"internal"}', False), (400, b"", False),
     (404, b"", False)])
 def test_what_is_the_fleets_trouble_and_what_is_the_requests(status: int, body: bytes,

@@ -66,7 +66,7 @@ def test_router_keys_reach_the_router_in_process_only() -> None:
 def test_router_command_line_never_holds_the_key() -> None:
     [config] = routers(router_policy="round_robin")
     line = argv(config)
-    assert line[5:9] == ["launch", "--host", "0.0.0.0", "--port"]
+    assert line[5:10] == ["smg.cli", "launch", "--host", "0.0.0.0", "--port"]
     assert line[line.index("--policy") + 1] == "round_robin"
     assert not set(KEYS.values()) & set(line) and "--api-key" not in line
 

@@ -36,6 +36,8 @@ sglang_overrides = {
     "model.source": f"s3://{S3_BUCKET}/{MODEL_PREFIX}",
 }
 engine_find_links = _lab.wheels_url
+# The gateway (smg by default) from the same wheelhouse, its dependencies from PyPI.
+router_find_links = _lab.wheels_url
 
 # The lab's S3 endpoint and its (throwaway) credentials.
 s3_endpoint_url = _lab.s3_url

@@ -25,8 +25,13 @@ from sglang_fleet.routerctl import Router
 from sglang_fleet.secretfile import SECRET_NAME, api_key
 
 ROUTERS_GROUP = "routers"
-ROUTER_VERSION = "0.3.2"
+# The gateway by package, with its pinned release: smg (the Shepherd Model Gateway, which
+# SGLang's own releases depend on) by default; sglang-router 0.3.2, the last release under
+# that name, when host data ``router_package`` asks for it.
+ROUTER_PACKAGES = {"smg": "1.13.0", "sglang-router": "0.3.2"}
+ROUTER_PACKAGE = "smg"
 ROUTER_PORT = 30080
+ROUTER_METRICS_PORT = 29000  # both packages' default --prometheus-port
 ANY_ADDRESS = ("0.0.0.0", "::", "")
 
 
@@ -108,14 +113,20 @@ def _router_keys(data: Any, source: str) -> tuple[str | None, str | None]:
 class RouterConfig:
     """A router host's data, validated (``router_*`` keys, all optional)."""
 
+    package: str  # a key of ROUTER_PACKAGES
     version: str
+    index_url: str | None  # where pip finds the package (PyPI by default) ...
+    find_links: str | None  # ... and a wheelhouse besides, as for the engine
     bind: str
     port: int
+    metrics_port: int  # Prometheus' /metrics
     url: str
     policy: str
     health_interval: int
     health_failures: int
     health_successes: int
+    breaker_failures: int  # consecutive failures that open a worker's circuit breaker
+    breaker_timeout: int  # seconds before an open breaker lets a request try the worker again
     api_key: str | None  # what clients send (``--api-key``)
     admin_key: str | None  # what /workers needs (``--control-plane-api-keys``, role admin)
 
@@ -131,16 +142,27 @@ class RouterConfig:
         if policy not in policies:
             raise InputError.one(source, "router_policy", f"unknown policy {policy!r}",
                                  f"one of {', '.join(policies)}")
+        package = data.get("router_package", ROUTER_PACKAGE)
+        if package not in ROUTER_PACKAGES:
+            raise InputError.one(source, "router_package", f"unknown router {package!r}",
+                                 f"one of {', '.join(ROUTER_PACKAGES)} (default {ROUTER_PACKAGE})")
         key, admin_key = _router_keys(data, source)
         bind = str(data.get("router_host", "0.0.0.0"))
         port = _int(data, source, "router_port", ROUTER_PORT)
         where = address(host) if bind in ANY_ADDRESS else bind
-        return cls(version=str(data.get("router_version", ROUTER_VERSION)),
-                   bind=bind, port=port, url=str(data.get("router_url", f"http://{where}:{port}")),
+        return cls(package=package,
+                   version=str(data.get("router_version", ROUTER_PACKAGES[package])),
+                   index_url=data.get("router_index_url"),
+                   find_links=data.get("router_find_links"),
+                   bind=bind, port=port,
+                   metrics_port=_int(data, source, "router_metrics_port", ROUTER_METRICS_PORT),
+                   url=str(data.get("router_url", f"http://{where}:{port}")),
                    policy=policy,
                    health_interval=_int(data, source, "router_health_check_interval_secs", 5),
                    health_failures=_int(data, source, "router_health_failure_threshold", 3),
                    health_successes=_int(data, source, "router_health_success_threshold", 2),
+                   breaker_failures=_int(data, source, "router_breaker_failures", 3),
+                   breaker_timeout=_int(data, source, "router_breaker_timeout_secs", 10),
                    api_key=key, admin_key=admin_key)
 
 

@@ -30,7 +30,8 @@ OVERRIDES_KEY = "sglang_overrides"
 DOTTED_PREFIX = "sglang."
 INSECURE_KEY = "allow_insecure_urls"
 # Host data URLs: repositories, indexes and endpoints the hosts fetch from as root.
-URL_KEYS = ("engine_find_links", "nvidia_repo_base_url", "s3_endpoint_url")
+URL_KEYS = ("engine_find_links", "nvidia_repo_base_url", "s3_endpoint_url", "router_index_url",
+            "router_find_links")
 # Seconds, with the largest value that still makes sense (a day).
 SECONDS_KEYS = ("startup_budget_seconds", "drain_budget_seconds")
 # Secret values: written to root-only files, one line each.
@@ -190,11 +191,12 @@ def _form_problems(host: Host) -> list[tuple[str, str, str]]:
                  else f"must be a URL string, got {type(url).__name__}")
         if wrong:
             found.append(("router_url", wrong, "e.g. http://10.0.0.11:30080"))
-    port = host.data.get("router_port")
-    if port is not None and (not isinstance(port, int) or isinstance(port, bool)
-                             or not 1024 <= port <= 65535):
-        found.append(("router_port", f"must be a port from 1024 to 65535, got {port!r}",
-                      "e.g. 30080 (ports below 1024 are privileged)"))
+    for key, usual in (("router_port", 30080), ("router_metrics_port", 29000)):
+        port = host.data.get(key)
+        if port is not None and (not isinstance(port, int) or isinstance(port, bool)
+                                 or not 1024 <= port <= 65535):
+            found.append((key, f"must be a port from 1024 to 65535, got {port!r}",
+                          f"e.g. {usual} (ports below 1024 are privileged)"))
     return found
 
 

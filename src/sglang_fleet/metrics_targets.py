@@ -23,8 +23,6 @@ from sglang_fleet import fleet, hostdata
 from sglang_fleet.errors import InputError
 from sglang_fleet.render import render_all
 
-# sglang-router's default --prometheus-port (the deploy sets its host, not its port).
-ROUTER_METRICS_PORT = 29000
 # dcgm-exporter's default listen address (:9400).
 DCGM_EXPORTER_PORT = 9400
 TARGETS_KEY = "prometheus_file_sd"
@@ -56,7 +54,7 @@ def targets(hosts: Iterable[Host]) -> list[dict[str, Any]]:
         if fleet.ROUTERS_GROUP in host.groups:
             config = fleet.RouterConfig.from_host(host)
             where = fleet.address(host) if config.bind in fleet.ANY_ADDRESS else config.bind
-            groups.append({"targets": [f"{where}:{ROUTER_METRICS_PORT}"],
+            groups.append({"targets": [f"{where}:{config.metrics_port}"],
                            "labels": {"job": "sglang-router", "host": host.name}})
         if host.data.get("install_dcgm"):
             groups.append({"targets": [f"{fleet.address(host)}:{DCGM_EXPORTER_PORT}"],

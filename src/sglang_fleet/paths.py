@@ -57,7 +57,8 @@ SERVER_UNIT = "sglang.service"  # sglang-N.service with parallel.instances > 1
 SERVER_UNIT_PATTERN = r"sglang(-[0-9]+)?\.service"
 ROUTER_UNIT = "sglang-router.service"
 ROUTER_CONFIG = "/etc/sglang-router"
-ROUTER_WORKERS = f"{ROUTER_CONFIG}/workers.env"
+ROUTER_WORKERS = f"{ROUTER_CONFIG}/workers.env"  # sglang-router: the list it starts with
+ROUTER_WORKERS_JSON = f"{ROUTER_CONFIG}/workers.json"  # smg: the list it watches
 ROUTER_CACHE = "/var/cache/sglang-router"  # systemd's CacheDirectory= (DynamicUser) link
 ROUTER_CACHE_PRIVATE = "/var/cache/private/sglang-router"
 

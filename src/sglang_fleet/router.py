@@ -1,13 +1,22 @@
-"""Router stage: the real ``sglang-router`` (from PyPI, pinned) as a hardened systemd service in
-front of every serving host of the inventory, health-checking them, with the API key from a
-root-only file; the running router's worker list is kept in step without a restart.
+"""Router stage: the gateway (``smg``, the Shepherd Model Gateway, by default; ``sglang-router``
+0.3.2 with host data ``router_package``), pinned, from PyPI or the site's index and wheelhouse,
+as a hardened systemd service in front of every serving host of the inventory, health-checking
+them and opening a worker's circuit breaker after a few failed requests, with its keys from a
+root-only file; the worker list changes without a restart.
 
     from sglang_fleet.router import install_router
     install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory))
+
+smg reads its workers from a file it watches (``--discovery-provider file``): the deploy writes
+the file and smg applies it within a second. sglang-router 0.3.2 has no such option: it starts
+with the list from an environment file and the deploy changes the running list through its
+``/workers`` API.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from io import StringIO
 from urllib.parse import urlsplit
 
@@ -33,27 +42,64 @@ UNIT = paths.ROUTER_UNIT
 HOME = paths.ROUTER_HOME
 LAUNCHER = "start_router"  # the keys in-process (remote/start_router.py)
 ENV_FILE = paths.env_file(UNIT)
-WORKERS_FILE = paths.ROUTER_WORKERS
+WORKERS_ENV = paths.ROUTER_WORKERS  # sglang-router: the list it starts with
+WORKERS_JSON = paths.ROUTER_WORKERS_JSON  # smg: the list it watches
 TEMPLATE = paths.template("sglang-router.service.j2")
 CACHE_LINK = paths.ROUTER_CACHE
 CACHE_DIR = paths.ROUTER_CACHE_PRIVATE
 GRACE = 60  # seconds the router gives requests in flight when it stops
+# smg re-reads its worker file on every change and, besides, every this many seconds; a reread
+# puts back a worker a roll took out through the API, so the periodic one waits a day.
+REREAD = 86400
+# Each package's CLI entry point (start_router imports it; nothing else is accepted there).
+CLI = {"smg": "smg.cli", "sglang-router": "sglang_router.cli"}
 
 
 def venv(config: RouterConfig) -> str:
-    return f"{HOME}/sglang-router-{config.version}"
+    return f"{HOME}/{config.package}-{config.version}"
 
 
-def argv(config: RouterConfig) -> list[str]:
-    """The router's command line (the worker list comes from ``$SGLANG_ROUTER_WORKERS``)."""
-    return [*program(f"{venv(config)}/bin/python", LAUNCHER), "launch", "--host", config.bind,
-            "--port", str(config.port), "--policy", config.policy,
+def watches_file(config: RouterConfig) -> bool:
+    """Whether the router reads its workers from a file it watches (smg)."""
+    return config.package == "smg"
+
+
+def argv(config: RouterConfig, workers_json: str = WORKERS_JSON) -> list[str]:
+    """The router's command line: the same flags for both packages (smg kept sglang-router's
+    names, smg/router_args.py), the worker list from the file smg watches, or, for
+    sglang-router, from ``$SGLANG_ROUTER_WORKERS`` (appended by the unit)."""
+    line = [*program(f"{venv(config)}/bin/python", LAUNCHER), CLI[config.package], "launch",
+            "--host", config.bind, "--port", str(config.port), "--policy", config.policy,
             "--health-check-endpoint", "/health",
             "--health-check-interval-secs", str(config.health_interval),
             "--health-failure-threshold", str(config.health_failures),
             "--health-success-threshold", str(config.health_successes),
+            "--cb-failure-threshold", str(config.breaker_failures),
+            "--cb-timeout-duration-secs", str(config.breaker_timeout),
             "--shutdown-grace-period-secs", str(GRACE),
-            "--prometheus-host", config.bind]
+            "--prometheus-host", config.bind, "--prometheus-port", str(config.metrics_port)]
+    if watches_file(config):
+        # Discovery would also remove a worker unhealthy for long (and re-add it on the next
+        # reread); kept listed, it comes back by its health checks alone.
+        line += ["--discovery-provider", "file", "--discovery-file", workers_json,
+                 "--discovery-check-interval-secs", str(REREAD), "--no-remove-unhealthy-workers"]
+    return line
+
+
+def exec_start(config: RouterConfig) -> str:
+    words = [systemd_word(w) for w in argv(config)]
+    if not watches_file(config):
+        words += ["--worker-urls", "$SGLANG_ROUTER_WORKERS"]
+    return " ".join(words)
+
+
+def workers_text(config: RouterConfig, worker_urls: list[str]) -> str:
+    """The worker list the router reads: smg's manifest (``{"version": 1, "workers": [{"url":
+    ...}]}``, the only version smg 1.13.0 reads) or sglang-router's environment file."""
+    if watches_file(config):
+        return json.dumps({"version": 1, "workers": [{"url": u} for u in worker_urls]},
+                          indent=2) + "\n"
+    return env_line("SGLANG_ROUTER_WORKERS", " ".join(worker_urls)) + "\n"
 
 
 def env_text(config: RouterConfig) -> str:
@@ -80,30 +126,40 @@ def allowed_peers(worker_urls: list[str]) -> list[str]:
 
 @operation(is_idempotent=True)
 def router_release(config: RouterConfig) -> Ops:
-    """sglang-router==VERSION in its own venv, renamed into place when complete.
+    """PACKAGE==VERSION in its own venv, renamed into place when complete.
 
     + config: the router's validated host data (``RouterConfig.from_host``)
 
-        router_release(name="Install sglang-router 0.3.2", config=config)
+        router_release(name="Install smg 1.13.0", config=config)
     """
-    yield from venv_install(venv(config), "/usr/bin/python3", f"sglang-router=={config.version}",
-                            [])
+    source = [*(["--index-url", config.index_url] if config.index_url else []),
+              *(["--find-links", config.find_links] if config.find_links else [])]
+    yield from venv_install(venv(config), "/usr/bin/python3",
+                            f"{config.package}=={config.version}", source)
 
 
-def _sync(state: object, host: object, config: RouterConfig, urls: list[str]) -> None:
-    router = config.api()
-    have = router.workers()
+def _sync(state: object, host: object, config: RouterConfig, urls: list[str],
+          wait: float = 10) -> None:
+    """Give a router that watches its file ``wait`` seconds to apply it, then add and remove
+    through the API what still differs (a worker a stopped roll or teardown left out)."""
+    api = config.api()
+    deadline = time.monotonic() + (wait if watches_file(config) else 0)
+    have = api.workers(routed_only=True)
+    while set(have) != set(urls) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        have = api.workers(routed_only=True)
     for url in urls:
         if url not in have:
-            router.add(url)
+            api.add(url)
     for url in have:
         if url not in urls:
-            router.remove(url)
+            api.remove(url)
 
 
 @operation(is_idempotent=True)
 def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Ops:
-    """The running router routes to exactly ``urls`` (added or removed through its API).
+    """The running router routes to exactly ``urls``: smg from the file it watches (given a few
+    seconds to apply it), and either through its API for what still differs.
 
     + config: the router's validated host data (its URL and admin key)
     + urls: the workers it must route to
@@ -116,7 +172,7 @@ def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Op
     router = config.api()
     try:
         router.wait_alive(wait)
-        have = router.workers()
+        have = router.workers(routed_only=True)
     except RouterError as err:
         yield fail(str(err))
         return
@@ -131,19 +187,21 @@ def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Op
 def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
     uv_ready()
     files.directory(name=f"Directory {HOME}", path=HOME, mode="755")
-    router_release(name=f"Install sglang-router {config.version}", config=config)
+    router_release(name=f"Install {config.package} {config.version}", config=config)
     [launcher] = upload(LAUNCHER)
     secrets_directory()
     key = secret_file(name="Router keys (root, 0600)", dest=ENV_FILE, content=env_text(config))
-    files.directory(name="Router worker list directory", path=WORKERS_FILE.rsplit("/", 1)[0],
-                    mode="755")
-    files.put(name="Router worker list (read at start)", dest=WORKERS_FILE, mode="644",
-              src=StringIO(env_line("SGLANG_ROUTER_WORKERS", " ".join(worker_urls)) + "\n"))
-    exec_start = " ".join([*(systemd_word(w) for w in argv(config)),
-                           "--worker-urls", "$SGLANG_ROUTER_WORKERS"])
+    files.directory(name="Router worker list directory", path=paths.ROUTER_CONFIG, mode="755")
+    used, unused = ((WORKERS_JSON, WORKERS_ENV) if watches_file(config)
+                    else (WORKERS_ENV, WORKERS_JSON))
+    files.put(name=f"Router worker list ({'watched' if used == WORKERS_JSON else 'read at start'})",
+              dest=used, mode="644", src=StringIO(workers_text(config, worker_urls)))
+    files.file(name="The other router's worker list", path=unused, present=False)
     unit = files.template(name=f"Unit {UNIT}", src=TEMPLATE, dest=paths.unit_path(UNIT),
-                          mode="644", version=config.version, env_file=ENV_FILE,
-                          workers_file=WORKERS_FILE, exec_start=exec_start, grace=GRACE,
+                          mode="644", package=config.package, version=config.version,
+                          env_file=ENV_FILE,
+                          workers_file=None if watches_file(config) else WORKERS_ENV,
+                          exec_start=exec_start(config), grace=GRACE,
                           allowed=allowed_peers(worker_urls), paths=paths.template_values())
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
     unit_running(name=f"Enable and start {UNIT} (restarted when its definition changed)",
@@ -159,5 +217,4 @@ def remove_router() -> None:
     # systemd keeps a DynamicUser's CacheDirectory (and the link to it) after the unit goes.
     files.link(name="Router cache link", path=CACHE_LINK, present=False)
     files.directory(name="Router cache", path=CACHE_DIR, present=False)
-    files.directory(name="Router worker list", path=WORKERS_FILE.rsplit("/", 1)[0],
-                    present=False)
+    files.directory(name="Router worker list", path=paths.ROUTER_CONFIG, present=False)

@@ -6,11 +6,15 @@
     router.add("http://10.0.0.11:30000")
     router.wait_healthy("http://10.0.0.11:30000", timeout=120)
 
-Measured with sglang-router 0.3.2: ``DELETE /workers/{id}`` takes the worker out of routing at
-once and does not cut the requests already sent to it (they finish with 200); ``POST /workers``
-and ``DELETE`` answer 202 and finish in the background. A worker added through ``POST /workers``
-does not inherit the router's ``--api-key`` (0.3.2 logs a warning and calls the worker without a
-key, which answers 401): the payload carries the worker's key.
+Measured with smg 1.13.0 and sglang-router 0.3.2: ``DELETE /workers/{id}`` takes the worker
+out of routing at once and does not cut the requests already sent to it (they finish with 200);
+``POST /workers`` and ``DELETE`` answer 202 and finish in the background. A worker added through
+``POST /workers`` does not inherit the router's ``--api-key`` (both log a warning; smg then never
+registers a worker that answers 401, 0.3.2 registers it as model ``unknown``): the payload
+carries the worker's key. smg keeps a deleted worker listed as ``status: draining`` for 5 s
+(its fixed drain settle time, smg/router_args.py) and answers 409 to a ``POST`` of a URL it
+lists or is still registering (``WORKER_ALREADY_EXISTS``, ``WORKER_CREATE_IN_PROGRESS``);
+0.3.2 drops the entry at once and queues a second registration.
 """
 
 from __future__ import annotations
@@ -21,10 +25,15 @@ from typing import Any
 import httpx
 
 RUNNING = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
+DRAINING = "draining"  # smg's status of a removed worker (no new requests) until it is dropped
 
 
 class RouterError(Exception):
     """The router refused or did not answer; the message says which and what it said."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Router:
@@ -46,13 +55,13 @@ class Router:
         if response.status_code >= 400:
             body = response.content[:200].decode(errors="replace").replace("\n", " ")
             raise RouterError(f"router {self.url}: {method} {path} answered "
-                              f"{response.status_code}: {body}")
+                              f"{response.status_code}: {body}", response.status_code)
         try:
             return response.json() if response.content else None
         except ValueError:  # not JSON, or not UTF-8: not a router
             raise RouterError(f"router {self.url}: {method} {path} answered "
                               f"{response.status_code} but not JSON: {response.content[:80]!r} "
-                              "(is it an sglang-router?)") from None
+                              "(is it smg or sglang-router?)") from None
 
     def alive(self) -> bool:
         try:
@@ -60,21 +69,31 @@ class Router:
         except (httpx.HTTPError, httpx.InvalidURL):
             return False
 
-    def workers(self) -> dict[str, dict[str, Any]]:
-        """Registered workers by URL."""
+    def workers(self, routed_only: bool = False) -> dict[str, dict[str, Any]]:
+        """Registered workers by URL; ``routed_only``: without those on their way out (smg's
+        ``status: draining`` after a DELETE)."""
         answer = self._call("GET", "/workers")
         workers = answer.get("workers", []) if isinstance(answer, dict) else None
         if not isinstance(workers, list) or not all(
                 isinstance(w, dict) and isinstance(w.get("url"), str) for w in workers):
             raise RouterError(f"router {self.url}: GET /workers answered something other than "
-                              "a list of workers with URLs (is it an sglang-router?)")
-        return {w["url"]: w for w in workers}
+                              "a list of workers with URLs (is it smg or sglang-router?)")
+        return {w["url"]: w for w in workers
+                if not (routed_only and w.get("status") == DRAINING)}
 
     def add(self, url: str) -> bool:
-        """Register ``url`` unless it is registered already; True if it was added."""
+        """Register ``url`` unless it is registered already (or, smg, being registered); True
+        if it was added. A worker still draining after a removal is waited out first."""
+        self._wait(lambda: self.workers().get(url, {}).get("status") != DRAINING, 30,
+                   f"{url} to finish draining before it is added again")
         if url in self.workers():
             return False
-        self._call("POST", "/workers", json=self.worker_payload(url))
+        try:
+            self._call("POST", "/workers", json=self.worker_payload(url))
+        except RouterError as err:
+            if err.status == 409:  # listed or registering meanwhile: what was asked
+                return False
+            raise
         return True
 
     def worker_payload(self, url: str) -> dict[str, str]:
@@ -89,7 +108,8 @@ class Router:
         if not isinstance(worker.get("id"), str | int):
             raise RouterError(f"router {self.url}: worker {url} has no id to remove it by")
         self._call("DELETE", f"/workers/{worker['id']}")
-        self._wait(lambda: url not in self.workers(), 30, f"{url} to leave the router")
+        self._wait(lambda: url not in self.workers(routed_only=True), 30,
+                   f"{url} to leave the router")
         return True
 
     def wait_alive(self, timeout: float) -> None:

@@ -1,7 +1,7 @@
-"""Three lab hosts behind the real sglang-router, reached as cloud images are (root's SSH login
-refused, a user with passwordless sudo): a hand-started server on a port, the router deploy,
-rolling redeploys under load (a good change and a release that fails to start), and teardown
-back to a fresh host."""
+"""Three lab hosts behind the real gateway (smg, the default), reached as cloud images are
+(root's SSH login refused, a user with passwordless sudo): a hand-started server on a port, the
+router deploy, rolling redeploys under load (a good change and a release that fails to start),
+and teardown back to a fresh host."""
 
 from __future__ import annotations
 
@@ -137,11 +137,12 @@ def roll(*data: str, flags: tuple[str, ...] = ()) -> tuple[int, str, Load]:
 
 
 def workers() -> list[dict[str, Any]]:
-    """The router's worker list, from its API."""
+    """The router's worker list, from its API, without those on their way out (smg lists a
+    removed worker as ``draining`` for 5 s)."""
     out = run("curl", "-s", "-H", f"Authorization: Bearer {admin_key()}",
               f"{ROUTER}/workers").stdout
     listed: list[dict[str, Any]] = json.loads(out)["workers"]
-    return listed
+    return [w for w in listed if w.get("status") != "draining"]
 
 
 def router_workers() -> dict[str, bool]:

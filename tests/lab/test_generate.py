@@ -1,12 +1,15 @@
-"""The job through the lab's fleet (issue 17): 2 hosts behind the real sglang-router, 5,000
-requests read from and written to the lab's S3 endpoint, a rolling redeploy started in the
-middle, the generator killed with SIGKILL, then the same command again: exactly 5,000 unique
-ids in the output and the manifest matching the shards."""
+"""The job through the lab's fleet (issue 17): 2 hosts behind the real sglang-router 0.3.2
+(host data ``router_package``; the other lab modules run smg, the default), 5,000 requests
+read from and written to the lab's S3 endpoint, a rolling redeploy started in the middle, the
+generator killed with SIGKILL, then the same command again: exactly 5,000 unique ids in the
+output and the manifest matching the shards; outages, kills, and at the end the router
+switched to smg under a running job."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -28,14 +31,16 @@ KEY_FILE = Path("/var/lib/sglang-fleet-lab/ssh/api-key")
 S3_URL = f"http://{SITE_ADDRESS}:{S3_PORT}"
 BUCKET = "jobs"
 N = 5000
+OLD_ROUTER = "sglang-router"  # 0.3.2; test_a_router_switch_... ends on smg
 
 
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[None]:
     for _ in booted_lab("--hosts", "2", "--gpus", "1"):
-        for deploy in ("deploys/sglang.py", "deploys/router.py"):
-            result = pyinfra(deploy)
-            assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+        result = pyinfra("deploys/sglang.py")
+        assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
+        result = pyinfra("deploys/router.py", "--data", f"router_package={OLD_ROUTER}")
+        assert result.returncode == 0, (result.stdout + result.stderr)[-5000:]
         yield
 
 
@@ -244,3 +249,44 @@ def test_the_fleet_heals_while_servers_are_killed(fleet: None, tmp_path: Path) -
 
 def whole(health: dict[str, bool]) -> bool:
     return set(health) == set(HOSTS) and all(health.values())
+
+
+def test_a_router_switch_to_smg_under_a_running_job_fails_nothing(
+        fleet: None, tmp_path: Path) -> None:
+    """The router deploy with the default gateway, while a job runs through the router: the
+    unit restarts onto smg (its own venv; the worker list becomes the file smg watches, the old
+    environment-file list goes), the job pauses for the restart and fails no line, and the
+    next router deploy changes nothing."""
+    n = 1500
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"id": f"sw-{i}", "max_tokens": 200, "messages": [
+        {"role": "user", "content": f"task {i}"}]}) + "\n" for i in range(n)))
+    out = tmp_path / "out"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "sglang_fleet.cli", "generate", str(source), str(out), "--url",
+         ROUTER, "--api-key-file", str(KEY_FILE), "--shard-size", "100", "--retries", "2",
+         "--concurrency", "16", "--json"], cwd=ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(out.glob("shard-*.jsonl")):
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.5)
+    switched = pyinfra("deploys/router.py")
+    assert switched.returncode == 0, (switched.stdout + switched.stderr)[-5000:]
+    assert job.poll() is None, "the job ended before the switch: make it longer"
+    stdout, stderr = job.communicate(timeout=900)
+    assert job.returncode == 0, stderr[-3000:]
+    done = [json.loads(line) for line in stdout.splitlines()][-1]
+    assert done["event"] == "done" and done["failures"] == 0, done
+    unit = ssh("lab1", "systemctl cat sglang-router.service").stdout
+    assert "smg.cli launch" in unit and "--discovery-file /etc/sglang-router/workers.json" in unit
+    files = ssh("lab1", "ls /etc/sglang-router /opt/sglang/router").stdout.split()
+    assert "workers.json" in files and "workers.env" not in files, files
+    assert "smg-1.13.0" in files and "sglang-router-0.3.2" in files, files
+    title = ssh("lab1", "ps -o args= -p $(systemctl show -p MainPID --value sglang-router)")
+    assert title.stdout.strip() == "smg::router", title.stdout
+    assert whole(router_health()), router_health()
+    again = pyinfra("deploys/router.py")
+    out_text = again.stdout + again.stderr
+    assert again.returncode == 0 and re.search(r"Grand total\s+\d+\s+-\s+-", out_text), \
+        out_text[-3000:]

@@ -1,7 +1,9 @@
 """How many requests the fleet behind a URL runs at once, read through that URL only: a
-router's healthy workers (``/workers``) times one worker's ``max_running_requests`` (the
-router's ``/get_server_info``, which sglang-router 0.3.2 answers from one worker), or a single
-server's own ``/server_info``; ``None`` when neither answers (the caller then uses its fixed
+router's healthy workers (its ``/workers`` when the key opens it, else its ``/readiness``,
+which smg and sglang-router answer anyone with ``healthy_workers``) times one worker's
+``max_running_requests`` (the router's ``/get_server_info``, which smg passes to one worker;
+sglang-router 0.3.2 answers it itself, without the limit), or a single server's own
+``/server_info``; ``None`` when none answers (the caller then uses its fixed
 ``--concurrency``); GenerateError when one answers 200 with a body that is not JSON.
 
 The key goes to no URL ``/workers`` lists: a worker's address is whatever the router was told
@@ -44,15 +46,19 @@ async def server_limit(http: Pool, url: str) -> int | None:
 
 
 def healthy_workers(listing: Any) -> int | None:
-    """How many healthy workers a router's ``/workers`` answer lists (None: not a listing)."""
-    if not isinstance(listing, dict) or not isinstance(listing.get("workers"), list):
-        return None
-    return sum(1 for w in listing["workers"] if isinstance(w, dict) and w.get("is_healthy"))
+    """How many healthy workers a router's ``/workers`` answer lists, or its ``/readiness``
+    answer counts (None: neither)."""
+    if isinstance(listing, dict) and isinstance(listing.get("workers"), list):
+        return sum(1 for w in listing["workers"] if isinstance(w, dict) and w.get("is_healthy"))
+    count = listing.get("healthy_workers") if isinstance(listing, dict) else None
+    return count if isinstance(count, int) and not isinstance(count, bool) else None
 
 
 async def fleet_capacity(http: Pool, url: str) -> tuple[int | None, str]:
     """(limit, how it was found) for a router's healthy workers or for a single server."""
     listing, why = await _json(http, f"{url}/workers")
+    if healthy_workers(listing) is None:  # /workers needs the router's admin key
+        listing, _ = await _json(http, f"{url}/readiness")
     healthy = healthy_workers(listing)
     if healthy is not None:
         # Workers of one fleet run one profile: one worker's limit stands for each.

@@ -21,10 +21,16 @@ import email.utils
 import time
 from collections.abc import Awaitable, Callable
 
-# sgl-router's answer when it could not reach the worker it chose (routers/http/router.rs,
-# send_typed_request: 500 "Request failed: {reqwest error}"): the fleet's trouble, not the line's.
-ROUTER_SEND_FAILED = b"Request failed:"
 TROUBLE_STATUS = frozenset({429, 502, 503, 504})
+# The routers' error codes for the fleet's trouble, measured with smg 1.13.0 and sglang-router
+# 0.3.2 (smg model_gateway/src/routers/http/router.rs): 500 when the worker chosen could not be
+# reached (``call_upstream_connection_failed``, 0.3.2 ``call_upstream_request_error``), and
+# smg's 404 once no worker of the model is registered at all (``model_not_found``, as when a
+# roll or teardown took every one out) - also its answer to a line naming a model nobody
+# serves, which the health probe then tells apart (the fleet serves: the try counts).
+TROUBLE_CODES = {500: (b'"code":"call_upstream_connection_failed"',
+                       b'"code":"call_upstream_request_error"'),
+                 404: (b'"code":"model_not_found"',)}
 PROBE_FIRST_S = 1.0
 PROBE_MAX_S = 30.0
 RETRY_AFTER_MAX_S = 600.0
@@ -35,7 +41,7 @@ def is_trouble(status: int, body: bytes) -> bool:
 
     Example: is_trouble(503, b"No available workers") is True; is_trouble(400, b"") is False.
     """
-    return status in TROUBLE_STATUS or (status == 500 and body.startswith(ROUTER_SEND_FAILED))
+    return status in TROUBLE_STATUS or any(code in body for code in TROUBLE_CODES.get(status, ()))
 
 
 def retry_after(value: str | None, now: float | None = None) -> float | None:

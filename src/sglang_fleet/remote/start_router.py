@@ -1,18 +1,23 @@
-"""Start sglang-router with its keys from the environment (systemd's root-only EnvironmentFile)
-instead of the command line, where every user of the host could read them.
+"""Start the router (smg or sglang-router) with its keys from the environment (systemd's
+root-only EnvironmentFile) instead of the command line, where every user of the host could
+read them.
 
-    python -m sglang_fleet_remote.start_router launch --host 0.0.0.0 --port 30080 \\
-        --worker-urls ...
+    python -m sglang_fleet_remote.start_router smg.cli launch --host 0.0.0.0 --port 30080 ...
 
+The first word names the package's CLI (``smg.cli`` or ``sglang_router.cli``: both take
+``main(argv)`` with ``launch`` first, smg/cli.py and sglang_router/cli.py).
 ``SGLANG_API_KEY`` is what clients send (``--api-key``); ``SGLANG_ROUTER_ADMIN_KEY`` is the only
-key that opens ``/workers`` (``--control-plane-api-keys``, role admin: measured on 0.3.2, the
-client key then gets 401 there). Runs on the router host with the router release's python
-(``sglang_fleet.hostcode.program``); standard library plus sglang_router.
+key that opens ``/workers`` (``--control-plane-api-keys``, role admin: measured on smg 1.13.0
+and sglang-router 0.3.2, the client key then gets 401 there). Runs on the router host with the
+router release's python (``sglang_fleet.hostcode.program``); standard library plus the router.
 """
 
+import importlib
 import os
 import sys
 from collections.abc import MutableMapping
+
+CLIS = ("smg.cli", "sglang_router.cli")
 
 
 def key_flags(environ: MutableMapping[str, str]) -> list[str]:
@@ -25,6 +30,7 @@ def key_flags(environ: MutableMapping[str, str]) -> list[str]:
 
 
 if __name__ == "__main__":
-    from sglang_router.cli import main  # type: ignore[import-not-found]
-
-    sys.exit(main([*sys.argv[1:], *key_flags(os.environ)]))
+    if len(sys.argv) < 2 or sys.argv[1] not in CLIS:
+        sys.exit(f"start_router: the first word must be one of {', '.join(CLIS)}")
+    main = importlib.import_module(sys.argv[1]).main
+    sys.exit(main([*sys.argv[2:], *key_flags(os.environ)]))

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from sglang_fleet import releases
-from sglang_fleet_lab import aptrepo
+from sglang_fleet_lab import aptrepo, gateways
 from sglang_fleet_lab.hosts import alive
 from sglang_fleet_lab.state import HTTP_PORT, S3_BUCKET, S3_PORT, SITE_ADDRESS, STATE_DIR, Lab
 
@@ -106,7 +106,8 @@ def seed_s3(lab: Lab) -> None:
 
 
 def build_wheelhouse(releases: list[str]) -> None:
-    """A simulator wheel per SGLang release, each versioned as the release it imitates."""
+    """A simulator wheel per SGLang release, each versioned as the release it imitates, and the
+    real gateways (smg, sglang-router) the product pins, as a site's wheelhouse holds them."""
     wheels = WWW / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
@@ -114,6 +115,7 @@ def build_wheelhouse(releases: list[str]) -> None:
         subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(wheels),
                         str(REPO_ROOT / "lab" / "sglang-sim")], check=True,
                        env={**os.environ, "SGLANG_SIM_RELEASE": release})
+    gateways.wheels(wheels)
 
 
 def start(lab: Lab) -> None:
