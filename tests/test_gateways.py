@@ -73,10 +73,10 @@ def test_the_deploys_worker_list_is_what_the_router_routes_to(
     through its API; a worker taken out and put back either way."""
     config, api = gateway.config, gateway.api
     gateway.write(two[1:])
-    router._sync(None, None, config, two[1:])
+    router._sync(None, None, config, two[1:], file_changed=True)
     assert set(api.workers(routed_only=True)) == {two[1]}
     gateway.write(two)
-    router._sync(None, None, config, two)
+    router._sync(None, None, config, two, file_changed=True)
     api.wait_healthy(two[0], 60)
     assert set(api.workers(routed_only=True)) == set(two)
 

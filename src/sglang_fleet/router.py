@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import time
 from io import StringIO
+from typing import Any
 from urllib.parse import urlsplit
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
-from pyinfra.api.operation import operation
+from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host, state
 from pyinfra.operations import files, systemd
 
@@ -51,6 +52,7 @@ GRACE = 60  # seconds the router gives requests in flight when it stops
 # smg re-reads its worker file on every change and, besides, every this many seconds; a reread
 # puts back a worker a roll took out through the API, so the periodic one waits a day.
 REREAD = 86400
+APPLY_S = 10  # seconds smg may take to apply its changed file (measured: under 1 s)
 # Each package's CLI entry point (start_router imports it; nothing else is accepted there).
 CLI = {"smg": "smg.cli", "sglang-router": "sglang_router.cli"}
 
@@ -138,34 +140,41 @@ def router_release(config: RouterConfig) -> Ops:
                             f"{config.package}=={config.version}", source)
 
 
-def _sync(state: object, host: object, config: RouterConfig, urls: list[str],
-          wait: float = 10) -> None:
-    """Give a router that watches its file ``wait`` seconds to apply it, then add and remove
-    through the API what still differs (a worker a stopped roll or teardown left out)."""
+def _sync(state: object, host: Any, config: RouterConfig, urls: list[str],
+          file_changed: bool) -> None:
+    """Give a router that watches its file (and whose file just changed) a few seconds to
+    apply it, then add and remove through the API what still differs (a worker a stopped roll
+    or teardown left out), and give what it added time to be listed."""
     api = config.api()
-    deadline = time.monotonic() + (wait if watches_file(config) else 0)
+    deadline = time.monotonic() + (APPLY_S if file_changed and watches_file(config) else 0)
     have = api.workers(routed_only=True)
     while set(have) != set(urls) and time.monotonic() < deadline:
         time.sleep(0.5)
         have = api.workers(routed_only=True)
-    for url in urls:
-        if url not in have:
-            api.add(url)
+    added = [url for url in urls if url not in have and api.add(url)]
     for url in have:
         if url not in urls:
             api.remove(url)
+    try:  # a server that is down now is added all the same: its health checks let it in
+        api.wait_listed(added, APPLY_S)
+    except RouterError as err:
+        logger.warning(f"{host.print_prefix}{err}")
 
 
 @operation(is_idempotent=True)
-def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Ops:
+def workers_in_step(config: RouterConfig, urls: list[str], listed: OperationMeta,
+                    wait: int = 60) -> Ops:
     """The running router routes to exactly ``urls``: smg from the file it watches (given a few
-    seconds to apply it), and either through its API for what still differs.
+    seconds to apply it when the deploy changed it), and either through its API for what still
+    differs.
 
     + config: the router's validated host data (its URL and admin key)
     + urls: the workers it must route to
+    + listed: the operation that wrote the worker list
     + wait: seconds to wait for the router's API to answer after a start
 
-        workers_in_step(name="Router workers", config=config, urls=["http://10.0.0.2:30000"])
+        workers_in_step(name="Router workers", config=config, urls=["http://10.0.0.2:30000"],
+                        listed=put)
     """
     if not state.is_executing:
         return
@@ -177,7 +186,7 @@ def workers_in_step(config: RouterConfig, urls: list[str], wait: int = 60) -> Op
         yield fail(str(err))
         return
     if set(have) != set(urls):
-        yield FunctionCommand(_sync, (config, urls), {})
+        yield FunctionCommand(_sync, (config, urls, listed.did_change()), {})
         return
     healthy = sum(1 for w in have.values() if w.get("is_healthy"))
     logger.info(f"{host.print_prefix}router {config.url}: {healthy}/{len(urls)} workers healthy")
@@ -194,8 +203,9 @@ def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
     files.directory(name="Router worker list directory", path=paths.ROUTER_CONFIG, mode="755")
     used, unused = ((WORKERS_JSON, WORKERS_ENV) if watches_file(config)
                     else (WORKERS_ENV, WORKERS_JSON))
-    files.put(name=f"Router worker list ({'watched' if used == WORKERS_JSON else 'read at start'})",
-              dest=used, mode="644", src=StringIO(workers_text(config, worker_urls)))
+    how = "watched" if watches_file(config) else "read at start"
+    listed = files.put(name=f"Router worker list ({how})", dest=used, mode="644",
+                       src=StringIO(workers_text(config, worker_urls)))
     files.file(name="The other router's worker list", path=unused, present=False)
     unit = files.template(name=f"Unit {UNIT}", src=TEMPLATE, dest=paths.unit_path(UNIT),
                           mode="644", package=config.package, version=config.version,
@@ -207,7 +217,7 @@ def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
     unit_running(name=f"Enable and start {UNIT} (restarted when its definition changed)",
                  unit=UNIT, changes=[unit, key, launcher])
     workers_in_step(name=f"Router routes to {len(worker_urls)} workers", config=config,
-                    urls=worker_urls)
+                    urls=worker_urls, listed=listed)
 
 
 @deploy("Remove the SGLang router")

@@ -115,6 +115,11 @@ class Router:
     def wait_alive(self, timeout: float) -> None:
         self._wait(self.alive, timeout, "the router to answer")
 
+    def wait_listed(self, urls: list[str], timeout: float) -> None:
+        """Until each of ``urls`` is registered (smg lists a worker once it reached it)."""
+        self._wait(lambda: set(urls) <= set(self.workers(routed_only=True)), timeout,
+                   f"the router to list {', '.join(urls)}")
+
     def wait_healthy(self, url: str, timeout: float) -> None:
         self._wait(lambda: bool(self.workers().get(url, {}).get("is_healthy")), timeout,
                    f"the router to see {url} healthy")

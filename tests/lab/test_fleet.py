@@ -153,7 +153,7 @@ def test_router_routes_to_every_host_with_the_key(fleet: dict[str, list[str]]) -
     assert router_workers() == EVERY_WORKER
     smoke = run("sglang-fleet", "smoke", ROUTER, "--api-key-file", str(KEY_FILE))
     assert smoke.returncode == 0 and "smoke: '4." in smoke.stdout, smoke.stdout + smoke.stderr
-    assert run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+    assert run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-d", "{}",
                f"{ROUTER}/v1/chat/completions").stdout == "401"
     assert run("curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-H",
                f"Authorization: Bearer {key()}", f"{ROUTER}/workers").stdout == "401"
