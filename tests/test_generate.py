@@ -186,6 +186,7 @@ class FaultyProxy:
         self.count = 0
         self.faults = {"503": 0, "drop": 0}
         self.workers: dict[str, bool] | None = None  # set: answer GET /workers as a router
+        self.own_info = False  # True: answer /get_server_info itself, as sglang-router 0.3.2
         self.port = free_port()
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -221,7 +222,10 @@ class FaultyProxy:
     async def _answer(self, method: str, path: str, body: bytes,
                       writer: asyncio.StreamWriter) -> bool:
         status, data = 200, b""
-        if path == "/workers" and self.workers is not None:  # sglang-router 0.3.2's listing
+        if path in ("/server_info", "/get_server_info") and self.own_info:
+            status, data = ((404, b'{"error":"unknown_url"}') if path == "/server_info" else
+                            (200, b'{"router_manager":true,"routers_count":1,"workers_count":1}'))
+        elif path == "/workers" and self.workers is not None:  # sglang-router 0.3.2's listing
             listing = [{"id": str(i), "url": u, "is_healthy": ok}
                        for i, (u, ok) in enumerate(self.workers.items())]
             data = json.dumps({"workers": listing, "total": len(listing)}).encode()
@@ -287,6 +291,31 @@ def test_concurrency_follows_the_routers_healthy_workers(
     limits = [e["limit"] for e in events if e["event"] == "concurrency"]
     assert limits[0] == 16 and limits[-1] == 8, limits
     assert summary["records"] == 300 and stats.concurrency == 8
+
+
+def test_a_fingerprint_read_where_none_was_is_learned_not_a_change(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through a router that gives no fingerprint (sglang-router 0.3.2 answers
+    /get_server_info itself), then one that does (smg passes it to a worker): the job goes on,
+    the records after it name the fingerprint, and the manifest holds both."""
+    url = sims.start("--max-running-requests", "8", decode="300")
+    router = FaultyProxy(url, every_503=10**9, every_drop=10**9, always="never")
+    router.own_info = True
+    timer = threading.Timer(1.5, lambda: setattr(router, "own_info", False))
+    timer.start()
+    try:
+        summary, _ = generate(str(write_input(tmp_path / "in.jsonl", 300, max_tokens=16)),
+                              str(tmp_path / "out"), router.url, refresh_s=0.3, shard_size=50)
+    finally:
+        timer.cancel()
+        router.close()
+    assert summary["records"] == 300 and summary["failures"] == 0
+    fingerprints = check_manifest(tmp_path / "out", 300)["fingerprints"]
+    known = [d for d in fingerprints if d != "unknown"]
+    assert list(fingerprints)[0] == "unknown" and len(known) == 1, fingerprints
+    assert {r["fingerprint"] for r in records(tmp_path / "out")} == {"unknown", *known}
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e.get("changed") for e in events if e["event"] == "fingerprint"] == [None, False]
 
 
 ANSWER = json.dumps({"choices": [{"message": {"content": "x"}, "finish_reason": "stop"}],

@@ -735,29 +735,38 @@ class Job:
 
     async def take_fingerprint(self, http: Pool) -> None:
         """What answers now; refused if the job's records were answered by another fleet
-        configuration, unless --allow-mixed."""
+        configuration, unless --allow-mixed (an unknown one, on either side, is no evidence
+        of another: sglang-router 0.3.2 gives none through the router, smg does)."""
         found = await fingerprint.read(http, self.opts.url)
         digest, fields = (found.digest, found.fields) if found else (fingerprint.UNKNOWN, {})
         has_records = any(e["records"] for e in [*self.done.values(), *self.rounds.values()])
-        if digest not in self.fingerprints and self.fingerprints and has_records and \
-                not self.opts.allow_mixed:
+        if found is not None and self.known() and digest not in self.fingerprints and \
+                has_records and not self.opts.allow_mixed:
             raise self.mixed(digest, fields, "")
         self.fingerprints[digest] = fields
         self.digest = digest
         self.display.event("fingerprint", digest=digest,
                            answered_by=fingerprint.describe(fields))
 
+    def known(self) -> set[str]:
+        """The fingerprints of this job's records that name a configuration."""
+        return {d for d in self.fingerprints if d != fingerprint.UNKNOWN}
+
     async def follow_fingerprint(self, http: Pool) -> None:
         """A fleet whose configuration changed mid-run (a redeploy): with --allow-mixed the
         records after it name the new one; otherwise nothing more is committed and the run
-        stops, naming both."""
+        stops, naming both. A fingerprint read where none could be (a router changed to one
+        that passes /get_server_info on) is learned, not a change, unless the job's earlier
+        records name another."""
         found = await fingerprint.read(http, self.opts.url)
         if found is None or found.digest == self.digest or self.halt is not None:
             return
-        if self.opts.allow_mixed:
+        learned = self.digest == fingerprint.UNKNOWN and (
+            not self.known() or found.digest in self.fingerprints)
+        if self.opts.allow_mixed or learned:
             self.fingerprints[found.digest] = found.fields
             self.digest = found.digest
-            self.display.event("fingerprint", digest=found.digest, changed=True,
+            self.display.event("fingerprint", digest=found.digest, changed=not learned,
                                answered_by=fingerprint.describe(found.fields))
             return
         self.halt = self.mixed(found.digest, found.fields, " during this run")
