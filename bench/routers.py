@@ -168,6 +168,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
+    if args.workers < 2:
+        ap.error("--workers: at least 2 (a roll takes one out while the others serve)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         script = work / "chat.lua"
