@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from warmup import ANSI, ROOT, sh
 
-from sglang_fleet import releases
+from sglang_fleet.config import releases
 
 HOSTS = 3
 SLACK = 10.0  # seconds a warm start may take beyond its load and capture

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sglang_fleet.render import staging_dir
+from sglang_fleet.config.render import staging_dir
 from sglang_fleet_lab import hosts, site, state
 
 ROOT = Path(__file__).resolve().parents[1]

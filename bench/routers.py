@@ -30,8 +30,8 @@ from pathlib import Path
 
 from simserver import free_port, start_sim
 
-from sglang_fleet.fleet import ROUTER_PACKAGES
-from sglang_fleet.routerctl import drained
+from sglang_fleet.rollout.fleet import ROUTER_PACKAGES
+from sglang_fleet.rollout.router_api import drained
 from sglang_fleet_lab.gateways import LoopbackRouter, loopback_config
 
 KEY, ADMIN = "bench-client-key-0123", "bench-admin-key-01234"

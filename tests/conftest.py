@@ -9,7 +9,7 @@ import gevent.monkey  # type: ignore[import-untyped]
 import httpx
 import pytest
 
-from sglang_fleet.profile import Profile, load
+from sglang_fleet.config.profile import Profile, load
 
 # pyinfra_cli patches the whole process with gevent when it is imported (roll.load imports it to
 # read an inventory, in some tests in-process): the test workers' own threads (pytest-xdist's

@@ -18,8 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import caches, releases
-from sglang_fleet.caches import (
+from sglang_fleet.config import releases
+from sglang_fleet.config.render import Launch
+from sglang_fleet.paths import CACHE
+from sglang_fleet.stages import kernel_caches as caches
+from sglang_fleet.stages.kernel_caches import (
     CACHES,
     PER_RELEASE,
     SHARED,
@@ -28,9 +31,7 @@ from sglang_fleet.caches import (
     caches_for,
     precompile_module,
 )
-from sglang_fleet.paths import CACHE
-from sglang_fleet.render import Launch
-from sglang_fleet.service import environment
+from sglang_fleet.stages.service import environment
 from tests.conftest import ROOT
 
 ORACLE = Path.home() / ".cache" / "sglang-fleet" / "oracle"

@@ -14,16 +14,18 @@ from typing import IO, Any
 import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import compiled, cutover, ops, paths
-from sglang_fleet.caches import CACHES
-from sglang_fleet.cutover import Handoff
-from sglang_fleet.engine import Release
+from sglang_fleet import ops, paths
+from sglang_fleet.config.render import render, render_all
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.facts.python import parse_deep_gemm
 from sglang_fleet.facts.units import UnitState
-from sglang_fleet.hostcode import program
+from sglang_fleet.ops.host_programs import program
 from sglang_fleet.remote import cache_copy
-from sglang_fleet.render import render, render_all
+from sglang_fleet.rollout import cutover
+from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.stages import compiled
+from sglang_fleet.stages.engine import Release
+from sglang_fleet.stages.kernel_caches import CACHES
 from tests.conftest import field_profile
 from tests.test_operations import Host, commands
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 
-from sglang_fleet import status
 from sglang_fleet.facts import units
 from sglang_fleet.remote import crash
+from sglang_fleet.report import status
 from tests.conftest import ROOT, free_port, wait_for_health
 from tests.test_faults import unit_text
 

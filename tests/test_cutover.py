@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from pyinfra.api.command import FunctionCommand
 
-from sglang_fleet import cutover, driver, fleet, gate, service
-from sglang_fleet.routerctl import RouterError
+from sglang_fleet.rollout import cutover, fleet
+from sglang_fleet.rollout.router_api import RouterError
+from sglang_fleet.stages import driver, gate, service
 from tests.test_operations import Host, commands, driver_host
 
 URL = "http://10.0.0.11:30000"

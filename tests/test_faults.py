@@ -10,14 +10,16 @@ from pathlib import Path
 import jinja2
 import pytest
 
-from sglang_fleet import paths, roll, summary
-from sglang_fleet.driver import DriverConfig, change_refused
+from sglang_fleet import paths
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.nvidia import LoadedModule
 from sglang_fleet.facts.systemd import parse_show, parse_version
-from sglang_fleet.gate import soak_requests
 from sglang_fleet.remote import check_server
-from sglang_fleet.service import CRASH_RESTARTS, found_down, restart_policy, start_command
+from sglang_fleet.report import summary
+from sglang_fleet.rollout import roll
+from sglang_fleet.stages.driver import DriverConfig, change_refused
+from sglang_fleet.stages.gate import soak_requests
+from sglang_fleet.stages.service import CRASH_RESTARTS, found_down, restart_policy, start_command
 
 
 def unit_text(systemd_version: int) -> dict[str, str]:

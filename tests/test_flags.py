@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_fleet import flags, releases
+from sglang_fleet.config import flags, releases
 
 
 def test_every_supported_release_has_a_table() -> None:

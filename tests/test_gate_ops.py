@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import checker, gate, ops, service, weights
-from sglang_fleet.engine import Release
-from sglang_fleet.hostcode import program
+from sglang_fleet import ops
+from sglang_fleet.config.render import Launch, render
+from sglang_fleet.ops.host_programs import program
 from sglang_fleet.paths import (
     AWS_CREDENTIALS,
     CURRENT,
@@ -26,8 +26,10 @@ from sglang_fleet.paths import (
 )
 from sglang_fleet.remote import eta
 from sglang_fleet.remote.download_model import MANIFEST
-from sglang_fleet.render import Launch, render
-from sglang_fleet.service import start_command
+from sglang_fleet.stages import gate, service, weights
+from sglang_fleet.stages import gate_program as checker
+from sglang_fleet.stages.engine import Release
+from sglang_fleet.stages.service import start_command
 from tests.conftest import field_profile
 from tests.test_operations import Host, commands
 

@@ -15,11 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sglang_fleet import fleet, router
 from sglang_fleet.generate import capacity
 from sglang_fleet.generate.client import Pool
 from sglang_fleet.generate.outage import is_trouble
-from sglang_fleet.routerctl import Router
+from sglang_fleet.rollout import fleet
+from sglang_fleet.rollout.router_api import Router
+from sglang_fleet.stages import router
 from sglang_fleet_lab import gateways
 from tests.conftest import ROOT
 from tests.test_generate import Sims, sims  # noqa: F401  (the fixture)

@@ -11,7 +11,7 @@ import pytest
 
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts import gpuhealth
-from sglang_fleet.gpucheck import ignored, problems, warnings
+from sglang_fleet.stages.gpu_preflight import ignored, problems, warnings
 
 Q_H200 = (Path(__file__).parent / "data" / "nvidia-smi-q-h200-580.159.04.txt").read_text()
 M = gpuhealth.MARK

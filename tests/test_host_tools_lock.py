@@ -11,7 +11,7 @@ from importlib import metadata
 from packaging.markers import Marker
 from packaging.requirements import Requirement
 
-from sglang_fleet import weights
+from sglang_fleet.stages import weights
 from tests.conftest import ROOT
 
 PIN = re.compile(r"^([A-Za-z0-9._-]+)==([A-Za-z0-9.+!_-]+)(?: ; (.+?))? \\$")

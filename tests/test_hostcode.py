@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import hostcode
+from sglang_fleet.ops import host_programs as hostcode
 
 
 @pytest.fixture(scope="module")

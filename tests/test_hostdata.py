@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.inventory import Inventory
 
-from sglang_fleet import hostdata
+from sglang_fleet import hostconfig as hostdata
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from tests.conftest import FIELD_PROFILE

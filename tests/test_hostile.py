@@ -15,10 +15,13 @@ from typing import Any, ClassVar
 import jinja2
 import pytest
 
-from sglang_fleet import engine, hostcode, paths, router, unitfile, weights
-from sglang_fleet.engine import Release
-from sglang_fleet.service import restart_policy
-from sglang_fleet.unitfile import UnsafeValue, env_line, systemd_word, unit_text
+from sglang_fleet import paths
+from sglang_fleet.ops import host_programs as hostcode
+from sglang_fleet.ops import unitfile
+from sglang_fleet.ops.unitfile import UnsafeValue, env_line, systemd_word, unit_text
+from sglang_fleet.stages import engine, router, weights
+from sglang_fleet.stages.engine import Release
+from sglang_fleet.stages.service import restart_policy
 
 HOSTILE = [
     "a; touch /tmp/pwned; #", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "${SGLANG_API_KEY}",

@@ -24,7 +24,8 @@ import pytest
 import yaml
 from pyinfra.api.inventory import Inventory
 
-from sglang_fleet import cli, hostdata
+from sglang_fleet import cli
+from sglang_fleet import hostconfig as hostdata
 from sglang_fleet.errors import InputError
 from tests.conftest import FIELD_PROFILE, ROOT
 

@@ -13,8 +13,9 @@ from pyinfra.api import Config, State
 from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_state
 from pyinfra_cli.inventory import make_inventory
-from sglang_fleet import hostdata, preflight
-from sglang_fleet.render import render
+from sglang_fleet import hostconfig as hostdata
+from sglang_fleet.config import preflight
+from sglang_fleet.config.render import render
 ctx_state.set(State(Inventory(([], {})), Config()))  # loading an inventory needs a state
 inventory = make_inventory("inventories/b200.py")
 for host in inventory:

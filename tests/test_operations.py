@@ -13,9 +13,11 @@ import pytest
 from pyinfra.api.command import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import driver, engine, ops, packages, paths, secretfile, service
-from sglang_fleet.engine import Release
+from sglang_fleet import ops, paths
+from sglang_fleet.ops import packages, secretfile
 from sglang_fleet.paths import CURRENT, PREVIOUS, RELEASES
+from sglang_fleet.stages import driver, engine, service
+from sglang_fleet.stages.engine import Release
 
 RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet import flags, profile, releases
-from sglang_fleet.render import render
+from sglang_fleet.config import flags, profile, releases
+from sglang_fleet.config.render import render
 from tests.conftest import PROFILES, ROOT
 
 pytestmark = pytest.mark.oracle

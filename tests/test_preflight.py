@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import flags, preflight, profile, releases
+from sglang_fleet.config import flags, preflight, profile, releases
+from sglang_fleet.config.render import render
 from sglang_fleet.errors import InputError
-from sglang_fleet.render import render
 from tests.conftest import MINIMAL, field_profile
 
 Write = Callable[..., Path]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import profile, releases
+from sglang_fleet.config import profile, releases
 from sglang_fleet.errors import InputError
 from tests.conftest import MINIMAL, field_profile
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import flags, profile, releases
+from sglang_fleet.config import flags, profile, releases
+from sglang_fleet.config.render import legacy_staging_dir, render, staging_dir
 from sglang_fleet.errors import InputError
-from sglang_fleet.render import legacy_staging_dir, render, staging_dir
 from tests.conftest import MINIMAL, PROFILES, field_profile
 
 Write = Callable[..., Path]
@@ -155,7 +155,7 @@ def test_extra_args_deprecated_alias(write_profile: Write) -> None:
 
 def test_instances_get_their_own_port_and_gpus(write_profile: Write) -> None:
     p = profile.load(write_profile(MINIMAL + "parallel: {tp: 2, instances: 4}\n"))
-    from sglang_fleet.render import render_all
+    from sglang_fleet.config.render import render_all
 
     launches = render_all(p, "0.5.23")
     assert [launch.port for launch in launches] == [30000, 30001, 30002, 30003]
@@ -166,8 +166,8 @@ def test_instances_get_their_own_port_and_gpus(write_profile: Write) -> None:
 
 
 def test_instances_must_fit_the_host(write_profile: Write) -> None:
-    from sglang_fleet import preflight
-    from sglang_fleet.render import render_all
+    from sglang_fleet.config import preflight
+    from sglang_fleet.config.render import render_all
 
     p = profile.load(write_profile(MINIMAL + "parallel: {tp: 4, instances: 3}\n"))
     with pytest.raises(InputError, match="3 instance\\(s\\) of tp x dp = 4 GPUs need 12, b1 has 8"):

@@ -12,10 +12,11 @@ from typing import Any, cast
 
 import pytest
 
-from sglang_fleet import compiled, cutover, fleet, roll
-from sglang_fleet.cutover import Handoff
 from sglang_fleet.errors import InputError
-from sglang_fleet.routerctl import RouterError
+from sglang_fleet.rollout import cutover, fleet, roll
+from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.rollout.router_api import RouterError
+from sglang_fleet.stages import compiled
 from tests.conftest import ROOT
 
 URLS = {name: [f"http://{name}:30000"] for name in ("h1", "h2", "h3")}
@@ -297,7 +298,7 @@ def test_the_end_of_a_roll_prints_the_fleets_capacity_and_job_time(router: FakeR
     """After the table: what the fleet serves once the roll is over, read then (as ``status``
     reads it) and summed from each server's gate record; a host that did not come back is
     named, not counted."""
-    from sglang_fleet import status
+    from sglang_fleet.report import status
     from tests.test_status import measured_row, record
 
     reads: list[str] = []

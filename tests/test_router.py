@@ -11,11 +11,12 @@ from typing import Any
 import pytest
 from pyinfra.api.inventory import Inventory
 
-from sglang_fleet import fleet, routerctl
 from sglang_fleet.errors import InputError
 from sglang_fleet.remote import start_router
-from sglang_fleet.router import argv, env_text
-from sglang_fleet.teardown import Purge
+from sglang_fleet.rollout import fleet
+from sglang_fleet.rollout import router_api as routerctl
+from sglang_fleet.stages.router import argv, env_text
+from sglang_fleet.stages.teardown import Purge
 
 KEYS = {"sglang-api-key": "client-key-0123456789",
         "sglang-router-admin-key": "admin-key-0123456789"}

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from sglang_fleet import routerctl
+from sglang_fleet.rollout import router_api as routerctl
 
 
 class _Router(BaseHTTPRequestHandler):

@@ -30,8 +30,8 @@ import yaml
 from sglang_sim import args as sim_args
 from sglang_sim import rules as sim_rules
 
-from sglang_fleet import flags, preflight, profile, releases
-from sglang_fleet.render import render
+from sglang_fleet.config import flags, preflight, profile, releases
+from sglang_fleet.config.render import render
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.oracle

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from sglang_fleet.engine import Release
+from sglang_fleet.config.render import render
 from sglang_fleet.errors import InputError
-from sglang_fleet.hostcode import program
-from sglang_fleet.render import render
-from sglang_fleet.service import LAUNCHER, environment, exec_start, secret_values
-from sglang_fleet.unitfile import systemd_word
+from sglang_fleet.ops.host_programs import program
+from sglang_fleet.ops.unitfile import systemd_word
+from sglang_fleet.stages.engine import Release
+from sglang_fleet.stages.service import LAUNCHER, environment, exec_start, secret_values
 from tests.conftest import field_profile
 
 KEY = "k'ey\"x-0123456789abcdef"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet import profile, sizing
+from sglang_fleet.config import profile, sizing
+from sglang_fleet.config.render import Launch, render
 from sglang_fleet.remote import capacity
-from sglang_fleet.render import Launch, render
 from tests.conftest import field_profile
 from tests.test_capacity import field_0_5_12
 from tests.test_capacity_sim import startup_log

@@ -15,11 +15,13 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.operations import files
 
-from sglang_fleet import gate, ops, resize, service, sizing
+from sglang_fleet import ops
+from sglang_fleet.config import sizing
+from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.paths import LAST_GOOD, SIZING, env_file, unit_path
 from sglang_fleet.remote import capacity
-from sglang_fleet.render import Launch, render
+from sglang_fleet.stages import gate, resize, service
 from tests.test_capacity import field_0_5_12
 from tests.test_capacity_sim import startup_log
 from tests.test_operations import RELEASE, Host, commands

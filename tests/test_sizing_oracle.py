@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet import sizing
+from sglang_fleet.config import sizing
 from sglang_fleet.remote import capacity
 from tests.test_caches import sglang_source
 

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from sglang_fleet import status
 from sglang_fleet.facts import gpuhealth, units
 from sglang_fleet.remote import eta
+from sglang_fleet.report import status
 from tests.conftest import FIELD_PROFILE, ROOT, free_port, wait_for_health
 
 KEY = "status-test-key-0123"
@@ -206,7 +206,8 @@ def test_one_job_for_the_fleet_or_a_note_why_not() -> None:
 
 
 def test_prometheus_targets(tmp_path: Path) -> None:
-    from sglang_fleet import metrics_targets, roll
+    from sglang_fleet.report import metrics_targets
+    from sglang_fleet.rollout import roll
 
     loaded = roll.load(str(inventory(tmp_path, 30000, dcgm=True)), {})
     out = tmp_path / "sd" / "fleet.json"
@@ -240,8 +241,8 @@ def test_a_dp_server_is_one_row_on_all_its_gpus(tmp_path: Path) -> None:
     """``parallel.dp: 8`` (instances: auto: one server on 8 GPUs): one unit, GPUs 0-7; its
     /metrics has a series per DP rank (label dp_rank), which the row sums: 8 ranks each running
     one request are 8 running."""
-    from sglang_fleet import profile
-    from sglang_fleet.render import render_all
+    from sglang_fleet.config import profile
+    from sglang_fleet.config.render import render_all
 
     p = profile.load(FIELD_PROFILE, overrides={"parallel.dp": 8}).for_gpus(8, "gpu1")
     [launch] = render_all(p)

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import ops, warmup
-from sglang_fleet.engine import Release
+from sglang_fleet import ops
+from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.facts.units import UnitState
-from sglang_fleet.hostcode import program
+from sglang_fleet.ops.host_programs import program
 from sglang_fleet.remote import warm_caches
-from sglang_fleet.render import Launch, render
+from sglang_fleet.stages import warmup
+from sglang_fleet.stages.engine import Release
 from tests.conftest import field_profile, free_port
 from tests.test_operations import Host, commands
 

@@ -14,9 +14,12 @@ import pytest
 from pyinfra.api.command import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet import checker, cutover, ops, service
-from sglang_fleet.render import Launch, render_all
-from sglang_fleet.waves import Waves, plan, retired, wave_of
+from sglang_fleet import ops
+from sglang_fleet.config.render import Launch, render_all
+from sglang_fleet.rollout import cutover
+from sglang_fleet.stages import gate_program as checker
+from sglang_fleet.stages import service
+from sglang_fleet.stages.waves import Waves, plan, retired, wave_of
 from tests.conftest import field_profile
 from tests.test_operations import Host, commands
 
@@ -181,7 +184,7 @@ def test_a_units_files_and_start_come_after_the_wave_before_it_and_stop_with_a_f
     from pyinfra.api.state import State
     from pyinfra.context import ctx_state
 
-    from sglang_fleet.engine import Release
+    from sglang_fleet.stages.engine import Release
 
     inventory = Inventory((["@local"], {"secrets": {"sglang-api-key": "k" * 32}}))  # type: ignore[no-untyped-call]
     state = State(inventory, Config())  # type: ignore[no-untyped-call]
@@ -226,8 +229,8 @@ def test_every_server_is_gated_and_put_back_before_a_verdict_fails_the_host() ->
     from pyinfra.api.state import State
     from pyinfra.context import ctx_state
 
-    from sglang_fleet import gate
-    from sglang_fleet.engine import Release
+    from sglang_fleet.stages import gate
+    from sglang_fleet.stages.engine import Release
 
     inventory = Inventory((["@local"], {}))  # type: ignore[no-untyped-call]
     state = State(inventory, Config())  # type: ignore[no-untyped-call]

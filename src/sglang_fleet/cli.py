@@ -15,9 +15,9 @@ import tempfile
 import traceback
 from collections.abc import Sequence
 
-from sglang_fleet import preflight, profile, releases, safeyaml, sizing, validators
+from sglang_fleet.config import preflight, profile, releases, safeyaml, sizing, validators
+from sglang_fleet.config.render import Launch, render
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.render import Launch, render
 
 INTERNAL_ERROR = 3
 MAX_KEY_FILE_BYTES = 4096
@@ -185,16 +185,16 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
-    """Rolling redeploy through the router (see sglang_fleet.roll)."""
-    from sglang_fleet import roll
+    """Rolling redeploy through the router (see sglang_fleet.rollout.roll)."""
+    from sglang_fleet.rollout import roll
 
     return roll.main(args.inventory, args.data, args.batch, args.drain_timeout,
                      args.health_timeout, args.batch_instances)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """One row per server instance and router of an inventory (see sglang_fleet.status)."""
-    from sglang_fleet import status
+    """One row per server instance and router of an inventory (see sglang_fleet.report.status)."""
+    from sglang_fleet.report import status
 
     fleet = status.collect(args.inventory)
     if args.json:

@@ -13,27 +13,30 @@ from typing import cast
 from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host, inventory
 
-from sglang_fleet import fleet, hostdata, metrics_targets, preflight
-from sglang_fleet.compiled import announce_kernels, share_kernels
-from sglang_fleet.driver import install_driver
-from sglang_fleet.engine import Release, install_engine
+from sglang_fleet import hostconfig as hostdata
+from sglang_fleet.config import preflight
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.facts.nvidia import NvidiaSmi
-from sglang_fleet.gate import (
+from sglang_fleet.report import metrics_targets
+from sglang_fleet.rollout import fleet
+from sglang_fleet.stages.compiled import announce_kernels, share_kernels
+from sglang_fleet.stages.driver import install_driver
+from sglang_fleet.stages.engine import Release, install_engine
+from sglang_fleet.stages.gate import (
     files_back,
     gate_programs,
     restore_last_good,
     run_gate,
     smoke_test,
 )
-from sglang_fleet.gpucheck import require_gpu_health
-from sglang_fleet.profile import Profile
-from sglang_fleet.render import Launch, render_all
-from sglang_fleet.resize import with_remembered_size
-from sglang_fleet.router import install_router, remove_router
-from sglang_fleet.service import install_service, require_free_ports, startup_budget
-from sglang_fleet.teardown import Purge, teardown
-from sglang_fleet.warmup import warm_caches
-from sglang_fleet.weights import stage_weights
+from sglang_fleet.stages.gpu_preflight import require_gpu_health
+from sglang_fleet.stages.resize import with_remembered_size
+from sglang_fleet.stages.router import install_router, remove_router
+from sglang_fleet.stages.service import install_service, require_free_ports, startup_budget
+from sglang_fleet.stages.teardown import Purge, teardown
+from sglang_fleet.stages.warmup import warm_caches
+from sglang_fleet.stages.weights import stage_weights
 
 
 def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:

@@ -15,7 +15,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sglang_fleet import paths, releases
+from sglang_fleet import paths
+from sglang_fleet.config import releases
 from tests.lab.conftest import booted_lab, pyinfra, run, ssh
 
 pytestmark = pytest.mark.lab

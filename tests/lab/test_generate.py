@@ -132,7 +132,7 @@ HOSTS = {"lab1": "http://127.0.0.11:30000", "lab2": "http://127.0.0.12:30000"}
 
 def router_health() -> dict[str, bool]:
     """Each server's health as the router sees it (its /workers, with the admin key)."""
-    from sglang_fleet.routerctl import Router, RouterError
+    from sglang_fleet.rollout.router_api import Router, RouterError
     from sglang_fleet_lab.state import load
 
     try:

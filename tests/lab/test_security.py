@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_fleet.unitfile import env_line, systemd_word
+from sglang_fleet.ops.unitfile import env_line, systemd_word
 from tests.lab.conftest import booted_lab, pyinfra, ssh
 from tests.test_hostile import CONTROL, HOSTILE
 

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from sglang_fleet import releases
-from sglang_fleet.hostcode import program
-from sglang_fleet.render import staging_dir
+from sglang_fleet.config import releases
+from sglang_fleet.config.render import staging_dir
+from sglang_fleet.ops.host_programs import program
 from sglang_fleet_lab.site import MODEL_PREFIX
 from sglang_fleet_lab.state import S3_BUCKET
 from tests.lab.conftest import booted_lab, pyinfra, run, ssh

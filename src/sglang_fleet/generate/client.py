@@ -24,10 +24,10 @@ import h11
 import httpx
 import orjson
 
+from sglang_fleet.config.validators import without_userinfo
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.outage import Breaker, is_trouble, retry_after
 from sglang_fleet.generate.source import Item
-from sglang_fleet.validators import without_userinfo
 
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0

@@ -43,7 +43,7 @@ from typing import IO, Any, Literal, TypeVar
 import httpx
 import orjson
 
-from sglang_fleet import validators
+from sglang_fleet.config import validators
 from sglang_fleet.generate import batchformat, capacity, fingerprint
 from sglang_fleet.generate.batchformat import Input
 from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete, tls_context

@@ -1,6 +1,6 @@
 """What runs ON the hosts: standard library only (or the dependencies of the venv that runs it),
 importing nothing from ``sglang_fleet`` outside this package (relative imports only), because it
-is uploaded alone. ``sglang_fleet.hostcode`` puts it on a host as the package
+is uploaded alone. ``sglang_fleet.ops.host_programs`` puts it on a host as the package
 ``sglang_fleet_remote`` and runs each program with ``python -m``:
 
 - ``check_server``: the gate's checks of a running server (system python);

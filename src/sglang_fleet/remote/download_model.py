@@ -265,7 +265,7 @@ def main() -> int:
 
 
 def normalized(source: str) -> str:
-    """As the deploy names sources (sglang_fleet.render.normalized_source): ``s3://b/p/`` is
+    """As the deploy names sources (sglang_fleet.config.render.normalized_source): ``s3://b/p/`` is
     ``s3://b/p``."""
     return source.rstrip("/") if source.startswith("s3://") else source
 

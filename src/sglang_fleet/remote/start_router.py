@@ -9,7 +9,8 @@ The first word names the package's CLI (``smg.cli`` or ``sglang_router.cli``: bo
 ``SGLANG_API_KEY`` is what clients send (``--api-key``); ``SGLANG_ROUTER_ADMIN_KEY`` is the only
 key that opens ``/workers`` (``--control-plane-api-keys``, role admin: measured on smg 1.13.0
 and sglang-router 0.3.2, the client key then gets 401 there). Runs on the router host with the
-router release's python (``sglang_fleet.hostcode.program``); standard library plus the router.
+router release's python (``sglang_fleet.ops.host_programs.program``); standard library plus
+the router.
 """
 
 import importlib

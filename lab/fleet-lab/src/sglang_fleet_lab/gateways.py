@@ -27,8 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet import router
-from sglang_fleet.fleet import ROUTER_PACKAGES, RouterConfig
+from sglang_fleet.rollout.fleet import ROUTER_PACKAGES, RouterConfig
+from sglang_fleet.stages import router
 
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 HOME = Path(os.environ.get("SGLANG_FLEET_GATEWAYS") or _CACHE / "sglang-fleet" / "gateways")

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_fleet import releases
+from sglang_fleet.config import releases
 from sglang_fleet_lab import aptrepo, gateways
 from sglang_fleet_lab.hosts import alive
 from sglang_fleet_lab.state import HTTP_PORT, S3_BUCKET, S3_PORT, SITE_ADDRESS, STATE_DIR, Lab

@@ -17,19 +17,20 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.operations import files
 
-from sglang_fleet import paths, sizing
-from sglang_fleet.cutover import leave_routers
-from sglang_fleet.engine import Release
+from sglang_fleet import paths
+from sglang_fleet.config import sizing
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.sizing import RememberedSize
 from sglang_fleet.ops import Ops
-from sglang_fleet.profile import Profile
 from sglang_fleet.remote import capacity
-from sglang_fleet.render import Launch, render
-from sglang_fleet.service import start_command, unit_file
+from sglang_fleet.rollout.cutover import leave_routers
+from sglang_fleet.stages.engine import Release
+from sglang_fleet.stages.service import start_command, unit_file
 
 if TYPE_CHECKING:
-    from sglang_fleet.gate import Verdict
+    from sglang_fleet.stages.gate import Verdict
 
 
 def gpu_memory_mib() -> int | None:

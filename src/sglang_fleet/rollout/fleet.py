@@ -17,12 +17,12 @@ from typing import Any
 from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 
-from sglang_fleet import hostdata
+from sglang_fleet import hostconfig as hostdata
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
-from sglang_fleet.profile import Profile
-from sglang_fleet.render import Launch, render_all
-from sglang_fleet.routerctl import Router
-from sglang_fleet.secretfile import SECRET_NAME, api_key
+from sglang_fleet.ops.secretfile import SECRET_NAME, api_key
+from sglang_fleet.rollout.router_api import Router
 
 ROUTERS_GROUP = "routers"
 # The gateway by package, with its pinned release: smg (the Shepherd Model Gateway, which

@@ -21,11 +21,11 @@ from typing import Any
 
 from packaging.version import Version
 
-from sglang_fleet import flags, model_config
+from sglang_fleet.config import flags, model_config
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.releases import DATA, at_least
+from sglang_fleet.config.render import SPEC_V2_DEFAULT_FROM, SPEC_V2_ENV, Launch
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.profile import Profile
-from sglang_fleet.releases import DATA, at_least
-from sglang_fleet.render import SPEC_V2_DEFAULT_FROM, SPEC_V2_ENV, Launch
 
 # Per release, read from its source by ``scripts/sglang_oracle.py mamba-archs``: the architectures
 # that reach the mamba radix-cache rules, those allowed extra_buffer, and (0.5.10 - 0.5.13.post1)

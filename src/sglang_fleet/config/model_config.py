@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet import safeyaml, validators
+from sglang_fleet.config import safeyaml, validators
 from sglang_fleet.errors import InputError
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # Hugging Face configs are kilobytes

@@ -3,7 +3,7 @@ the Hugging Face hub at a pinned revision, or a path already on the host), verif
 into place when complete, by the host program ``download_model`` in the tools venv;
 credentials only in root-owned 0600 files.
 
-    from sglang_fleet.weights import stage_weights
+    from sglang_fleet.stages.weights import stage_weights
     stage_weights(profile)        # in a pyinfra deploy
 """
 
@@ -24,16 +24,16 @@ from pyinfra.facts.files import File, FindInFile, Sha256File
 from pyinfra.operations import files
 
 from sglang_fleet import paths
-from sglang_fleet.engine import UV
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.render import legacy_staging_dir, model_path, normalized_source
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.python import PythonImports
-from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.ops.secretfile import secret_file, secrets_directory
 from sglang_fleet.paths import AWS_CREDENTIALS, HF_TOKEN, MODELS, TOOLS, UV_CACHE
-from sglang_fleet.profile import Profile
 from sglang_fleet.remote.download_model import MANIFEST
-from sglang_fleet.render import legacy_staging_dir, model_path, normalized_source
-from sglang_fleet.secretfile import secret_file, secrets_directory
+from sglang_fleet.stages.engine import UV
 
 DOWNLOADER = "download_model"  # the host program (remote/download_model.py)
 TOOLS_PYTHON = f"{TOOLS}/bin/python"

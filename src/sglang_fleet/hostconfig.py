@@ -19,11 +19,11 @@ from typing import Any
 
 from pyinfra.api.host import Host
 
-from sglang_fleet import profile, validators
+from sglang_fleet.config import profile, validators
+from sglang_fleet.config.schema import AUTO
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.nvidia import SmiReport
-from sglang_fleet.schema import AUTO
-from sglang_fleet.secretfile import SECRET_NAME
+from sglang_fleet.ops.secretfile import SECRET_NAME
 
 PROFILE_KEY = "sglang_profile"
 OVERRIDES_KEY = "sglang_overrides"

@@ -19,9 +19,10 @@ from typing import Any
 
 from pyinfra.api.host import Host
 
-from sglang_fleet import fleet, hostdata
+from sglang_fleet import hostconfig as hostdata
+from sglang_fleet.config.render import render_all
 from sglang_fleet.errors import InputError
-from sglang_fleet.render import render_all
+from sglang_fleet.rollout import fleet
 
 # dcgm-exporter's default listen address (:9400).
 DCGM_EXPORTER_PORT = 9400

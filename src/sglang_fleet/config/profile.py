@@ -16,9 +16,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, cast
 
-from sglang_fleet import safeyaml, validators
+from sglang_fleet.config import safeyaml, validators
+from sglang_fleet.config.schema import AUTO, REQUIRED, SCHEMA, SECTION_WIDE, Field, Located
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.schema import AUTO, REQUIRED, SCHEMA, SECTION_WIDE, Field, Located
 
 # Keys that only mean something with speculative.algorithm set.
 SPECULATIVE_KEYS = ("num_steps", "eagle_topk", "num_draft_tokens")

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sglang_fleet import paths
-from sglang_fleet.profile import Profile
-from sglang_fleet.releases import at_least
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.releases import at_least
+from sglang_fleet.config.render import Launch
 from sglang_fleet.remote import capacity
-from sglang_fleet.render import Launch
 
 FREE_RESERVE_GB = capacity.RESERVE_GB  # what raising mem_fraction_static must leave free
 SPEC_DEFAULT_REQUESTS = 48  # ServerArgs sets max_running_requests to 48 for speculative decoding

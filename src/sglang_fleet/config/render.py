@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from sglang_fleet import flags, paths, releases
+from sglang_fleet import paths
+from sglang_fleet.config import flags, releases
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.releases import at_least
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.profile import Profile
-from sglang_fleet.releases import at_least
 
 # The keys' environment variables (from the host's root-only EnvironmentFile) and the flags the
 # launcher (remote/start_server.py) hands them to SGLang as, in-process: never on the command line.

@@ -11,7 +11,7 @@ It runs on GPUs no server of the profile uses (``parallel.instances`` x tp x dp 
 as the service user with the service's cache environment; a host without such GPUs is said so
 and the restart pays the compile.
 
-    from sglang_fleet.warmup import warm_caches
+    from sglang_fleet.stages.warmup import warm_caches
     warm_caches(profile=profile, launches=launches, release=release)   # before the service
 """
 
@@ -28,16 +28,17 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindFiles
 
-from sglang_fleet import caches, paths
-from sglang_fleet.engine import Release
+from sglang_fleet import paths
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.render import Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.ports import PortListeners
 from sglang_fleet.facts.units import UnitState, UnitStates
-from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops, result_line, run
-from sglang_fleet.profile import Profile
-from sglang_fleet.render import Launch
-from sglang_fleet.service import service_env
+from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.stages import kernel_caches as caches
+from sglang_fleet.stages.engine import Release
+from sglang_fleet.stages.service import service_env
 
 PROGRAM = "warm_caches"
 PRECOMPILE = caches.PRECOMPILE_MODULE.rpartition(".")[2]  # beside the launcher's module
@@ -49,7 +50,7 @@ def spare_gpus(profile: Profile, gpu_count: int) -> list[int]:
     """GPUs of the host no server of the profile uses, as many as one instance needs (none if
     too few).
 
-    >>> from sglang_fleet.profile import load
+    >>> from sglang_fleet.config.profile import load
     >>> spare_gpus(load("qwen3.6-27b-mtp", {"parallel.instances": 1}), 8)
     [1]
     """

@@ -3,7 +3,7 @@ secrets and environment in a root-only EnvironmentFile, restarted only when the 
 environment, the release or the weights changed. A host's servers restart in waves
 (``waves``): the first alone, ready before the others start from the caches it compiled.
 
-    from sglang_fleet.service import install_service
+    from sglang_fleet.stages.service import install_service
     install_service(profile=profile, launches=render_all(profile), release=release,
                     restart_if=weights)   # in a pyinfra deploy, after the engine and weights
 """
@@ -20,22 +20,23 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindFiles
 from pyinfra.operations import files, systemd
 
-from sglang_fleet import cutover, fleet, paths
-from sglang_fleet.caches import cache_env
-from sglang_fleet.checker import check, error_of
-from sglang_fleet.compiled import receive_kernels
-from sglang_fleet.cutover import leave_routers, rejoin, turn
-from sglang_fleet.engine import Release, switch_release
+from sglang_fleet import paths
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.render import Launch
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
 from sglang_fleet.facts.systemd import SystemdVersion, UnitCondition
-from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops
-from sglang_fleet.profile import Profile
-from sglang_fleet.render import Launch
-from sglang_fleet.secretfile import api_key, secret_file, secrets_directory
-from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word, unit_text
-from sglang_fleet.waves import Waves, retired
+from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.ops.secretfile import api_key, secret_file, secrets_directory
+from sglang_fleet.ops.unitfile import UnsafeValue, env_line, networks, systemd_word, unit_text
+from sglang_fleet.rollout import cutover, fleet
+from sglang_fleet.rollout.cutover import leave_routers, rejoin, turn
+from sglang_fleet.stages.compiled import receive_kernels
+from sglang_fleet.stages.engine import Release, switch_release
+from sglang_fleet.stages.gate_program import check, error_of
+from sglang_fleet.stages.kernel_caches import cache_env
+from sglang_fleet.stages.waves import Waves, retired
 
 TEMPLATE = paths.template("sglang.service.j2")
 # Starts SGLang with the keys from the environment file, in-process (remote/start_server.py).

@@ -4,7 +4,7 @@ a soak and the capacity report, run on the host by the host program ``check_serv
 gate puts the last good unit and environment back (its own operation, ``last_good_back``) and
 fails the deploy.
 
-    from sglang_fleet.gate import run_gate
+    from sglang_fleet.stages.gate import run_gate
     run_gate(profile, launches)    # in a pyinfra deploy, after the service stage
 """
 
@@ -21,18 +21,19 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
-from sglang_fleet import resize, summary
-from sglang_fleet.checker import CHECKER, check, error_of, result_of
-from sglang_fleet.cutover import leave_routers
-from sglang_fleet.engine import Release
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.render import MAMBA_STRATEGY_DESTS, Launch
 from sglang_fleet.errors import InputError
-from sglang_fleet.hostcode import module_file, upload
 from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops.host_programs import module_file, upload
 from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, gate_record, unit_path
-from sglang_fleet.profile import Profile
 from sglang_fleet.remote import eta
-from sglang_fleet.render import MAMBA_STRATEGY_DESTS, Launch
-from sglang_fleet.service import (
+from sglang_fleet.report import summary
+from sglang_fleet.rollout.cutover import leave_routers
+from sglang_fleet.stages import resize
+from sglang_fleet.stages.engine import Release
+from sglang_fleet.stages.gate_program import CHECKER, check, error_of, result_of
+from sglang_fleet.stages.service import (
     foreign_listeners,
     found_down,
     start_command,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from sglang_fleet import argtypes, releases
+from sglang_fleet.config import argtypes, releases
 
 _ACTIONS = {
     "_StoreAction": "store",

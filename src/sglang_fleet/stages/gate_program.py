@@ -14,12 +14,12 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.context import host
 
-from sglang_fleet.fleet import ANY_ADDRESS
-from sglang_fleet.hostcode import program
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.render import Launch
 from sglang_fleet.ops import run
+from sglang_fleet.ops.host_programs import program
 from sglang_fleet.paths import env_file
-from sglang_fleet.profile import Profile
-from sglang_fleet.render import Launch
+from sglang_fleet.rollout.fleet import ANY_ADDRESS
 
 CHECKER = "check_server"  # the host program (remote/check_server.py), run by the system python
 

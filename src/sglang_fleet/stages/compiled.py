@@ -43,15 +43,16 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import File
 
-from sglang_fleet import cutover, paths
-from sglang_fleet.cutover import Handoff
-from sglang_fleet.engine import Release
+from sglang_fleet import paths
+from sglang_fleet.config.render import RENAMED_DESTS, Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi, SmiReport
 from sglang_fleet.facts.python import DeepGemm
 from sglang_fleet.facts.units import UnitStates
-from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops, privilege, result_line, run
-from sglang_fleet.render import RENAMED_DESTS, Launch
+from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.rollout import cutover
+from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.stages.engine import Release
 
 PROGRAM = "cache_copy"
 STAGE = "caches"  # in the roll's handoff directory: archives, offers, notes

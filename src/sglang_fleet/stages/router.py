@@ -4,7 +4,7 @@ as a hardened systemd service in front of every serving host of the inventory, h
 them and opening a worker's circuit breaker after a few failed requests, with its keys from a
 root-only file; the worker list changes without a restart.
 
-    from sglang_fleet.router import install_router
+    from sglang_fleet.stages.router import install_router
     install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory))
 
 smg reads its workers from a file it watches (``--discovery-provider file``): the deploy writes
@@ -29,15 +29,15 @@ from pyinfra.context import host, state
 from pyinfra.operations import files, systemd
 
 from sglang_fleet import paths
-from sglang_fleet.engine import uv_ready, venv_install
 from sglang_fleet.errors import InputError
-from sglang_fleet.fleet import RouterConfig
-from sglang_fleet.hostcode import program, upload
 from sglang_fleet.ops import Ops, fail
-from sglang_fleet.routerctl import RouterError
-from sglang_fleet.secretfile import secret_file, secrets_directory
-from sglang_fleet.service import allowed_clients, unit_absent, unit_running
-from sglang_fleet.unitfile import UnsafeValue, env_line, networks, systemd_word
+from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.ops.secretfile import secret_file, secrets_directory
+from sglang_fleet.ops.unitfile import UnsafeValue, env_line, networks, systemd_word
+from sglang_fleet.rollout.fleet import RouterConfig
+from sglang_fleet.rollout.router_api import RouterError
+from sglang_fleet.stages.engine import uv_ready, venv_install
+from sglang_fleet.stages.service import allowed_clients, unit_absent, unit_running
 
 UNIT = paths.ROUTER_UNIT
 HOME = paths.ROUTER_HOME

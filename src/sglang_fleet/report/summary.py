@@ -3,7 +3,7 @@ pyinfra's own results table (which counts failures but does not name them):
 
     --> 1 host failed: lab2 (NVIDIA driver | Loaded driver is the installed one)
 
-    from sglang_fleet import summary
+    from sglang_fleet.report import summary
     summary.failed_hosts_at_exit()      # in a deploy; once per run, however often it is called
 """
 

@@ -40,9 +40,9 @@ from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.operation import operation
 
-from sglang_fleet import fleet
 from sglang_fleet.ops import Ops
-from sglang_fleet.routerctl import RouterError, drained
+from sglang_fleet.rollout import fleet
+from sglang_fleet.rollout.router_api import RouterError, drained
 
 ENV = "SGLANG_FLEET_CUTOVER"
 _PLAN = "plan.json"

@@ -3,7 +3,7 @@ installed with uv while the old release still serves; the ``current`` link is sw
 atomically by the service stage, right before the restart onto it (``switch_release``); the
 last releases are kept for rollback.
 
-    from sglang_fleet.engine import install_engine, switch_release
+    from sglang_fleet.stages.engine import install_engine, switch_release
     release = install_engine(profile)      # in a pyinfra deploy
     switch_release(release)                # when the server is about to restart onto it
 """
@@ -24,10 +24,10 @@ from pyinfra.facts.files import Directory, File, FindDirectories, FindFiles, Lin
 from pyinfra.operations import apt, files, server
 
 from sglang_fleet import paths
-from sglang_fleet.hostcode import program, upload
+from sglang_fleet.config.profile import Profile
 from sglang_fleet.ops import Ops
-from sglang_fleet.packages import packages_baseline, packages_purged
-from sglang_fleet.profile import Profile
+from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.remote.prune_caches import VERSION
 
 # uv and pip trust the host's certificate store, as apt does (sites may inspect TLS).

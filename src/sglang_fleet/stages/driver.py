@@ -2,7 +2,7 @@
 unattended upgrades, loaded by a reboot only when the loaded module differs from the installed
 one), the fabric manager and NVLSM on NVSwitch hosts, and a verification with nvidia-smi.
 
-    from sglang_fleet.driver import install_driver
+    from sglang_fleet.stages.driver import install_driver
     install_driver()      # in a pyinfra deploy; reads the host's data (DriverConfig)
 """
 
@@ -26,8 +26,8 @@ from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, Uptime
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import apt, files, systemd
 
-from sglang_fleet import fleet, paths, summary, validators
-from sglang_fleet.cutover import leave_routers
+from sglang_fleet import paths
+from sglang_fleet.config import validators
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import (
     AptVersions,
@@ -37,10 +37,13 @@ from sglang_fleet.facts.nvidia import (
     NvidiaModule,
     NvidiaSmi,
 )
-from sglang_fleet.metrics_targets import DCGM_EXPORTER_PORT
 from sglang_fleet.ops import Ops, fail
-from sglang_fleet.packages import packages_baseline, packages_purged
-from sglang_fleet.service import unit_running
+from sglang_fleet.ops.packages import packages_baseline, packages_purged
+from sglang_fleet.report import summary
+from sglang_fleet.report.metrics_targets import DCGM_EXPORTER_PORT
+from sglang_fleet.rollout import fleet
+from sglang_fleet.rollout.cutover import leave_routers
+from sglang_fleet.stages.service import unit_running
 
 NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
 KEYRING = "cuda-keyring_1.1-1_all.deb"

@@ -30,11 +30,15 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
-from sglang_fleet import compiled, fleet, hostdata, preflight, status, validators
-from sglang_fleet.cutover import Handoff
+from sglang_fleet import hostconfig as hostdata
+from sglang_fleet.config import preflight, validators
+from sglang_fleet.config.render import render_all
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.render import render_all
-from sglang_fleet.routerctl import Router, RouterError
+from sglang_fleet.report import status
+from sglang_fleet.rollout import fleet
+from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.rollout.router_api import Router, RouterError
+from sglang_fleet.stages import compiled
 
 DEPLOYS = "sglang_fleet.converge"  # pyinfra runs these functions per host, from any directory
 

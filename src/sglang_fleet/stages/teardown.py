@@ -2,7 +2,7 @@
 environment files; engine releases, staged weights and the driver only when asked to purge
 them; packages only if the product installed them (``packages.py``).
 
-    from sglang_fleet.teardown import teardown
+    from sglang_fleet.stages.teardown import teardown
     teardown(Purge.from_data(host.data, host.name), urls, routers, is_router)
 """
 
@@ -18,17 +18,17 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 
 from sglang_fleet import paths
-from sglang_fleet.driver import remove_driver
-from sglang_fleet.engine import remove_engine
 from sglang_fleet.errors import InputError
-from sglang_fleet.fleet import RouterConfig
 from sglang_fleet.ops import Ops
-from sglang_fleet.packages import remove_baseline
-from sglang_fleet.router import remove_router
-from sglang_fleet.routerctl import RouterError
-from sglang_fleet.secretfile import secrets_absent
-from sglang_fleet.service import remove_service
-from sglang_fleet.weights import remove_weights
+from sglang_fleet.ops.packages import remove_baseline
+from sglang_fleet.ops.secretfile import secrets_absent
+from sglang_fleet.rollout.fleet import RouterConfig
+from sglang_fleet.rollout.router_api import RouterError
+from sglang_fleet.stages.driver import remove_driver
+from sglang_fleet.stages.engine import remove_engine
+from sglang_fleet.stages.router import remove_router
+from sglang_fleet.stages.service import remove_service
+from sglang_fleet.stages.weights import remove_weights
 
 PURGEABLE = ("engine", "weights", "driver")
 

@@ -7,7 +7,7 @@ and the kernel's source into each entry's name) is shared by every release: a ne
 what is still valid and adds what is not. A cache whose entries are NOT keyed that way gets one
 directory per release, so a release never loads what another release built.
 
-    from sglang_fleet.caches import cache_env
+    from sglang_fleet.stages.kernel_caches import cache_env
     cache_env("0.5.23")["SGLANG_DG_CACHE_DIR"]      # '/var/cache/sglang/deep_gemm'
     cache_env("0.5.23")["SGLANG_CACHE_DIR"]         # '/var/cache/sglang/release/0.5.23/sglang'
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sglang_fleet import releases
+from sglang_fleet.config import releases
 from sglang_fleet.paths import CACHE
 
 SHARED = "shared"  # one directory for every release: the cache keys its own entries

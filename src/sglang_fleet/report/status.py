@@ -27,15 +27,16 @@ from typing import Any
 import httpx
 from pyinfra.api.host import Host
 
-from sglang_fleet import fleet, hostdata
+from sglang_fleet import hostconfig as hostdata
+from sglang_fleet.config.profile import Profile
+from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
 from sglang_fleet.facts.units import GateRecords, LastCrash, UnitState, UnitStates
-from sglang_fleet.gpucheck import ignored, merged
-from sglang_fleet.profile import Profile
 from sglang_fleet.remote import eta
-from sglang_fleet.render import Launch, render_all
-from sglang_fleet.routerctl import Router, RouterError
+from sglang_fleet.rollout import fleet
+from sglang_fleet.rollout.router_api import Router, RouterError
+from sglang_fleet.stages.gpu_preflight import ignored, merged
 
 GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queued",
           "sglang:gen_throughput": "tokens_per_s", "sglang:spec_accept_length": "accept_length"}
@@ -327,7 +328,7 @@ def collect(inventory_path: str, data: dict[str, Any] | None = None,
             with_routers: bool = True) -> Fleet:
     """Every row of the fleet: hosts read in parallel over SSH, servers over HTTP (``data``
     as ``--data`` would give it; the routers' rows only ``with_routers``)."""
-    from sglang_fleet import roll  # loading an inventory patches the process with gevent
+    from sglang_fleet.rollout import roll  # loading an inventory patches the process with gevent
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # a table, not pyinfra's log
     inventory = roll.load(inventory_path, data or {})

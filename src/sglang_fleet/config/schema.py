@@ -7,7 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_fleet import paths, releases, validators
+from sglang_fleet import paths
+from sglang_fleet.config import releases, validators
 
 REQUIRED = object()
 Check = Callable[[Any], str | None]
