@@ -23,8 +23,8 @@ TUPLES = re.compile(r"""^[A-Z_]+_KEYS = \(([^)]*)\)""", re.M)
 
 def keys_read() -> set[str]:
     found: set[str] = set()
-    for path in SRC.glob("*.py"):
-        if path.name in NOT_HOST_DATA:
+    for path in SRC.rglob("*.py"):
+        if path.name in NOT_HOST_DATA or path.parent.name in ("generate", "remote"):
             continue
         text = path.read_text()
         for pattern in READS:
