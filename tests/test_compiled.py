@@ -18,7 +18,7 @@ from sglang_fleet import ops, paths
 from sglang_fleet.config.render import render, render_all
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.facts.python import parse_deep_gemm
-from sglang_fleet.facts.units import UnitState
+from sglang_fleet.facts.systemd import UnitState
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.remote import cache_copy
 from sglang_fleet.rollout import cutover

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sglang_fleet.facts import gpuhealth, units
+from sglang_fleet.facts import gpuhealth, systemd
 from sglang_fleet.remote import eta
 from sglang_fleet.report import status
 from tests.conftest import FIELD_PROFILE, ROOT, free_port, wait_for_health
@@ -78,7 +78,7 @@ SHOW = (Path(__file__).parent / "data" / "systemctl-show-sglang.txt").read_text(
 
 
 def test_units_from_systemctl_show() -> None:
-    found = units.parse(SHOW.splitlines())
+    found = systemd.parse_units(SHOW.splitlines())
     unit = found["sglang.service"]
     assert (unit.state, unit.since, unit.pid) == ("active/running",
                                                   "Mon 2026-11-30 23:01:02 UTC", 4121)
@@ -87,7 +87,7 @@ def test_units_from_systemctl_show() -> None:
     assert unit.flag("--speculative-algorithm") == "NEXTN"
     assert unit.flag("--served-model-name") == "qwen3.6-27b"
     assert found["sglang-1.service"].state == "not installed"
-    assert "rm" not in units.UnitStates().command(units=["sglang.service", "x; rm -rf /"])
+    assert "rm" not in systemd.UnitStates().command(units=["sglang.service", "x; rm -rf /"])
 
 
 def inventory(tmp_path: Path, port: int, dcgm: bool = False) -> Path:
@@ -279,6 +279,6 @@ def test_a_dp_server_is_one_row_on_all_its_gpus(tmp_path: Path) -> None:
 def test_a_host_without_any_gate_record_reads_as_none_measured() -> None:
     """A host never deployed (no record, so no output): pyinfra gives the fact its default,
     which must be an empty mapping, not None (status read it as one and crashed)."""
-    from sglang_fleet.facts.units import GateRecords
+    from sglang_fleet.facts.systemd import GateRecords
 
     assert GateRecords.default() == {} and GateRecords().process([]) == {}

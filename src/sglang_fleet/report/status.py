@@ -32,7 +32,7 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
-from sglang_fleet.facts.units import GateRecords, LastCrash, UnitState, UnitStates
+from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitStates
 from sglang_fleet.remote import eta
 from sglang_fleet.rollout import fleet
 from sglang_fleet.rollout.router_api import Router, RouterError

@@ -47,7 +47,7 @@ from sglang_fleet import paths
 from sglang_fleet.config.render import RENAMED_DESTS, Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi, SmiReport
 from sglang_fleet.facts.python import DeepGemm
-from sglang_fleet.facts.units import UnitStates
+from sglang_fleet.facts.systemd import UnitStates
 from sglang_fleet.ops import Ops, privilege, result_line, run
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.rollout import cutover
