@@ -16,7 +16,7 @@ from pyinfra.api.command import FunctionCommand
 
 from sglang_fleet.rollout import cutover, fleet
 from sglang_fleet.rollout.router_api import RouterError
-from sglang_fleet.stages import driver, gate, service
+from sglang_fleet.stages import driver, last_good, service
 from tests.test_operations import Host, commands, driver_host
 
 URL = "http://10.0.0.11:30000"
@@ -210,8 +210,8 @@ def test_a_restore_that_restarts_leaves_first(handoff: cutover.Handoff,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     fake = Host({"File": {"path": "x"}, "Sha256File": lambda path: path,  # saved != current
                  "FindInFile": [], "Link": None})
-    monkeypatch.setattr(gate, "host", fake)
-    found = commands(gate.last_good_back, "sglang.service")
+    monkeypatch.setattr(last_good, "host", fake)
+    found = commands(last_good.restore_unit, "sglang.service")
     assert isinstance(found[0], FunctionCommand) and found[0].function is cutover._leave_units
     assert found[0].args == (["sglang.service"],)  # the whole host, unless --batch-instances
     assert "systemctl restart sglang.service" in found[1]
@@ -229,15 +229,15 @@ def test_a_driver_change_leaves_first_and_a_held_driver_stays(
     assert commands(driver.driver_packages, cfg) == [f"apt-mark hold {' '.join(cfg.packages)}"]
 
 
-def test_files_back_puts_the_last_good_files_back_without_a_restart(
+def test_restore_files_puts_the_last_good_files_back_without_a_restart(
         monkeypatch: pytest.MonkeyPatch) -> None:
     saved = "/etc/sglang/last-good/sglang.service"
     release = "/opt/sglang/releases/sglang-0.5.22-abc"
     fake = Host({"File": {"path": "x"}, "Sha256File": lambda path: path,  # saved != live
                  "FindInFile": [f"ExecStart={release}/bin/python -m x"],
                  "Link": {"link_target": "/opt/sglang/releases/sglang-0.5.23-def"}})
-    monkeypatch.setattr(gate, "host", fake)
-    files, link = commands(gate.files_back, "sglang.service")
+    monkeypatch.setattr(last_good, "host", fake)
+    files, link = commands(last_good.restore_files, "sglang.service")
     assert files.startswith(f"cp -p {saved} /etc/systemd/system/sglang.service && cp -p "
                             f"{saved}.env /etc/sglang/sglang.env")
     assert files.endswith("systemctl daemon-reload") and "restart" not in files
@@ -245,23 +245,23 @@ def test_files_back_puts_the_last_good_files_back_without_a_restart(
         "/opt/sglang/current.new /opt/sglang/current"
     fake.facts["Sha256File"] = lambda path: "same"
     fake.facts["Link"] = {"link_target": release}
-    assert commands(gate.files_back, "sglang.service") == []
+    assert commands(last_good.restore_files, "sglang.service") == []
     assert fake.noops == ["sglang.service: its files are the last good release's"]
 
 
-def test_files_back_removes_a_new_instance_that_never_started(
+def test_restore_files_removes_a_new_instance_that_never_started(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def file(path: str) -> dict[str, str] | None:
         return None if "last-good" in path else {"path": path}
 
     fake = Host({"File": file, "UnitCondition": {"ActiveState": "inactive"}})
-    monkeypatch.setattr(gate, "host", fake)
+    monkeypatch.setattr(last_good, "host", fake)
     monkeypatch.setattr(service, "host", fake)
-    assert commands(gate.files_back, "sglang-1.service") == [
+    assert commands(last_good.restore_files, "sglang-1.service") == [
         "rm -f /etc/systemd/system/sglang-1.service /etc/sglang/sglang-1.env && "
         "systemctl daemon-reload"]
     fake.facts["UnitCondition"] = {"ActiveState": "active"}  # serving: not ours to remove
-    assert commands(gate.files_back, "sglang-1.service") == []
+    assert commands(last_good.restore_files, "sglang-1.service") == []
 
 
 # --batch-instances: a host's servers leave and come back wave by wave.
