@@ -1,6 +1,6 @@
 """Compile once per fleet: the digest of what kernels were compiled for (which inputs change it,
 which do not), the plan (which hosts share, receive or compile) and the operations that share
-and receive, in pyinfra's style (facts in, commands out) with a real handoff directory."""
+and receive, in pyinfra's style (facts in, commands out) with a real roll directory."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from sglang_fleet.facts.systemd import UnitState
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.remote import cache_copy
 from sglang_fleet.rollout import cutover
-from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.stages import compiled
 from sglang_fleet.stages.engine import Release
 from sglang_fleet.stages.kernel_caches import CACHES
@@ -192,8 +192,8 @@ def test_a_host_shares_only_what_a_host_after_it_said_it_lacks() -> None:
 
 
 def test_one_claim_per_digest(tmp_path: Path) -> None:
-    handoff = Handoff(tmp_path)
-    assert compiled.claim(handoff, BASE) and not compiled.claim(handoff, BASE)
+    roll_dir = RollDirectory(tmp_path)
+    assert compiled.claim(roll_dir, BASE) and not compiled.claim(roll_dir, BASE)
     assert oct((tmp_path / "caches").stat().st_mode & 0o777) == "0o700"
 
 
@@ -228,22 +228,22 @@ class CopyHost(Host):
 
 
 @pytest.fixture
-def roll(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[CopyHost], Handoff]:
+def roll(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[CopyHost], RollDirectory]:
     """A roll of h1, h2, h3 (this process standing for the roll) and the host it runs on."""
     monkeypatch.setattr(compiled, "state", type("S", (), {"is_executing": True}))
     said: list[str] = []
     monkeypatch.setattr(compiled, "logger", type("L", (), {"warning": said.append,
                                                           "info": said.append})())
-    handoff = Handoff(tmp_path / "roll")
-    handoff.directory.mkdir(mode=0o700)
-    handoff.plan({"h1": [], "h2": [], "h3": []}, 600)
-    monkeypatch.setenv(cutover.ENV, str(handoff.directory))
+    roll_dir = RollDirectory(tmp_path / "roll")
+    roll_dir.directory.mkdir(mode=0o700)
+    roll_dir.plan({"h1": [], "h2": [], "h3": []}, 600)
+    monkeypatch.setenv(cutover.ENV, str(roll_dir.directory))
 
-    def install(fake: CopyHost) -> Handoff:
+    def install(fake: CopyHost) -> RollDirectory:
         fake.said = said  # type: ignore[attr-defined]
         for module in (compiled, ops):
             monkeypatch.setattr(module, "host", fake)
-        return handoff
+        return roll_dir
 
     return install
 
@@ -262,7 +262,7 @@ PACKED = {"ok": True, "files": 40, "bytes": 4_000_000, "archive_bytes": len(ARCH
 
 def test_the_first_host_packs_and_the_controller_keeps_its_archive(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
-    handoff = roll(fake)
+    roll_dir = roll(fake)
     outgoing = f"{paths.CACHE_COPY}/{BASE}.tar.gz"
     assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == [
         f"rm -f {outgoing} {outgoing}.part"]
@@ -270,21 +270,21 @@ def test_the_first_host_packs_and_the_controller_keeps_its_archive(roll: Any) ->
     assert pack[:5] == program("/usr/bin/python3", compiled.PROGRAM)[:5]
     assert pack[5:] == ["pack", "--root", paths.CACHE, "--digest", BASE, "--inputs",
                         json.dumps(inputs().as_dict(), sort_keys=True), "--out", outgoing]
-    kept = compiled.archive(handoff, BASE)
+    kept = compiled.archive(roll_dir, BASE)
     assert kept.read_bytes() == ARCHIVE and oct(kept.stat().st_mode & 0o777) == "0o600"
-    [offer] = compiled.offers(handoff)
+    [offer] = compiled.offers(roll_dir)
     assert offer["host"] == "h1" and offer["sha256"] == PACKED["sha256"]
     assert offer["inputs"] == inputs().as_dict() and offer["files"] == 40
-    assert compiled.notes(handoff, "h1") == [
+    assert compiled.notes(roll_dir, "h1") == [
         "kernels: shared with the hosts after it: 40 files (4 MB)"]
 
 
 def test_nothing_is_packed_when_every_later_host_is_past_its_turn(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
-    handoff = roll(fake)
-    handoff.give("took", ["h1", "h2", "h3"])  # one batch of three
+    roll_dir = roll(fake)
+    roll_dir.give("took", ["h1", "h2", "h3"])  # one batch of three
     assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == []
-    assert fake.ran == [] and compiled.offers(handoff) == []
+    assert fake.ran == [] and compiled.offers(roll_dir) == []
     assert "no host of the roll after it is still to restart" in fake.noops[0]
 
 
@@ -292,56 +292,56 @@ def test_nothing_is_packed_when_every_later_host_is_past_its_turn(roll: Any) -> 
 def test_a_prepared_host_says_which_kernels_it_needs(roll: Any, recorded: bool,
                                                       needs: bool) -> None:
     fake = CopyHost("h2", facts(recorded=recorded), {})
-    handoff = roll(fake)
+    roll_dir = roll(fake)
     [say] = commands(compiled.kernels_announced, LAUNCHES, RELEASE)
     assert say.function(None, fake, *say.args, **say.kwargs)
-    assert compiled.wants(handoff) == {"h2": {"digest": BASE, "needs": needs}}
+    assert compiled.wants(roll_dir) == {"h2": {"digest": BASE, "needs": needs}}
     assert fake.ran == []
 
 
 def test_nothing_is_packed_when_the_hosts_after_it_have_the_kernels(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
-    handoff = roll(fake)
+    roll_dir = roll(fake)
     for name in ("h2", "h3"):
-        compiled.want(handoff, name, BASE, needs=False)
+        compiled.want(roll_dir, name, BASE, needs=False)
     assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == []
     assert fake.ran == [] and "holds these kernels already" in fake.noops[0]
 
 
 def test_an_archive_that_arrives_changed_is_not_offered(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, b"other bytes")
-    handoff = roll(fake)
+    roll_dir = roll(fake)
     [removed] = commands(compiled.kernels_shared, LAUNCHES, RELEASE)  # the host's archive
     assert removed.startswith(f"rm -f {paths.CACHE_COPY}/{BASE}.tar.gz")
-    [offer] = compiled.offers(handoff)
+    [offer] = compiled.offers(roll_dir)
     assert "arrived with sha256" in offer["error"] and "sha256" not in offer
-    assert not compiled.archive(handoff, BASE).exists()
+    assert not compiled.archive(roll_dir, BASE).exists()
     assert any("could not be shared" in s for s in fake.said)  # type: ignore[attr-defined]
 
 
 def test_a_later_host_with_the_same_digest_receives_before_its_restart(roll: Any) -> None:
     fake = CopyHost("h2", facts(), {"unpack": {"ok": True, "placed": 40, "kept": 0}})
-    handoff = roll(fake)
-    compiled.archive(handoff, BASE).write_bytes(ARCHIVE)
-    compiled.offer(handoff, shared(inputs(), sha256=PACKED["sha256"]))
+    roll_dir = roll(fake)
+    compiled.archive(roll_dir, BASE).write_bytes(ARCHIVE)
+    compiled.offer(roll_dir, shared(inputs(), sha256=PACKED["sha256"]))
     incoming = f"{paths.CACHE_COPY}/{BASE}.tar.gz"
     assert commands(compiled.kernels_received, LAUNCHES, RELEASE) == [f"rm -f {incoming}"]
-    assert fake.uploaded == [(str(compiled.archive(handoff, BASE)), incoming)]
+    assert fake.uploaded == [(str(compiled.archive(roll_dir, BASE)), incoming)]
     unpack = shlex.split(fake.ran[-1])
     assert unpack[5:] == ["unpack", "--root", paths.CACHE, "--digest", BASE, "--sha256",
                           PACKED["sha256"], "--archive", incoming, "--user", paths.USER,
                           "--record", compiled.record_path(RELEASE, BASE), "--source", "h1"]
-    [note] = compiled.notes(handoff, "h2")
+    [note] = compiled.notes(roll_dir, "h2")
     assert note.startswith("kernels: received from h1: 40 kernels placed, 0 there already")
 
 
 def test_a_host_of_another_architecture_compiles_and_the_roll_says_why(roll: Any) -> None:
     fake = CopyHost("h2", facts(arch="9.0"), {})
-    handoff = roll(fake)
-    compiled.offer(handoff, shared(inputs()))
+    roll_dir = roll(fake)
+    compiled.offer(roll_dir, shared(inputs()))
     assert commands(compiled.kernels_received, LAUNCHES, RELEASE) == []
     assert fake.uploaded == [] and fake.ran == []
-    [note] = compiled.notes(handoff, "h2")
+    [note] = compiled.notes(roll_dir, "h2")
     assert "compiles itself" in note and "GPU architecture 9.0 here, 10.0 on h1" in note
     assert any("GPU architecture 9.0 here" in s for s in fake.said)  # type: ignore[attr-defined]
 
@@ -350,11 +350,11 @@ def test_a_refused_archive_leaves_the_host_to_compile(roll: Any) -> None:
     refused = {"ok": False, "error": "the archive's member '../x' has an empty, '.' or '..' "
                "part: nothing was extracted"}
     fake = CopyHost("h2", facts(), {"unpack": refused})
-    handoff = roll(fake)
-    compiled.archive(handoff, BASE).write_bytes(ARCHIVE)
-    compiled.offer(handoff, shared(inputs()))
+    roll_dir = roll(fake)
+    compiled.archive(roll_dir, BASE).write_bytes(ARCHIVE)
+    compiled.offer(roll_dir, shared(inputs()))
     commands(compiled.kernels_received, LAUNCHES, RELEASE)
-    [note] = compiled.notes(handoff, "h2")
+    [note] = compiled.notes(roll_dir, "h2")
     assert "compiles itself: the kernels from h1 were not unpacked" in note and "'../x'" in note
 
 
@@ -371,14 +371,14 @@ def running(release: Release) -> dict[str, UnitState]:
 def test_a_host_that_has_the_kernels_receives_nothing(roll: Any, given: dict[str, Any],
                                                       noop: str | None) -> None:
     fake = CopyHost("h2", given, {})
-    handoff = roll(fake)
-    compiled.offer(handoff, shared(inputs()))
+    roll_dir = roll(fake)
+    compiled.offer(roll_dir, shared(inputs()))
     assert commands(compiled.kernels_received, LAUNCHES, RELEASE) == []
     assert fake.uploaded == []
     if noop:
         assert noop in fake.noops[0]
     else:
-        assert "holds the kernels compiled for" in compiled.notes(handoff, "h2")[0]
+        assert "holds the kernels compiled for" in compiled.notes(roll_dir, "h2")[0]
 
 
 def test_outside_a_roll_nothing_is_shared_or_received(roll: Any,

@@ -14,7 +14,7 @@ import pytest
 
 from sglang_fleet.errors import InputError
 from sglang_fleet.rollout import cutover, fleet, roll
-from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.stages import compiled
 from tests.conftest import ROOT
@@ -63,7 +63,7 @@ class Runs:
     """pyinfra runs, recorded when started; ``fail`` names the (deploy, host) that fails. A
     serve or restore run restarts each host's server (unless ``restarts`` is False), which
     waits for the host's turn and takes it out of the routers, through the deploy's own code
-    (``cutover``) and the roll's handoff."""
+    (``cutover``) and the roll's directory."""
 
     def __init__(self, fail: tuple[str, str] | None = None, restarts: bool = True) -> None:
         self.fail = fail
@@ -395,7 +395,7 @@ def test_the_table_says_what_each_host_did_with_its_kernels(router: FakeRouter) 
     class NotingRuns(Runs):
         def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
             for name in hosts if deploy == "serve" else []:
-                compiled.note(Handoff(Path(env[cutover.ENV])), name, f"received ({name})")
+                compiled.note(RollDirectory(Path(env[cutover.ENV])), name, f"received ({name})")
             return super().work(deploy, hosts, env)
 
     rolled = make(router, NotingRuns())

@@ -36,7 +36,7 @@ from sglang_fleet.config.render import render_all
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.report import status
 from sglang_fleet.rollout import fleet
-from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.rollout.router_api import Router, RouterError
 from sglang_fleet.stages import compiled
 
@@ -328,13 +328,13 @@ class Roll:
         self.outcomes = {h.name: Outcome(h.name) for b in plan.batches for h in b}
         self.serving = dict(plan.before)  # host -> the URLs it serves at now
         self.out_since: dict[str, float] = {}  # host -> when it left the routers (wall clock)
-        self.handoff: Handoff | None = None  # shared with the runs while the roll lasts
+        self.roll_dir: RollDirectory | None = None  # shared with the runs while the roll lasts
         self.started: list[Started] = []  # runs not yet waited for
         self.settled: set[str] = set()  # hosts whose batch ended (converged or restored)
 
     def start(self, deploy: str, names: list[str], data: Sequence[str]) -> Started:
-        assert self.handoff is not None
-        started = self.run(self.plan.inventory, deploy, names, data, self.handoff.env())
+        assert self.roll_dir is not None
+        started = self.run(self.plan.inventory, deploy, names, data, self.roll_dir.env())
         self.started.append(started)
         return started
 
@@ -343,28 +343,28 @@ class Roll:
         and what its drain left)."""
         self.started.remove(run)
         ok = run.wait() == 0
-        assert self.handoff is not None
+        assert self.roll_dir is not None
         for name in names:
-            left = self.handoff.left(name)
-            if left is None:
+            out = self.roll_dir.out_of_routers(name)
+            if out is None:
                 continue
             outcome = self.outcomes[name]
-            outcome.notes = list(left.notes)  # the record keeps every run's notes
-            outcome.waves = [(w.urls, w.back - w.left) for w in left.waves
+            outcome.notes = list(out.notes)  # the record keeps every run's notes
+            outcome.waves = [(w.urls, w.back - w.left) for w in out.waves
                              if w.back is not None]
-            since = left.still_out()
+            since = out.still_out()
             if since is not None and name not in self.out_since:
                 self.out_since[name] = since
         for name in names:  # a host that never left still says why it compiled itself
             notes = self.outcomes[name].notes
-            notes += [n for n in compiled.notes(self.handoff, name) if n not in notes]
+            notes += [n for n in compiled.notes(self.roll_dir, name) if n not in notes]
         return ok
 
-    def left(self, name: str) -> None:
+    def went_out(self, name: str) -> None:
         """The host is out of the routers from now, unless it left earlier."""
         self.out_since.setdefault(name, time.time())
 
-    def back(self, name: str, still_out: bool = False) -> None:
+    def came_back(self, name: str, still_out: bool = False) -> None:
         """The host is healthy in every router again (or the batch ends with it out)."""
         since = self.out_since.pop(name, None)
         if since is not None:
@@ -385,7 +385,7 @@ class Roll:
                     f"{self.outcomes[name].out_text()} s)" if self.outcomes[name].waves else
                     f"{name}: never left the {routers} (nothing on it restarted)")
                 continue
-            self.back(name)
+            self.came_back(name)
             say(f"{name}: out of the {routers} for {self.outcomes[name].out_text()} s")
 
     def others_healthy(self, names: list[str]) -> None:
@@ -408,13 +408,13 @@ class Roll:
         names = [h.name for h in hosts]
         tic = time.monotonic()
         self.others_healthy(names)
-        assert self.handoff is not None
-        self.handoff.give("turn", names)
-        self.handoff.give("go", names)
+        assert self.roll_dir is not None
+        self.roll_dir.give("turn", names)
+        self.roll_dir.give("go", names)
         say(f"{', '.join(names)}: its turn (out of the router from its first restart)")
         ok = self.finish(run, names)
         if ok and following:
-            self.handoff.give("turn", following)
+            self.roll_dir.give("turn", following)
         try:
             if ok:
                 self.put_back(names, self.plan.after)
@@ -423,7 +423,7 @@ class Roll:
             say(f"{', '.join(names)}: {err}")
             for router in self.plan.routers:
                 for name in names:
-                    self.left(name)
+                    self.went_out(name)
                     for url in self.plan.after.get(name, []):
                         router.remove(url)
         for name in names:
@@ -432,7 +432,7 @@ class Roll:
             self.restore(names)
         for name in names:
             self.outcomes[name].seconds = time.monotonic() - tic
-            self.back(name, still_out=True)  # only if no put_back brought it back
+            self.came_back(name, still_out=True)  # only if no put_back brought it back
         self.settled.update(names)
         return ok
 
@@ -458,8 +458,8 @@ class Roll:
                     self.outcomes[name].result = "not touched: preparing failed"
                 say("preparing failed: no host was taken out of the router")
                 return False
-        assert self.handoff is not None
-        while run.running() and not all(self.handoff.has(n, "waiting") for n in first):
+        assert self.roll_dir is not None
+        while run.running() and not all(self.roll_dir.has(n, "waiting") for n in first):
             time.sleep(0.2)
         say(f"prepared in {time.monotonic() - tic:.0f} s")
         return True
@@ -467,9 +467,9 @@ class Roll:
     def unstage(self) -> None:
         """Hosts a stopped roll left after their turn and before their restart: the last good
         unit and environment files back, without a restart (their servers still run them)."""
-        assert self.handoff is not None
+        assert self.roll_dir is not None
         stranded = [n for n in self.outcomes if n not in self.settled
-                    and self.handoff.has(n, "took") and self.handoff.left(n) is None]
+                    and self.roll_dir.has(n, "took") and self.roll_dir.out_of_routers(n) is None]
         if not stranded:
             return
         say(f"{', '.join(stranded)}: stopped after its files changed and before its restart; "
@@ -483,8 +483,8 @@ class Roll:
         order = [h.name for b in self.plan.batches for h in b]
         say(f"order: {' → '.join(order)} ({len(self.plan.batches)} batches); routers: "
             f"{', '.join(r.url for r in self.plan.routers)}")
-        self.handoff = Handoff.create()
-        self.handoff.plan({n: self.serving.get(n, []) for n in order}, self.drain_timeout,
+        self.roll_dir = RollDirectory.create()
+        self.roll_dir.plan({n: self.serving.get(n, []) for n in order}, self.drain_timeout,
                           units=self.plan.units, batch_instances=self.plan.batch_instances,
                           health_timeout=self.health_timeout)
         first = [h.name for h in self.plan.batches[0]]
@@ -496,11 +496,11 @@ class Roll:
             rest = [n for n in order if n not in first]
             return self.prepare(rest, first, run) and self.cutover(run)
         finally:
-            self.handoff.abort()  # a run still waiting for its turn or go stops there
+            self.roll_dir.abort()  # a run still waiting for its turn or go stops there
             for run in list(self.started):
                 self.finish(run, [])
             self.unstage()
-            self.handoff.close()
+            self.roll_dir.close()
 
     def cutover(self, first: Started) -> bool:
         """Batch after batch; each batch's run starts when the batch before it gets its turn,

@@ -15,7 +15,7 @@ release passed the gate there, or once it received the cache of a host that did.
 In a roll the hosts say while they are prepared which digest they need, and whether they lack
 it; after its gate, the first host with a digest a later host lacks packs its cache
 (``sglang_fleet_remote.cache_copy``) and the controller keeps the archive and its sha256 in
-the roll's handoff directory (root's, 0700; files 0600). A later host whose own cache lacks
+the roll's directory (root's, 0700; files 0600). A later host whose own cache lacks
 that digest receives it after its turn, before its restart: uploaded to root's staging,
 unpacked by the host program (sha256, the manifest's digest, every member checked; written as
 the service user). A host whose digest differs compiles itself, and the roll says in what the
@@ -51,11 +51,11 @@ from sglang_fleet.facts.systemd import UnitStates
 from sglang_fleet.ops import Ops, privilege, result_line, run
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.rollout import cutover
-from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.stages.engine import Release
 
 PROGRAM = "cache_copy"
-STAGE = "caches"  # in the roll's handoff directory: archives, offers, notes
+STAGE = "caches"  # in the roll's directory: archives, offers, notes
 DIGEST_CHARS = 24
 
 # The flags (argparse destinations, as Launch.args holds them) whose value changes which
@@ -254,19 +254,19 @@ def share_problem(name: str, order: list[str], digest: str, offers: list[dict[st
     return None
 
 
-# --- the controller's staging, in the roll's handoff directory --------------------------------
+# --- the controller's staging, in the roll's directory --------------------------------
 
-def stage(handoff: Handoff) -> Path:
-    """The handoff's staging directory (root's, 0700)."""
-    where = handoff.directory / STAGE
+def stage(roll_dir: RollDirectory) -> Path:
+    """The roll directory's staging directory for kernels (root's, 0700)."""
+    where = roll_dir.directory / STAGE
     where.mkdir(mode=0o700, exist_ok=True)
     return where
 
 
-def offers(handoff: Handoff) -> list[dict[str, Any]]:
+def offers(roll_dir: RollDirectory) -> list[dict[str, Any]]:
     """What hosts shared so far (``<digest>.json``), in the order they shared it."""
     found = []
-    for path in sorted(stage(handoff).glob("*.json"), key=lambda p: p.stat().st_mtime):
+    for path in sorted(stage(roll_dir).glob("*.json"), key=lambda p: p.stat().st_mtime):
         try:
             offer = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -276,18 +276,18 @@ def offers(handoff: Handoff) -> list[dict[str, Any]]:
     return found
 
 
-def claim(handoff: Handoff, digest: str) -> bool:
+def claim(roll_dir: RollDirectory, digest: str) -> bool:
     """This run shares ``digest`` (and no other run of the roll does)."""
     try:
-        os.close(os.open(stage(handoff) / f"{digest}.claim",
+        os.close(os.open(stage(roll_dir) / f"{digest}.claim",
                          os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
         return False
     return True
 
 
-def archive(handoff: Handoff, digest: str) -> Path:
-    return stage(handoff) / f"{digest}.tar.gz"
+def archive(roll_dir: RollDirectory, digest: str) -> Path:
+    return stage(roll_dir) / f"{digest}.tar.gz"
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:
@@ -297,20 +297,20 @@ def _write(path: Path, data: dict[str, Any]) -> None:
     part.replace(path)
 
 
-def offer(handoff: Handoff, data: dict[str, Any]) -> None:
+def offer(roll_dir: RollDirectory, data: dict[str, Any]) -> None:
     """Publish what this host shares (or why it could not) for the hosts after it."""
-    _write(stage(handoff) / f"{data['digest']}.json", data)
+    _write(stage(roll_dir) / f"{data['digest']}.json", data)
 
 
-def want(handoff: Handoff, name: str, digest: str, needs: bool) -> None:
+def want(roll_dir: RollDirectory, name: str, digest: str, needs: bool) -> None:
     """What a host said while it was prepared: its digest, and whether it lacks the kernels."""
-    _write(stage(handoff) / f"{name}.wants", {"digest": digest, "needs": needs})
+    _write(stage(roll_dir) / f"{name}.wants", {"digest": digest, "needs": needs})
 
 
-def wants(handoff: Handoff) -> dict[str, dict[str, Any]]:
+def wants(roll_dir: RollDirectory) -> dict[str, dict[str, Any]]:
     """What the hosts said while they were prepared, by host."""
     found = {}
-    for path in stage(handoff).glob("*.wants"):
+    for path in stage(roll_dir).glob("*.wants"):
         try:
             said = json.loads(path.read_text())
         except (OSError, ValueError):
@@ -320,18 +320,18 @@ def wants(handoff: Handoff) -> dict[str, dict[str, Any]]:
     return found
 
 
-def note(handoff: Handoff, name: str, text: str) -> None:
+def note(roll_dir: RollDirectory, name: str, text: str) -> None:
     """A line for the roll's table about this host's kernels."""
-    _write(stage(handoff) / f"{name}.note", {"note": text})
+    _write(stage(roll_dir) / f"{name}.note", {"note": text})
 
 
-def notes(handoff: Handoff, name: str) -> list[str]:
+def notes(roll_dir: RollDirectory, name: str) -> list[str]:
     """The roll's: what was noted about ``name``'s kernels.
 
-        notes(handoff, "b200-02")   # ['kernels: received from b200-01 (41 MB, 3.2 s)']
+        notes(roll_dir, "b200-02")   # ['kernels: received from b200-01 (41 MB, 3.2 s)']
     """
     try:
-        found = json.loads((stage(handoff) / f"{name}.note").read_text())
+        found = json.loads((stage(roll_dir) / f"{name}.note").read_text())
     except (OSError, ValueError):
         return []
     return [f"kernels: {found['note']}"] if isinstance(found, dict) and "note" in found else []
@@ -351,12 +351,12 @@ def host_inputs(launches: list[Launch], release: Release) -> Inputs | str:
                       gpu_arch(host.get_fact(NvidiaSmi)))
 
 
-def in_roll() -> Handoff | None:
-    """The roll's handoff while an operation runs on one of its hosts; None otherwise."""
-    handoff = cutover.current()
-    if not state.is_executing or handoff is None or host.name not in handoff.hosts():
+def in_roll() -> RollDirectory | None:
+    """The roll's directory while an operation runs on one of its hosts; None otherwise."""
+    roll_dir = cutover.current()
+    if not state.is_executing or roll_dir is None or host.name not in roll_dir.hosts():
         return None
-    return handoff
+    return roll_dir
 
 
 def _result(lines: list[str]) -> dict[str, Any]:
@@ -409,18 +409,18 @@ def kernels_shared(launches: list[Launch], release: Release) -> Ops:
 
         kernels_shared(name="Share the compiled kernels", launches=launches, release=release)
     """
-    handoff = in_roll()
-    if handoff is None:
+    roll_dir = in_roll()
+    if roll_dir is None:
         return
     inputs = host_inputs(launches, release)
     if isinstance(inputs, str):
         host.noop(f"its kernels are not shared: {inputs}")
         return
     digest = inputs.digest
-    order = list(handoff.hosts())
-    past = {other for other in order if handoff.has(other, "took")}
-    why = share_problem(host.name, order, digest, offers(handoff), past, wants(handoff))
-    if why or not claim(handoff, digest):
+    order = list(roll_dir.hosts())
+    past = {other for other in order if roll_dir.has(other, "took")}
+    why = share_problem(host.name, order, digest, offers(roll_dir), past, wants(roll_dir))
+    if why or not claim(roll_dir, digest):
         host.noop(f"its kernels are not shared: {why or 'another host of its batch shares them'}")
         return
     tic = time.monotonic()
@@ -430,15 +430,15 @@ def kernels_shared(launches: list[Launch], release: Release) -> Ops:
                       "--out", outgoing)
     shared = {"digest": digest, "inputs": inputs.as_dict(), "host": host.name}
     if packed.get("ok") and packed.get("files"):
-        packed = _fetch(outgoing, archive(handoff, digest), packed)
+        packed = _fetch(outgoing, archive(roll_dir, digest), packed)
     if not packed.get("ok"):
-        offer(handoff, {**shared, "error": str(packed.get("error"))})
+        offer(roll_dir, {**shared, "error": str(packed.get("error"))})
         logger.warning(f"{host.print_prefix}its kernels could not be shared: "
                        f"{packed.get('error')}; the hosts after it compile their own")
     else:
-        offer(handoff, {**shared, "files": packed["files"], "bytes": packed["bytes"],
+        offer(roll_dir, {**shared, "files": packed["files"], "bytes": packed["bytes"],
                         "sha256": packed["sha256"], "archive_bytes": packed["archive_bytes"]})
-        note(handoff, host.name, f"shared with the hosts after it: {packed['files']} files "
+        note(roll_dir, host.name, f"shared with the hosts after it: {packed['files']} files "
              f"({_mb(packed['bytes'])})")
         logger.info(f"{host.print_prefix}shared the kernels compiled for {digest}: "
                     f"{packed['files']} files, {_mb(packed['archive_bytes'])} packed, on the "
@@ -472,22 +472,22 @@ def kernels_received(launches: list[Launch], release: Release) -> Ops:
         kernels_received(name="Receive the compiled kernels", launches=launches,
                          release=release)
     """
-    handoff = in_roll()
-    if handoff is None:
+    roll_dir = in_roll()
+    if roll_dir is None:
         return
     if running_these(launches, release):
         host.noop("its servers run this release with these flags: nothing to compile")
         return
     inputs = host_inputs(launches, release)
     if isinstance(inputs, str):
-        _said(handoff, f"compiles itself: {inputs}", warn=True)
+        _said(roll_dir, f"compiles itself: {inputs}", warn=True)
         return
     recorded = bool(host.get_fact(File, path=record_path(release, inputs.digest)))
-    decision = decide(inputs, recorded, offers(handoff))
+    decision = decide(inputs, recorded, offers(roll_dir))
     if decision.offer is None:
-        _said(handoff, decision.why, warn=decision.mismatch)
+        _said(roll_dir, decision.why, warn=decision.mismatch)
         return
-    yield from _receive(handoff, decision.offer, release)
+    yield from _receive(roll_dir, decision.offer, release)
 
 
 def running_these(launches: list[Launch], release: Release) -> bool:
@@ -508,8 +508,8 @@ def kernels_announced(launches: list[Launch], release: Release) -> Ops:
         kernels_announced(name="Say which kernels it needs", launches=launches,
                           release=release)
     """
-    handoff = in_roll()
-    if handoff is None:
+    roll_dir = in_roll()
+    if roll_dir is None:
         return
     inputs = host_inputs(launches, release)
     if isinstance(inputs, str):
@@ -517,26 +517,26 @@ def kernels_announced(launches: list[Launch], release: Release) -> Ops:
         return
     needs = not (running_these(launches, release) or
                  host.get_fact(File, path=record_path(release, inputs.digest)))
-    yield FunctionCommand(_announce, (handoff, inputs.digest, needs), {})
+    yield FunctionCommand(_announce, (roll_dir, inputs.digest, needs), {})
 
 
-def _announce(state: Any, host: Any, handoff: Handoff, digest: str, needs: bool) -> bool:
-    """On the controller, into the roll's handoff, when the operation runs."""
-    want(handoff, host.name, digest, needs)
+def _announce(state: Any, host: Any, roll_dir: RollDirectory, digest: str, needs: bool) -> bool:
+    """On the controller, into the roll's directory, when the operation runs."""
+    want(roll_dir, host.name, digest, needs)
     return True
 
 
-def _said(handoff: Handoff, text: str, warn: bool = False) -> None:
-    note(handoff, host.name, text)
+def _said(roll_dir: RollDirectory, text: str, warn: bool = False) -> None:
+    note(roll_dir, host.name, text)
     (logger.warning if warn else logger.info)(f"{host.print_prefix}kernels: {text}")
 
 
-def _receive(handoff: Handoff, shared: dict[str, Any], release: Release) -> Ops:
+def _receive(roll_dir: RollDirectory, shared: dict[str, Any], release: Release) -> Ops:
     digest, there = str(shared["digest"]), str(shared.get("host"))
     tic = time.monotonic()
     incoming = f"{paths.CACHE_COPY}/{digest}.tar.gz"
     run(f"install -d -m 700 {paths.CACHE_COPY}")
-    if not host.put_file(str(archive(handoff, digest)), incoming, **privilege()):
+    if not host.put_file(str(archive(roll_dir, digest)), incoming, **privilege()):
         got: dict[str, Any] = {"ok": False, "error": "the upload of the archive failed"}
     else:
         got = _program("unpack", "--root", paths.CACHE, "--digest", digest,
@@ -544,10 +544,10 @@ def _receive(handoff: Handoff, shared: dict[str, Any], release: Release) -> Ops:
                           "--user", paths.USER, "--record", record_path(release, digest),
                           "--source", there)
     if not got.get("ok"):
-        _said(handoff, f"compiles itself: the kernels from {there} were not unpacked "
+        _said(roll_dir, f"compiles itself: the kernels from {there} were not unpacked "
               f"({got.get('error')})", warn=True)
     else:
-        _said(handoff, f"received from {there}: {got.get('placed')} kernels placed, "
+        _said(roll_dir, f"received from {there}: {got.get('placed')} kernels placed, "
               f"{got.get('kept')} there already ({_mb(shared.get('archive_bytes'))} in "
               f"{time.monotonic() - tic:.1f} s)")
     yield f"rm -f {shlex.quote(incoming)}"
