@@ -16,7 +16,7 @@ from sglang_fleet.errors import InputError
 from sglang_fleet.rollout import cutover, fleet, roll
 from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.rollout.router_api import RouterError
-from sglang_fleet.stages import compiled
+from sglang_fleet.stages import compiled_exchange
 from tests.conftest import ROOT
 
 URLS = {name: [f"http://{name}:30000"] for name in ("h1", "h2", "h3")}
@@ -395,7 +395,8 @@ def test_the_table_says_what_each_host_did_with_its_kernels(router: FakeRouter) 
     class NotingRuns(Runs):
         def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
             for name in hosts if deploy == "serve" else []:
-                compiled.note(RollDirectory(Path(env[cutover.ENV])), name, f"received ({name})")
+                compiled_exchange.note(RollDirectory(Path(env[cutover.ENV])), name,
+                                       f"received ({name})")
             return super().work(deploy, hosts, env)
 
     rolled = make(router, NotingRuns())

@@ -38,7 +38,7 @@ from sglang_fleet.report import status
 from sglang_fleet.rollout import fleet
 from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.rollout.router_api import Router, RouterError
-from sglang_fleet.stages import compiled
+from sglang_fleet.stages import compiled_exchange
 
 DEPLOYS = "sglang_fleet.converge"  # pyinfra runs these functions per host, from any directory
 
@@ -357,7 +357,7 @@ class Roll:
                 self.out_since[name] = since
         for name in names:  # a host that never left still says why it compiled itself
             notes = self.outcomes[name].notes
-            notes += [n for n in compiled.notes(self.roll_dir, name) if n not in notes]
+            notes += [n for n in compiled_exchange.notes(self.roll_dir, name) if n not in notes]
         return ok
 
     def went_out(self, name: str) -> None:
