@@ -328,10 +328,10 @@ def collect(inventory_path: str, data: dict[str, Any] | None = None,
             with_routers: bool = True) -> Fleet:
     """Every row of the fleet: hosts read in parallel over SSH, servers over HTTP (``data``
     as ``--data`` would give it; the routers' rows only ``with_routers``)."""
-    from sglang_fleet.rollout import roll  # loading an inventory patches the process with gevent
+    from sglang_fleet.rollout import planning  # loading an inventory patches it with gevent
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # a table, not pyinfra's log
-    inventory = roll.load(inventory_path, data or {})
+    inventory = planning.load(inventory_path, data or {})
     hosts = fleet.serving_hosts(inventory)
     if not hosts and not fleet.routers(inventory):
         raise InputError.one(inventory_path, "sglang_profile", "no serving hosts and no router",
