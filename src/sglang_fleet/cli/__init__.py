@@ -436,6 +436,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return report_internal_error(exc)
     return code
 
-
-if __name__ == "__main__":
-    sys.exit(main())
