@@ -11,8 +11,8 @@ import pytest
 
 from sglang_fleet.config.profile import Profile, load
 
-# pyinfra_cli patches the whole process with gevent when it is imported (roll.load imports it to
-# read an inventory, in some tests in-process): the test workers' own threads (pytest-xdist's
+# pyinfra_cli patches the whole process with gevent when it is imported (planning.load imports
+# it to read an inventory, in some tests in-process): the test workers' own threads (pytest-xdist's
 # execnet channel) cannot run patched, and reading an inventory needs no patching.
 gevent.monkey.patch_all = lambda *args, **kwargs: True
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sglang_fleet import cli
+from sglang_fleet.cli import server_commands
 from sglang_fleet.remote import capacity
 
 FIELD = [
@@ -240,7 +241,7 @@ def test_partial_report_of_a_log_cut_in_capture() -> None:
 def test_capacity_command_statuses(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "cut.log"
     log.write_text("\n".join(cut_in_capture()) + "\n")
-    assert cli.main(["capacity", str(log)]) == cli.CAPACITY_PARTIAL == 4
+    assert cli.main(["capacity", str(log)]) == server_commands.CAPACITY_PARTIAL == 4
     out = capsys.readouterr().out
     assert out.startswith("capacity (partial") and "last error: Scheduler hit" in out
     assert cli.main(["capacity", str(log), "--json"]) == 4

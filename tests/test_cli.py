@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sglang_fleet import cli as cli_module
+from sglang_fleet.cli import profile_commands
 from tests.conftest import FIELD_PROFILE, MINIMAL, ROOT
 
 Write = Callable[..., Path]
@@ -90,7 +91,7 @@ def test_internal_error_exits_3_with_the_traceback_in_a_file(
     def broken(args: object) -> int:
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(cli_module, "cmd_render", broken)
+    monkeypatch.setattr(profile_commands, "cmd_render", broken)
     code = cli_module.main(["render", str(FIELD_PROFILE)])
     err = capsys.readouterr().err
     assert code == 3 and err.count("\n") == 1, err

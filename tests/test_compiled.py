@@ -1,6 +1,6 @@
 """Compile once per fleet: the digest of what kernels were compiled for (which inputs change it,
 which do not), the plan (which hosts share, receive or compile) and the operations that share
-and receive, in pyinfra's style (facts in, commands out) with a real handoff directory."""
+and receive, in pyinfra's style (facts in, commands out) with a real roll directory."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from sglang_fleet import ops, paths
 from sglang_fleet.config.render import render, render_all
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.facts.python import parse_deep_gemm
-from sglang_fleet.facts.units import UnitState
+from sglang_fleet.facts.systemd import UnitState
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.remote import cache_copy
 from sglang_fleet.rollout import cutover
-from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.stages import compiled
+from sglang_fleet.stages import compiled_exchange as exchange
+from sglang_fleet.stages import compiled_records as records
 from sglang_fleet.stages.engine import Release
 from sglang_fleet.stages.kernel_caches import CACHES
 from tests.conftest import field_profile
@@ -41,10 +43,10 @@ def smi(*caps: str) -> SmiReport:
 
 
 def inputs(overrides: dict[str, Any] | None = None, release: Release = RELEASE,
-           deep_gemm: str = DG, arch: str = "10.0", instance: int = 0) -> compiled.Inputs:
+           deep_gemm: str = DG, arch: str = "10.0", instance: int = 0) -> records.Inputs:
     launch = render(field_profile(overrides or {}), instance=instance)
-    found = compiled.inputs_for([launch], release, deep_gemm, arch)
-    assert isinstance(found, compiled.Inputs), found
+    found = records.inputs_for([launch], release, deep_gemm, arch)
+    assert isinstance(found, records.Inputs), found
     return found
 
 
@@ -102,15 +104,15 @@ def test_the_digest_holds_what_it_was_compiled_for() -> None:
     assert found["gpu_arch"] == "10.0" and found["env"] == {}
     assert found["flags"]["tp_size"] == 1 and found["flags"]["speculative_algorithm"] == "NEXTN"
     assert "port" not in found["flags"] and "speculative_num_steps" not in found["flags"]
-    assert len(BASE) == compiled.DIGEST_CHARS and int(BASE, 16) >= 0
+    assert len(BASE) == records.DIGEST_CHARS and int(BASE, 16) >= 0
 
 
 def test_gpu_architecture_is_nvidia_smi_compute_cap() -> None:
-    assert compiled.gpu_arch(smi(*["10.0"] * 8)) == "10.0"
-    assert compiled.gpu_arch(smi("9.0", "10.0")) == "10.0,9.0"
-    assert compiled.gpu_arch(smi()) is None
-    assert compiled.gpu_arch(smi("10.0; rm -rf /")) is None
-    assert compiled.gpu_arch(SmiReport((), "nvidia-smi is not installed")) is None
+    assert records.gpu_arch(smi(*["10.0"] * 8)) == "10.0"
+    assert records.gpu_arch(smi("9.0", "10.0")) == "10.0,9.0"
+    assert records.gpu_arch(smi()) is None
+    assert records.gpu_arch(smi("10.0; rm -rf /")) is None
+    assert records.gpu_arch(SmiReport((), "nvidia-smi is not installed")) is None
 
 
 def test_deep_gemm_is_what_the_venv_installs() -> None:
@@ -123,21 +125,21 @@ def test_deep_gemm_is_what_the_venv_installs() -> None:
 
 def test_unknown_inputs_say_why() -> None:
     launches = render_all(PROFILE)
-    assert "did not say which DeepGEMM" in str(compiled.inputs_for(launches, RELEASE, None,
-                                                                   "10.0"))
-    assert "compute capability" in str(compiled.inputs_for(launches, RELEASE, DG, None))
+    assert "did not say which DeepGEMM" in str(records.inputs_for(launches, RELEASE, None,
+                                                                  "10.0"))
+    assert "compute capability" in str(records.inputs_for(launches, RELEASE, DG, None))
 
 
 def test_differences_name_each_input_that_differs() -> None:
     ours = inputs(arch="9.0").as_dict()
     theirs = inputs({"parallel.tp": 2}).as_dict()
-    assert compiled.differences(ours, theirs, "h1") == [
+    assert records.differences(ours, theirs, "h1") == [
         "GPU architecture 9.0 here, 10.0 on h1", "--tp-size 1 here, 2 on h1"]
 
 
 # --- the plan -------------------------------------------------------------------------------
 
-def shared(found: compiled.Inputs, host: str = "h1", **more: Any) -> dict[str, Any]:
+def shared(found: records.Inputs, host: str = "h1", **more: Any) -> dict[str, Any]:
     return {"digest": found.digest, "inputs": found.as_dict(), "host": host, "files": 40,
             "bytes": 4_000_000, "sha256": "0" * 64, "archive_bytes": 1_000_000, **more}
 
@@ -192,8 +194,8 @@ def test_a_host_shares_only_what_a_host_after_it_said_it_lacks() -> None:
 
 
 def test_one_claim_per_digest(tmp_path: Path) -> None:
-    handoff = Handoff(tmp_path)
-    assert compiled.claim(handoff, BASE) and not compiled.claim(handoff, BASE)
+    roll_dir = RollDirectory(tmp_path)
+    assert exchange.claim(roll_dir, BASE) and not exchange.claim(roll_dir, BASE)
     assert oct((tmp_path / "caches").stat().st_mode & 0o777) == "0o700"
 
 
@@ -213,7 +215,7 @@ class CopyHost(Host):
 
     def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
         self.ran.append(command)
-        words, module = shlex.split(command), f"sglang_fleet_remote.{compiled.PROGRAM}"
+        words, module = shlex.split(command), f"sglang_fleet_remote.{records.PROGRAM}"
         sub = words[words.index(module) + 1] if module in words else None
         lines = [f"CACHECOPY {json.dumps(self.answers[sub])}"] if sub in self.answers else []
         return True, CommandOutput([OutputLine("stdout", line) for line in lines])
@@ -228,22 +230,23 @@ class CopyHost(Host):
 
 
 @pytest.fixture
-def roll(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[CopyHost], Handoff]:
+def roll(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[CopyHost], RollDirectory]:
     """A roll of h1, h2, h3 (this process standing for the roll) and the host it runs on."""
-    monkeypatch.setattr(compiled, "state", type("S", (), {"is_executing": True}))
+    for module in (compiled, records):
+        monkeypatch.setattr(module, "state", type("S", (), {"is_executing": True}))
     said: list[str] = []
     monkeypatch.setattr(compiled, "logger", type("L", (), {"warning": said.append,
                                                           "info": said.append})())
-    handoff = Handoff(tmp_path / "roll")
-    handoff.directory.mkdir(mode=0o700)
-    handoff.plan({"h1": [], "h2": [], "h3": []}, 600)
-    monkeypatch.setenv(cutover.ENV, str(handoff.directory))
+    roll_dir = RollDirectory(tmp_path / "roll")
+    roll_dir.directory.mkdir(mode=0o700)
+    roll_dir.plan({"h1": [], "h2": [], "h3": []}, 600)
+    monkeypatch.setenv(cutover.ENV, str(roll_dir.directory))
 
-    def install(fake: CopyHost) -> Handoff:
+    def install(fake: CopyHost) -> RollDirectory:
         fake.said = said  # type: ignore[attr-defined]
-        for module in (compiled, ops):
+        for module in (compiled, records, ops):
             monkeypatch.setattr(module, "host", fake)
-        return handoff
+        return roll_dir
 
     return install
 
@@ -262,29 +265,29 @@ PACKED = {"ok": True, "files": 40, "bytes": 4_000_000, "archive_bytes": len(ARCH
 
 def test_the_first_host_packs_and_the_controller_keeps_its_archive(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
-    handoff = roll(fake)
+    roll_dir = roll(fake)
     outgoing = f"{paths.CACHE_COPY}/{BASE}.tar.gz"
     assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == [
         f"rm -f {outgoing} {outgoing}.part"]
     pack = shlex.split(fake.ran[0])
-    assert pack[:5] == program("/usr/bin/python3", compiled.PROGRAM)[:5]
+    assert pack[:5] == program("/usr/bin/python3", records.PROGRAM)[:5]
     assert pack[5:] == ["pack", "--root", paths.CACHE, "--digest", BASE, "--inputs",
                         json.dumps(inputs().as_dict(), sort_keys=True), "--out", outgoing]
-    kept = compiled.archive(handoff, BASE)
+    kept = exchange.archive(roll_dir, BASE)
     assert kept.read_bytes() == ARCHIVE and oct(kept.stat().st_mode & 0o777) == "0o600"
-    [offer] = compiled.offers(handoff)
+    [offer] = exchange.offers(roll_dir)
     assert offer["host"] == "h1" and offer["sha256"] == PACKED["sha256"]
     assert offer["inputs"] == inputs().as_dict() and offer["files"] == 40
-    assert compiled.notes(handoff, "h1") == [
+    assert exchange.notes(roll_dir, "h1") == [
         "kernels: shared with the hosts after it: 40 files (4 MB)"]
 
 
 def test_nothing_is_packed_when_every_later_host_is_past_its_turn(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
-    handoff = roll(fake)
-    handoff.give("took", ["h1", "h2", "h3"])  # one batch of three
+    roll_dir = roll(fake)
+    roll_dir.give("took", ["h1", "h2", "h3"])  # one batch of three
     assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == []
-    assert fake.ran == [] and compiled.offers(handoff) == []
+    assert fake.ran == [] and exchange.offers(roll_dir) == []
     assert "no host of the roll after it is still to restart" in fake.noops[0]
 
 
@@ -292,56 +295,56 @@ def test_nothing_is_packed_when_every_later_host_is_past_its_turn(roll: Any) -> 
 def test_a_prepared_host_says_which_kernels_it_needs(roll: Any, recorded: bool,
                                                       needs: bool) -> None:
     fake = CopyHost("h2", facts(recorded=recorded), {})
-    handoff = roll(fake)
+    roll_dir = roll(fake)
     [say] = commands(compiled.kernels_announced, LAUNCHES, RELEASE)
     assert say.function(None, fake, *say.args, **say.kwargs)
-    assert compiled.wants(handoff) == {"h2": {"digest": BASE, "needs": needs}}
+    assert exchange.wants(roll_dir) == {"h2": {"digest": BASE, "needs": needs}}
     assert fake.ran == []
 
 
 def test_nothing_is_packed_when_the_hosts_after_it_have_the_kernels(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
-    handoff = roll(fake)
+    roll_dir = roll(fake)
     for name in ("h2", "h3"):
-        compiled.want(handoff, name, BASE, needs=False)
+        exchange.want(roll_dir, name, BASE, needs=False)
     assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == []
     assert fake.ran == [] and "holds these kernels already" in fake.noops[0]
 
 
 def test_an_archive_that_arrives_changed_is_not_offered(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, b"other bytes")
-    handoff = roll(fake)
+    roll_dir = roll(fake)
     [removed] = commands(compiled.kernels_shared, LAUNCHES, RELEASE)  # the host's archive
     assert removed.startswith(f"rm -f {paths.CACHE_COPY}/{BASE}.tar.gz")
-    [offer] = compiled.offers(handoff)
+    [offer] = exchange.offers(roll_dir)
     assert "arrived with sha256" in offer["error"] and "sha256" not in offer
-    assert not compiled.archive(handoff, BASE).exists()
+    assert not exchange.archive(roll_dir, BASE).exists()
     assert any("could not be shared" in s for s in fake.said)  # type: ignore[attr-defined]
 
 
 def test_a_later_host_with_the_same_digest_receives_before_its_restart(roll: Any) -> None:
     fake = CopyHost("h2", facts(), {"unpack": {"ok": True, "placed": 40, "kept": 0}})
-    handoff = roll(fake)
-    compiled.archive(handoff, BASE).write_bytes(ARCHIVE)
-    compiled.offer(handoff, shared(inputs(), sha256=PACKED["sha256"]))
+    roll_dir = roll(fake)
+    exchange.archive(roll_dir, BASE).write_bytes(ARCHIVE)
+    exchange.offer(roll_dir, shared(inputs(), sha256=PACKED["sha256"]))
     incoming = f"{paths.CACHE_COPY}/{BASE}.tar.gz"
     assert commands(compiled.kernels_received, LAUNCHES, RELEASE) == [f"rm -f {incoming}"]
-    assert fake.uploaded == [(str(compiled.archive(handoff, BASE)), incoming)]
+    assert fake.uploaded == [(str(exchange.archive(roll_dir, BASE)), incoming)]
     unpack = shlex.split(fake.ran[-1])
     assert unpack[5:] == ["unpack", "--root", paths.CACHE, "--digest", BASE, "--sha256",
                           PACKED["sha256"], "--archive", incoming, "--user", paths.USER,
-                          "--record", compiled.record_path(RELEASE, BASE), "--source", "h1"]
-    [note] = compiled.notes(handoff, "h2")
+                          "--record", records.record_path(RELEASE, BASE), "--source", "h1"]
+    [note] = exchange.notes(roll_dir, "h2")
     assert note.startswith("kernels: received from h1: 40 kernels placed, 0 there already")
 
 
 def test_a_host_of_another_architecture_compiles_and_the_roll_says_why(roll: Any) -> None:
     fake = CopyHost("h2", facts(arch="9.0"), {})
-    handoff = roll(fake)
-    compiled.offer(handoff, shared(inputs()))
+    roll_dir = roll(fake)
+    exchange.offer(roll_dir, shared(inputs()))
     assert commands(compiled.kernels_received, LAUNCHES, RELEASE) == []
     assert fake.uploaded == [] and fake.ran == []
-    [note] = compiled.notes(handoff, "h2")
+    [note] = exchange.notes(roll_dir, "h2")
     assert "compiles itself" in note and "GPU architecture 9.0 here, 10.0 on h1" in note
     assert any("GPU architecture 9.0 here" in s for s in fake.said)  # type: ignore[attr-defined]
 
@@ -350,11 +353,11 @@ def test_a_refused_archive_leaves_the_host_to_compile(roll: Any) -> None:
     refused = {"ok": False, "error": "the archive's member '../x' has an empty, '.' or '..' "
                "part: nothing was extracted"}
     fake = CopyHost("h2", facts(), {"unpack": refused})
-    handoff = roll(fake)
-    compiled.archive(handoff, BASE).write_bytes(ARCHIVE)
-    compiled.offer(handoff, shared(inputs()))
+    roll_dir = roll(fake)
+    exchange.archive(roll_dir, BASE).write_bytes(ARCHIVE)
+    exchange.offer(roll_dir, shared(inputs()))
     commands(compiled.kernels_received, LAUNCHES, RELEASE)
-    [note] = compiled.notes(handoff, "h2")
+    [note] = exchange.notes(roll_dir, "h2")
     assert "compiles itself: the kernels from h1 were not unpacked" in note and "'../x'" in note
 
 
@@ -371,14 +374,14 @@ def running(release: Release) -> dict[str, UnitState]:
 def test_a_host_that_has_the_kernels_receives_nothing(roll: Any, given: dict[str, Any],
                                                       noop: str | None) -> None:
     fake = CopyHost("h2", given, {})
-    handoff = roll(fake)
-    compiled.offer(handoff, shared(inputs()))
+    roll_dir = roll(fake)
+    exchange.offer(roll_dir, shared(inputs()))
     assert commands(compiled.kernels_received, LAUNCHES, RELEASE) == []
     assert fake.uploaded == []
     if noop:
         assert noop in fake.noops[0]
     else:
-        assert "holds the kernels compiled for" in compiled.notes(handoff, "h2")[0]
+        assert "holds the kernels compiled for" in exchange.notes(roll_dir, "h2")[0]
 
 
 def test_outside_a_roll_nothing_is_shared_or_received(roll: Any,
@@ -394,13 +397,13 @@ def test_outside_a_roll_nothing_is_shared_or_received(roll: Any,
 def test_the_gate_passed_records_the_digest_once(roll: Any) -> None:
     fake = CopyHost("h1", facts(), {})
     roll(fake)
-    [record] = commands(compiled.kernels_recorded, LAUNCHES, RELEASE)
+    [record] = commands(records.kernels_recorded, LAUNCHES, RELEASE)
     words = shlex.split(record)
     assert words[5:9] == ["record", "--digest", BASE, "--inputs"]
     assert json.loads(words[9]) == inputs().as_dict()
     assert words[10:] == ["--record", f"{paths.COMPILED}/{RELEASE.id}-{BASE}.json"]
     fake.facts["File"] = {"mode": 644}
-    assert commands(compiled.kernels_recorded, LAUNCHES, RELEASE) == []
+    assert commands(records.kernels_recorded, LAUNCHES, RELEASE) == []
 
 
 def test_the_program_copies_the_cache_the_release_points_deep_gemm_at() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from sglang_fleet.facts import units
+from sglang_fleet.facts import systemd
 from sglang_fleet.remote import crash
 from sglang_fleet.report import status
 from tests.conftest import ROOT, free_port, wait_for_health
@@ -196,12 +196,12 @@ def test_units_say_their_restarts_and_result() -> None:
     show = ["Id=sglang.service", "LoadState=loaded", "ActiveState=failed", "SubState=failed",
             "ActiveEnterTimestamp=Mon 2026-11-30 23:01:02 UTC", "ExecMainPID=0", "ExecStart=",
             "NRestarts=5", "Result=start-limit-hit"]
-    unit = units.parse(show)["sglang.service"]
+    unit = systemd.parse_units(show)["sglang.service"]
     assert (unit.restarts, unit.result) == (5, "start-limit-hit")
-    assert "NRestarts" in units.PROPERTIES and "Result" in units.PROPERTIES
-    assert units.LastCrash().process(SCHEDULER_EXCEPTION).startswith(  # type: ignore[union-attr]
+    assert "NRestarts" in systemd.PROPERTIES and "Result" in systemd.PROPERTIES
+    assert systemd.LastCrash().process(SCHEDULER_EXCEPTION).startswith(  # type: ignore[union-attr]
         "Scheduler hit an exception: torch.OutOfMemoryError")
-    assert "journalctl -u sglang-1.service " in units.LastCrash().command("sglang-1.service")
+    assert "journalctl -u sglang-1.service " in systemd.LastCrash().command("sglang-1.service")
 
 
 def test_status_shows_restarts_and_the_last_crash() -> None:
@@ -209,13 +209,13 @@ def test_status_shows_restarts_and_the_last_crash() -> None:
     show = ["Id=sglang.service", "LoadState=loaded", "ActiveState=failed", "SubState=failed",
             "ActiveEnterTimestamp=", "ExecMainPID=0", "ExecStart=", "NRestarts=5",
             "Result=start-limit-hit"]
-    status._fill_unit(row, units.parse(show)["sglang.service"])
+    status._fill_unit(row, systemd.parse_units(show)["sglang.service"])
     row.last_crash = "Scheduler hit an exception: RuntimeError: boom"
     cells = dict(zip(status.COLUMNS, status.cells(row), strict=True))
     assert cells["state"] == "failed (start-limit-hit)" and cells["restarts"] == "5"
     assert cells["notes"] == "last crash: Scheduler hit an exception: RuntimeError: boom"
     healthy = status.Row("server", "gpu1", "http://127.0.0.1:30000", unit="sglang.service")
-    status._fill_unit(healthy, units.parse(SHOW_RUNNING)["sglang.service"])
+    status._fill_unit(healthy, systemd.parse_units(SHOW_RUNNING)["sglang.service"])
     cells = dict(zip(status.COLUMNS, status.cells(healthy), strict=True))
     assert (cells["state"], cells["restarts"], cells["notes"]) == ("active/running", "0", "")
 

@@ -16,7 +16,7 @@ from pyinfra.api.command import FunctionCommand
 
 from sglang_fleet.rollout import cutover, fleet
 from sglang_fleet.rollout.router_api import RouterError
-from sglang_fleet.stages import driver, gate, service
+from sglang_fleet.stages import driver, last_good, service
 from tests.test_operations import Host, commands, driver_host
 
 URL = "http://10.0.0.11:30000"
@@ -57,8 +57,8 @@ class Router:
 
 
 @pytest.fixture
-def handoff(monkeypatch: pytest.MonkeyPatch) -> Iterator[cutover.Handoff]:
-    shared = cutover.Handoff.create()
+def roll_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[cutover.RollDirectory]:
+    shared = cutover.RollDirectory.create()
     monkeypatch.setenv(cutover.ENV, str(shared.directory))
     yield shared
     shared.close()
@@ -76,7 +76,7 @@ def test_outside_a_roll_nothing_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_in_a_roll_the_host_leaves_every_router_once_and_drains(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     [command] = cutover.leave_routers()
     assert isinstance(command, FunctionCommand)
     a, b = Router("http://r1:30080", [URL, "http://other:30000"]), Router("http://r2:30080", [URL])
@@ -88,94 +88,94 @@ def test_in_a_roll_the_host_leaves_every_router_once_and_drains(
         return False, 3
 
     monkeypatch.setattr(cutover, "drained", drained)
-    handoff.plan({"b200-01": [URL]}, drain_timeout=600)
-    handoff.give("turn", ["b200-01"])
-    handoff.give("go", ["b200-01"])
-    assert handoff.left("b200-01") is None
+    roll_dir.plan({"b200-01": [URL]}, drain_timeout=600)
+    roll_dir.give("turn", ["b200-01"])
+    roll_dir.give("go", ["b200-01"])
+    assert roll_dir.out_of_routers("b200-01") is None
     assert cutover._leave(SimpleNamespace(inventory=None), HOST)
     assert a.registered == ["http://other:30000"] and b.registered == []
     assert drains == [f"{URL} 600"]
-    left = handoff.left("b200-01")
-    assert left is not None and left.at is not None and left.at > 0
-    assert left.notes == [f"{URL}: 3 requests still in flight after 600 s; its own SIGTERM "
+    out = roll_dir.out_of_routers("b200-01")
+    assert out is not None and out.at is not None and out.at > 0
+    assert out.notes == [f"{URL}: 3 requests still in flight after 600 s; its own SIGTERM "
                           "drain finishes them"]
     a.registered.append(URL)  # a second disruptive command in the same run: out already
     assert cutover._leave(SimpleNamespace(inventory=None), HOST)
     assert URL in a.registered and len(drains) == 1
 
 
-def test_a_host_outside_the_batch_stays(handoff: cutover.Handoff,
+def test_a_host_outside_the_batch_stays(roll_dir: cutover.RollDirectory,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     router = Router("http://r1:30080", [URL])
     routers(monkeypatch, router)
-    handoff.plan({"b200-02": ["http://10.0.0.12:30000"]}, drain_timeout=600)
+    roll_dir.plan({"b200-02": ["http://10.0.0.12:30000"]}, drain_timeout=600)
     assert cutover._leave(SimpleNamespace(inventory=None), HOST)
-    assert router.registered == [URL] and handoff.left("b200-01") is None
+    assert router.registered == [URL] and roll_dir.out_of_routers("b200-01") is None
 
 
-def test_a_router_that_refuses_fails_the_command(handoff: cutover.Handoff,
+def test_a_router_that_refuses_fails_the_command(roll_dir: cutover.RollDirectory,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     routers(monkeypatch, Router("http://r1:30080", [URL], broken=True))
-    handoff.plan({"b200-01": [URL]}, drain_timeout=600)
-    handoff.give("turn", ["b200-01"])
-    handoff.give("go", ["b200-01"])
+    roll_dir.plan({"b200-01": [URL]}, drain_timeout=600)
+    roll_dir.give("turn", ["b200-01"])
+    roll_dir.give("go", ["b200-01"])
     assert cutover._leave(SimpleNamespace(inventory=None), HOST) is False
-    assert handoff.left("b200-01") is not None  # the roll puts it back either way
+    assert roll_dir.out_of_routers("b200-01") is not None  # the roll puts it back either way
 
 
 def test_a_run_waits_for_its_turn_and_stops_if_the_roll_does(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     router = Router("http://r1:30080", [URL])
     routers(monkeypatch, router)
     monkeypatch.setattr(cutover, "POLL", 0.01)
     monkeypatch.setattr(os, "getppid", os.getpid)  # as if the roll started this run
-    handoff.plan({"b200-01": [URL]}, drain_timeout=600)
+    roll_dir.plan({"b200-01": [URL]}, drain_timeout=600)
     [command] = cutover.turn._inner()
     assert command.function is cutover._await_turn
-    given = threading.Timer(0.2, handoff.give, ("turn", ["b200-01"]))
+    given = threading.Timer(0.2, roll_dir.give, ("turn", ["b200-01"]))
     given.start()
     tic = time.monotonic()
     assert cutover._await_turn(None, HOST)  # waits until the roll gives it the turn
     assert time.monotonic() - tic >= 0.15
-    assert handoff.has("b200-01", "waiting") and handoff.has("b200-01", "took")
+    assert roll_dir.has("b200-01", "waiting") and roll_dir.has("b200-01", "took")
     assert router.registered == [URL]  # its turn is not leaving
     # leaving waits for go: the batch before it back in the routers
-    threading.Timer(0.2, handoff.give, ("go", ["b200-01"])).start()
+    threading.Timer(0.2, roll_dir.give, ("go", ["b200-01"])).start()
     tic = time.monotonic()
     assert cutover._leave(SimpleNamespace(inventory=None), HOST)
     assert time.monotonic() - tic >= 0.15 and router.registered == []
 
 
-def test_no_turn_when_the_roll_stopped_or_is_gone(handoff: cutover.Handoff,
+def test_no_turn_when_the_roll_stopped_or_is_gone(roll_dir: cutover.RollDirectory,
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     router = Router("http://r1:30080", [URL])
     routers(monkeypatch, router)
-    handoff.plan({"b200-01": [URL]}, drain_timeout=600)
+    roll_dir.plan({"b200-01": [URL]}, drain_timeout=600)
     # this test process did not start a run: its parent is not the roll that wrote the plan
     assert cutover._leave(None, HOST) is False
     assert "the roll (pid " in caplog.text and "is gone" in caplog.text
     monkeypatch.setattr(os, "getppid", os.getpid)
-    handoff.abort()
+    roll_dir.abort()
     assert cutover._leave(None, HOST) is False
     assert "the roll stopped before this host's turn: nothing that serves was changed" in \
         caplog.text
-    assert router.registered == [URL] and handoff.left("b200-01") is None
-    assert not handoff.has("b200-01", "took")
+    assert router.registered == [URL] and roll_dir.out_of_routers("b200-01") is None
+    assert not roll_dir.has("b200-01", "took")
 
 
 def test_a_roll_stopped_between_turn_and_go_leaves_nothing(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     router = Router("http://r1:30080", [URL])
     routers(monkeypatch, router)
     monkeypatch.setattr(os, "getppid", os.getpid)
-    handoff.plan({"b200-01": [URL]}, drain_timeout=600)
-    handoff.give("turn", ["b200-01"])
-    handoff.abort()
+    roll_dir.plan({"b200-01": [URL]}, drain_timeout=600)
+    roll_dir.give("turn", ["b200-01"])
+    roll_dir.abort()
     assert cutover._leave(None, HOST) is False
     assert "the roll stopped before this host could restart" in caplog.text
-    assert handoff.has("b200-01", "took") and handoff.left("b200-01") is None
+    assert roll_dir.has("b200-01", "took") and roll_dir.out_of_routers("b200-01") is None
     assert router.registered == [URL]
 
 
@@ -195,7 +195,7 @@ def restart(monkeypatch: pytest.MonkeyPatch, changed: bool, routed: bool) -> lis
 
 
 def test_a_server_leaves_right_before_its_restart_and_only_then(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     first, second = restart(monkeypatch, changed=True, routed=True)
     assert isinstance(first, FunctionCommand) and first.function is cutover._leave_units
     assert first.args == (["sglang.service"],)  # the whole host, unless --batch-instances
@@ -206,19 +206,19 @@ def test_a_server_leaves_right_before_its_restart_and_only_then(
         service.start_command("sglang.service")]
 
 
-def test_a_restore_that_restarts_leaves_first(handoff: cutover.Handoff,
+def test_a_restore_that_restarts_leaves_first(roll_dir: cutover.RollDirectory,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     fake = Host({"File": {"path": "x"}, "Sha256File": lambda path: path,  # saved != current
                  "FindInFile": [], "Link": None})
-    monkeypatch.setattr(gate, "host", fake)
-    found = commands(gate.last_good_back, "sglang.service")
+    monkeypatch.setattr(last_good, "host", fake)
+    found = commands(last_good.restore_unit, "sglang.service")
     assert isinstance(found[0], FunctionCommand) and found[0].function is cutover._leave_units
     assert found[0].args == (["sglang.service"],)  # the whole host, unless --batch-instances
     assert "systemctl restart sglang.service" in found[1]
 
 
 def test_a_driver_change_leaves_first_and_a_held_driver_stays(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = driver.DriverConfig.from_data({"nvidia_driver_version": "580.95.05"}, "h1")
     monkeypatch.setattr(driver, "state", SimpleNamespace(is_executing=True))
     monkeypatch.setattr(driver, "host", driver_host(["580.95.05-1"], "580.82.07-1", []))
@@ -229,15 +229,15 @@ def test_a_driver_change_leaves_first_and_a_held_driver_stays(
     assert commands(driver.driver_packages, cfg) == [f"apt-mark hold {' '.join(cfg.packages)}"]
 
 
-def test_files_back_puts_the_last_good_files_back_without_a_restart(
+def test_restore_files_puts_the_last_good_files_back_without_a_restart(
         monkeypatch: pytest.MonkeyPatch) -> None:
     saved = "/etc/sglang/last-good/sglang.service"
     release = "/opt/sglang/releases/sglang-0.5.22-abc"
     fake = Host({"File": {"path": "x"}, "Sha256File": lambda path: path,  # saved != live
                  "FindInFile": [f"ExecStart={release}/bin/python -m x"],
                  "Link": {"link_target": "/opt/sglang/releases/sglang-0.5.23-def"}})
-    monkeypatch.setattr(gate, "host", fake)
-    files, link = commands(gate.files_back, "sglang.service")
+    monkeypatch.setattr(last_good, "host", fake)
+    files, link = commands(last_good.restore_files, "sglang.service")
     assert files.startswith(f"cp -p {saved} /etc/systemd/system/sglang.service && cp -p "
                             f"{saved}.env /etc/sglang/sglang.env")
     assert files.endswith("systemctl daemon-reload") and "restart" not in files
@@ -245,23 +245,23 @@ def test_files_back_puts_the_last_good_files_back_without_a_restart(
         "/opt/sglang/current.new /opt/sglang/current"
     fake.facts["Sha256File"] = lambda path: "same"
     fake.facts["Link"] = {"link_target": release}
-    assert commands(gate.files_back, "sglang.service") == []
+    assert commands(last_good.restore_files, "sglang.service") == []
     assert fake.noops == ["sglang.service: its files are the last good release's"]
 
 
-def test_files_back_removes_a_new_instance_that_never_started(
+def test_restore_files_removes_a_new_instance_that_never_started(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def file(path: str) -> dict[str, str] | None:
         return None if "last-good" in path else {"path": path}
 
     fake = Host({"File": file, "UnitCondition": {"ActiveState": "inactive"}})
-    monkeypatch.setattr(gate, "host", fake)
+    monkeypatch.setattr(last_good, "host", fake)
     monkeypatch.setattr(service, "host", fake)
-    assert commands(gate.files_back, "sglang-1.service") == [
+    assert commands(last_good.restore_files, "sglang-1.service") == [
         "rm -f /etc/systemd/system/sglang-1.service /etc/sglang/sglang-1.env && "
         "systemctl daemon-reload"]
     fake.facts["UnitCondition"] = {"ActiveState": "active"}  # serving: not ours to remove
-    assert commands(gate.files_back, "sglang-1.service") == []
+    assert commands(last_good.restore_files, "sglang-1.service") == []
 
 
 # --batch-instances: a host's servers leave and come back wave by wave.
@@ -269,7 +269,7 @@ SERVERS = {f"sglang-{i}.service": f"http://10.0.0.11:3000{i}" for i in range(3)}
 STATE = SimpleNamespace(inventory=None)
 
 
-def per_server(handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
+def per_server(roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch,
                batch_instances: int | None, *found: Router) -> list[str]:
     """A roll of b200-01's three servers, at its go; every drain ends at once, recorded."""
     routers(monkeypatch, *found)
@@ -280,122 +280,123 @@ def per_server(handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
         return True, 0
 
     monkeypatch.setattr(cutover, "drained", drained)
-    handoff.plan({"b200-01": list(SERVERS.values())}, drain_timeout=600,
+    roll_dir.plan({"b200-01": list(SERVERS.values())}, drain_timeout=600,
                  units={"b200-01": {u: [url] for u, url in SERVERS.items()}},
                  batch_instances=batch_instances,
                  health_timeout=42)
-    handoff.give("turn", ["b200-01"])
-    handoff.give("go", ["b200-01"])
+    roll_dir.give("turn", ["b200-01"])
+    roll_dir.give("go", ["b200-01"])
     return drains
 
 
 def test_with_batch_instances_only_the_restarting_servers_leave_and_drain(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = Router("http://r1:30080", list(SERVERS.values())), Router("http://r2:30080",
                                                                     list(SERVERS.values()))
-    drains = per_server(handoff, monkeypatch, 2, a, b)
+    drains = per_server(roll_dir, monkeypatch, 2, a, b)
     u0, u1, u2 = SERVERS.values()
     assert cutover._leave_units(STATE, HOST, ["sglang-1.service", "sglang-2.service"])
     assert a.registered == [u0] and b.registered == [u0] and drains == [u1, u2]
-    left = handoff.left("b200-01")
-    assert left is not None and left.at is None  # the host never left whole
-    [wave] = left.waves
-    assert wave.urls == [u1, u2] and wave.back is None and left.still_out() == wave.left
+    out = roll_dir.out_of_routers("b200-01")
+    assert out is not None and out.at is None  # the host never left whole
+    [wave] = out.waves
+    assert wave.urls == [u1, u2] and wave.back is None and out.still_out() == wave.left
     # the wave is ready: back into every router, each waited for until it is healthy
     assert cutover._rejoin(STATE, HOST, [u1, u2])
     assert sorted(a.registered) == sorted(b.registered) == sorted(SERVERS.values())
     assert a.waited == [(u1, 42), (u2, 42)] and b.waited == a.waited
-    left = handoff.left("b200-01")
-    assert left is not None and left.waves[0].back is not None and left.still_out() is None
+    out = roll_dir.out_of_routers("b200-01")
+    assert out is not None and out.waves[0].back is not None and out.still_out() is None
     # the next wave opens a wave of its own
     assert cutover._leave_units(STATE, HOST, ["sglang-0.service"])
-    left = handoff.left("b200-01")
-    assert left is not None and [w.urls for w in left.waves] == [[u1, u2], [u0]]
+    out = roll_dir.out_of_routers("b200-01")
+    assert out is not None and [w.urls for w in out.waves] == [[u1, u2], [u0]]
     assert u0 not in a.registered and drains == [u1, u2, u0]
 
 
 def test_without_batch_instances_a_restarting_server_takes_its_host_out_whole(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     router = Router("http://r1:30080", [*SERVERS.values(), "http://other:30000"])
-    drains = per_server(handoff, monkeypatch, None, router)
+    drains = per_server(roll_dir, monkeypatch, None, router)
     assert cutover._leave_units(STATE, HOST, ["sglang-1.service"])
     assert router.registered == ["http://other:30000"] and drains == list(SERVERS.values())
-    left = handoff.left("b200-01")
-    assert left is not None and left.at is not None and left.waves == []
+    out = roll_dir.out_of_routers("b200-01")
+    assert out is not None and out.at is not None and out.waves == []
     # it comes back whole, after its gate, through the roll: never wave by wave
     assert cutover._rejoin(STATE, HOST, [SERVERS["sglang-1.service"]])
     assert router.registered == ["http://other:30000"] and router.waited == []
 
 
 def test_a_new_server_takes_nothing_out_and_joins_when_ready(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     u0, u1, new = SERVERS.values()
     router = Router("http://r1:30080", [u0, u1])  # sglang-2 is new: in the plan, not routed
-    drains = per_server(handoff, monkeypatch, 1, router)
+    drains = per_server(roll_dir, monkeypatch, 1, router)
     assert cutover._leave_units(STATE, HOST, ["sglang-2.service"])
     assert router.registered == [u0, u1] and drains == []
-    assert handoff.left("b200-01") is None
+    assert roll_dir.out_of_routers("b200-01") is None
     assert cutover._rejoin(STATE, HOST, [new])
     assert router.registered == [u0, u1, new] and router.waited == [(new, 42)]
 
 
 def test_a_server_the_roll_does_not_know_takes_its_host_out_whole(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     # the host runs a fourth server from an earlier roll's --data; this roll retires it
     fourth = "http://10.0.0.11:30003"
     router = Router("http://r1:30080", [*SERVERS.values(), fourth, "http://10.0.0.12:30000"])
-    drains = per_server(handoff, monkeypatch, 1, router)
+    drains = per_server(roll_dir, monkeypatch, 1, router)
     assert cutover._leave_units(STATE, HOST, ["sglang-3.service"])
     # every worker at the host's address leaves, the other host's stays
     assert router.registered == ["http://10.0.0.12:30000"]
     assert drains == [*SERVERS.values(), fourth]
-    left = handoff.left("b200-01")
-    assert left is not None and left.at is not None
+    out = roll_dir.out_of_routers("b200-01")
+    assert out is not None and out.at is not None
 
 
 def test_a_whole_leave_after_some_waves_takes_every_server_out(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     # a wave came back at a new URL (its port changed); then the host fails and is restored
     router = Router("http://r1:30080", list(SERVERS.values()))
-    per_server(handoff, monkeypatch, 1, router)
+    per_server(roll_dir, monkeypatch, 1, router)
     moved = "http://10.0.0.11:31000"
     assert cutover._leave_units(STATE, HOST, ["sglang-0.service"])
     assert cutover._rejoin(STATE, HOST, [moved])
     assert moved in router.registered
     assert cutover._leave(STATE, HOST)
     assert router.registered == []
-    left = handoff.left("b200-01")
-    assert left is not None and left.at is not None
+    out = roll_dir.out_of_routers("b200-01")
+    assert out is not None and out.at is not None
     # out whole: a server's own leave is a no-op now, and nothing comes back early
     assert cutover._leave_units(STATE, HOST, ["sglang-1.service"])
     assert cutover._rejoin(STATE, HOST, [moved]) and router.registered == []
 
 
 def test_a_wave_the_router_does_not_see_healthy_fails_the_command(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     u1 = SERVERS["sglang-1.service"]
     router = Router("http://r1:30080", list(SERVERS.values()), unhealthy=(u1,))
-    per_server(handoff, monkeypatch, 1, router)
+    per_server(roll_dir, monkeypatch, 1, router)
     assert cutover._leave_units(STATE, HOST, ["sglang-1.service"])
     assert cutover._rejoin(STATE, HOST, [u1]) is False
     assert f"putting {u1} back: router http://r1:30080: gave up waiting 42 s" in caplog.text
-    left = handoff.left("b200-01")
-    assert left is not None and left.still_out() == left.waves[0].left  # still out: the roll
+    out = roll_dir.out_of_routers("b200-01")
+    assert out is not None and out.still_out() == out.waves[0].left  # still out: the roll
     # puts it back
 
 
 def test_a_server_waits_for_its_go_before_it_leaves(
-        handoff: cutover.Handoff, monkeypatch: pytest.MonkeyPatch,
+        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     router = Router("http://r1:30080", list(SERVERS.values()))
     routers(monkeypatch, router)
     monkeypatch.setattr(os, "getppid", os.getpid)
-    handoff.plan({"b200-01": list(SERVERS.values())}, drain_timeout=600,
+    roll_dir.plan({"b200-01": list(SERVERS.values())}, drain_timeout=600,
                  units={"b200-01": {u: [url] for u, url in SERVERS.items()}},
                  batch_instances=1)
-    handoff.give("turn", ["b200-01"])
-    handoff.abort()
+    roll_dir.give("turn", ["b200-01"])
+    roll_dir.abort()
     assert cutover._leave_units(STATE, HOST, ["sglang-0.service"]) is False
     assert "the roll stopped before this host could restart" in caplog.text
-    assert router.registered == list(SERVERS.values()) and handoff.left("b200-01") is None
+    assert router.registered == list(SERVERS.values())
+    assert roll_dir.out_of_routers("b200-01") is None

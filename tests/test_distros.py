@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pyinfra.facts.server import LinuxDistribution
 
-from sglang_fleet.stages.driver import KEYRING_SHA256, nvidia_repo
+from sglang_fleet.stages.repository import KEYRING_SHA256, nvidia_repo
 
 UBUNTU_2404 = """/etc/lsb-release
 DISTRIB_ID=Ubuntu

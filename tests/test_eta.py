@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sglang_fleet import paths
-from sglang_fleet.facts.units import GateRecords
+from sglang_fleet.facts.systemd import GateRecords
 from sglang_fleet.remote import check_server, eta
 from tests.test_status import KEY, server  # noqa: F401  (the simulator, as status reads it)
 

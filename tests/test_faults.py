@@ -16,7 +16,7 @@ from sglang_fleet.facts.nvidia import LoadedModule
 from sglang_fleet.facts.systemd import parse_show, parse_version
 from sglang_fleet.remote import check_server
 from sglang_fleet.report import summary
-from sglang_fleet.rollout import roll
+from sglang_fleet.rollout import planning
 from sglang_fleet.stages.driver import DriverConfig, change_refused
 from sglang_fleet.stages.gate import soak_requests
 from sglang_fleet.stages.service import CRASH_RESTARTS, found_down, restart_policy, start_command
@@ -116,7 +116,7 @@ def test_errors_every_host_shares_are_reported_once() -> None:
         return InputError([Problem(f"pyinfra data of {host}", "memory.page_size", message,
                                    "use a power of two")])
 
-    combined = roll.grouped({"a1": err("a1", "bad"), "a2": err("a2", "bad"),
+    combined = planning.grouped({"a1": err("a1", "bad"), "a2": err("a2", "bad"),
                              "a3": err("a3", "worse")})
     text = str(combined)
     assert "pyinfra data of a1, a2: memory.page_size: bad" in text
@@ -124,15 +124,15 @@ def test_errors_every_host_shares_are_reported_once() -> None:
     assert text.count("fix:") == 2
     profile_error = InputError([Problem("profiles/p.yaml", "model", "missing", "add it")])
     assert "profiles/p.yaml (hosts b1, b2): model: missing" in \
-        str(roll.grouped({"b1": profile_error, "b2": profile_error}))
+        str(planning.grouped({"b1": profile_error, "b2": profile_error}))
 
 
 def test_roll_data_is_said_not_to_be_in_the_inventory() -> None:
-    warning = roll.data_warning(["sglang.memory.max_running_requests=48"])
+    warning = planning.data_warning(["sglang.memory.max_running_requests=48"])
     assert warning is not None
     assert "sglang.memory.max_running_requests=48" in warning
     assert "not in the inventory" in warning and "reverts" in warning
-    assert roll.data_warning([]) is None
+    assert planning.data_warning([]) is None
 
 
 def test_failed_hosts_summary_names_them() -> None:

@@ -26,7 +26,7 @@ from sglang_fleet.paths import (
 )
 from sglang_fleet.remote import eta
 from sglang_fleet.remote.download_model import MANIFEST
-from sglang_fleet.stages import gate, service, weights
+from sglang_fleet.stages import gate, last_good, service, weights
 from sglang_fleet.stages import gate_program as checker
 from sglang_fleet.stages.engine import Release
 from sglang_fleet.stages.service import start_command
@@ -79,7 +79,7 @@ def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
     monkeypatch.setattr(gate, "logger", type("L", (), {"warning": print, "info": print})())
 
     def install(fake: Host) -> Host:
-        for module in (checker, gate, ops, service, weights):
+        for module in (checker, gate, last_good, ops, service, weights):
             monkeypatch.setattr(module, "host", fake, raising=False)
         return fake
 
@@ -91,8 +91,8 @@ def launch() -> Launch:
     return render(field_profile(gpus=1))  # one server: sglang.service
 
 
-def run_gate(launch: Launch, verdict: gate.Verdict) -> list[Any]:
-    return commands(gate.gate, field_profile(gpus=1), launch, 60, "", verdict)
+def run_gate(launch: Launch, result: gate.GateResult) -> list[Any]:
+    return commands(gate.gate, field_profile(gpus=1), launch, 60, "", result)
 
 
 def test_a_passing_gate_keeps_its_release_as_the_last_good_once(
@@ -100,42 +100,42 @@ def test_a_passing_gate_keeps_its_release_as_the_last_good_once(
     env = env_file(UNIT)
     use(GateHost({"Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1", env: "e",
                                         f"{SAVED}.env": "e"})}))
-    verdict = gate.Verdict()
-    assert run_gate(launch, verdict) == [
+    result = gate.GateResult()
+    assert run_gate(launch, result) == [
         f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(UNIT)} {SAVED} && "
         f"cp -p {env} {SAVED}.env"]
-    assert not verdict.failed()
+    assert not result.failed()
     fake = use(GateHost({"Sha256File": sums(**{unit_path(UNIT): "u", SAVED: "u", env: "e",
                                                f"{SAVED}.env": "e"})}))
-    assert run_gate(launch, verdict) == []
+    assert run_gate(launch, result) == []
     assert fake.noops == [f"{UNIT} passed the gate and is the last good release already"]
 
 
 def test_the_gate_runs_check_server_with_the_system_python(
         use: Callable[[Host], Host], launch: Launch) -> None:
     fake = use(GateHost({"Sha256File": sums()}))
-    run_gate(launch, gate.Verdict())
+    run_gate(launch, gate.GateResult())
     [command] = fake.ran  # type: ignore[attr-defined]
     assert shlex.split(command)[:5] == program("python3", "check_server")
 
 
 def test_the_gate_keeps_its_record_and_the_host_line_sums_every_unit(
         use: Callable[[Host], Host], launch: Launch, capsys: pytest.CaptureFixture[str]) -> None:
-    """Each unit's gate writes its Verdict when it runs; the host's line, built before any of
+    """Each unit's gate writes its GateResult when it runs; the host's line, built before any of
     them ran, reads all of them after the last one."""
-    verdicts = []
+    results = []
     for i, tps in enumerate((5000.0, 7000.0, None)):  # the third soak was disabled
         soak = {"tokens_per_s": tps} if tps else None
         fake = use(GateHost({"Sha256File": sums()}, measured=eta.record(
             f"sglang-{i}.service", f"inv{i}", "0.5.23", f"2026-07-01T10:0{i}:00Z", 48, soak,
             {"tokens_per_s": 140.0})))
-        verdicts.append(gate.Verdict())
-        run_gate(launch, verdicts[-1])
+        results.append(gate.GateResult())
+        run_gate(launch, results[-1])
         [command] = fake.ran  # type: ignore[attr-defined]
         assert shlex.split(command)[-2:] == ["--record", gate_record(UNIT)]
-    assert verdicts[1].measured and verdicts[1].measured["tokens_per_s"] == 7000.0
+    assert results[1].measured and results[1].measured["tokens_per_s"] == 7000.0
     units = [f"sglang-{i}.service" for i in range(3)]
-    assert commands(gate.host_capacity, units, verdicts, "900000,1000") == []
+    assert commands(gate.host_capacity, units, results, "900000,1000") == []
     out = capsys.readouterr().out.splitlines()
     assert "[h1] host: 144 running requests on 3 of 3 servers (each server's effective max " \
         "running requests, from its startup log)" in out
@@ -150,34 +150,34 @@ def test_the_gate_keeps_its_record_and_the_host_line_sums_every_unit(
 def test_a_failed_gate_leaves_the_restore_to_the_next_operation(
         use: Callable[[Host], Host], launch: Launch) -> None:
     fake = use(GateHost({"File": files(SAVED)}, error="soak: 3 of 32 failed"))
-    verdict = gate.Verdict()
-    assert run_gate(launch, verdict) == []
-    assert verdict.failed() and verdict.error == "soak: 3 of 32 failed"
+    result = gate.GateResult()
+    assert run_gate(launch, result) == []
+    assert result.failed() and result.error == "soak: 3 of 32 failed"
     assert "the next operation puts the last good release back" in fake.noops[0]
 
 
 def test_a_failed_gate_without_a_last_good_release_fails_at_once(
         use: Callable[[Host], Host], launch: Launch) -> None:
     use(GateHost({"File": files()}, error="sglang.service failed to start: boom"))
-    verdict = gate.Verdict()
-    [command] = run_gate(launch, verdict)
+    result = gate.GateResult()
+    [command] = run_gate(launch, result)
     assert "error: sglang.service failed to start: boom (no earlier good release to return " \
            "to)" in shlex.split(command)[1]
-    assert not verdict.failed()
+    assert not result.failed()
 
 
 def test_gate_failed_says_what_serves_after_the_restore(
         use: Callable[[Host], Host], launch: Launch) -> None:
     use(GateHost({"PortListeners": []}))
     assert commands(gate.gate_failed, field_profile(gpus=1), launch, 60,
-                    gate.Verdict()) == []
+                    gate.GateResult()) == []
     [command] = commands(gate.gate_failed, field_profile(gpus=1), launch, 60,
-                         gate.Verdict("soak: 3 of 32 failed"))
+                         gate.GateResult("soak: 3 of 32 failed"))
     assert ("error: soak: 3 of 32 failed; the last good release serves again (sglang.service "
             "alone on port 30000, /health_generate 200, /server_info: SGLang 0.5.22") in command
 
 
-def test_last_good_back_restores_the_unit_and_the_current_link(
+def test_restore_unit_puts_back_the_unit_and_the_current_link(
         use: Callable[[Host], Host]) -> None:
     env = env_file(UNIT)
     facts = {"File": files(SAVED, f"{SAVED}.env"),
@@ -186,25 +186,25 @@ def test_last_good_back_restores_the_unit_and_the_current_link(
              "FindInFile": [f"ExecStart=/usr/bin/env PYTHONPATH=x {OLD}/bin/python -m y"],
              "Link": {"link_target": NEW}}
     use(Host(facts))
-    assert commands(gate.last_good_back, UNIT) == [
+    assert commands(last_good.restore_unit, UNIT) == [
         f"cp -p {SAVED} {unit_path(UNIT)} && cp -p {SAVED}.env {env} && "
         f"systemctl daemon-reload && {start_command(UNIT)}",
         f"ln -sfn {OLD} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"]
 
 
-def test_last_good_back_starts_only_a_stopped_unit(use: Callable[[Host], Host]) -> None:
+def test_restore_unit_starts_only_a_stopped_unit(use: Callable[[Host], Host]) -> None:
     env = env_file(UNIT)
     facts = {"File": files(SAVED, f"{SAVED}.env"),
              "Sha256File": sums(**{unit_path(UNIT): "u", SAVED: "u", env: "e",
                                    f"{SAVED}.env": "e"}),
              "FindInFile": [f"ExecStart={OLD}/bin/python"], "Link": {"link_target": OLD}}
     fake = use(Host({**facts, "UnitCondition": {"ActiveState": "active"}}))
-    assert commands(gate.last_good_back, UNIT) == []
+    assert commands(last_good.restore_unit, UNIT) == []
     assert fake.noops == [f"{UNIT} runs its last good release"]
     use(Host({**facts, "UnitCondition": {"ActiveState": "failed", "Result": "exit-code"}}))
-    assert commands(gate.last_good_back, UNIT) == [start_command(UNIT)]
+    assert commands(last_good.restore_unit, UNIT) == [start_command(UNIT)]
     use(Host({"File": files(SAVED)}))
-    [command] = commands(gate.last_good_back, UNIT)
+    [command] = commands(last_good.restore_unit, UNIT)
     assert "nothing to go back to" in command
 
 

@@ -48,7 +48,7 @@ def without_lab(product_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 def test_product_wheel_holds_no_lab(product_wheel: Path) -> None:
     names = zipfile.ZipFile(product_wheel).namelist()
-    assert "sglang_fleet/cli.py" in names
+    assert "sglang_fleet/cli/__init__.py" in names
     assert [n for n in names if "lab" in Path(n).parts[:2] or "sglang_fleet_lab" in n] == []
     metadata = zipfile.ZipFile(product_wheel).read(
         next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()

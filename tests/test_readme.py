@@ -9,8 +9,10 @@ from tests.conftest import ROOT
 
 SRC = ROOT / "src" / "sglang_fleet"
 # Modules that read other mappings with .get (configs, JSON, lab state), not host data.
-NOT_HOST_DATA = {"model_config.py", "flags.py", "releases.py", "cli.py", "profile.py",
-                 "schema.py", "capacity.py", "status.py"}
+NOT_HOST_DATA = {"model_config.py", "flags.py", "releases.py", "profile.py", "schema.py",
+                 "capacity.py", "status.py"}
+# Packages that read no host data: the host programs, the generate client, the command line.
+NOT_HOST_DATA_PACKAGES = {"remote", "generate", "cli"}
 PYINFRA_OWN = {"ssh_hostname"}  # pyinfra's connector data, read for an address
 READS = (
     re.compile(r"""data\.get\(\s*["']([a-z0-9_]+)["']"""),
@@ -23,8 +25,8 @@ TUPLES = re.compile(r"""^[A-Z_]+_KEYS = \(([^)]*)\)""", re.M)
 
 def keys_read() -> set[str]:
     found: set[str] = set()
-    for path in SRC.rglob("*.py"):
-        if path.name in NOT_HOST_DATA or path.parent.name in ("generate", "remote"):
+    for path in SRC.rglob("*.py"):  # the package's modules and its subpackages'
+        if path.name in NOT_HOST_DATA or path.relative_to(SRC).parts[0] in NOT_HOST_DATA_PACKAGES:
             continue
         text = path.read_text()
         for pattern in READS:

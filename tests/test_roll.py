@@ -13,10 +13,10 @@ from typing import Any, cast
 import pytest
 
 from sglang_fleet.errors import InputError
-from sglang_fleet.rollout import cutover, fleet, roll
-from sglang_fleet.rollout.cutover import Handoff
+from sglang_fleet.rollout import cutover, fleet, planning, roll
+from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.rollout.router_api import RouterError
-from sglang_fleet.stages import compiled
+from sglang_fleet.stages import compiled_exchange
 from tests.conftest import ROOT
 
 URLS = {name: [f"http://{name}:30000"] for name in ("h1", "h2", "h3")}
@@ -63,7 +63,7 @@ class Runs:
     """pyinfra runs, recorded when started; ``fail`` names the (deploy, host) that fails. A
     serve or restore run restarts each host's server (unless ``restarts`` is False), which
     waits for the host's turn and takes it out of the routers, through the deploy's own code
-    (``cutover``) and the roll's handoff."""
+    (``cutover``) and the roll's directory."""
 
     def __init__(self, fail: tuple[str, str] | None = None, restarts: bool = True) -> None:
         self.fail = fail
@@ -91,9 +91,9 @@ class Runs:
 
 def make(router: FakeRouter, runs: Runs, batch: int = 1) -> roll.Roll:
     hosts = [cast(Any, SimpleNamespace(name=n)) for n in URLS]
-    plan = roll.Plan(inventory="inv.py", data=["sglang.memory.page_size=64"],
-                     batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
-                     before=dict(URLS), after=dict(URLS), routers=[cast(Any, router)])
+    plan = planning.Plan(inventory="inv.py", data=["sglang.memory.page_size=64"],
+                         batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
+                         before=dict(URLS), after=dict(URLS), routers=[cast(Any, router)])
     return roll.Roll(plan, drain_timeout=1, health_timeout=1, run=runs)
 
 
@@ -166,24 +166,24 @@ def test_a_failed_preparation_takes_no_host_out(router: FakeRouter) -> None:
 
 def test_bad_input_is_named() -> None:
     with pytest.raises(InputError, match="--data: novalue: not key=value"):
-        roll.parse_data(["novalue"])
+        planning.parse_data(["novalue"])
     with pytest.raises(InputError, match="--batch: must be at least 1"):
-        roll.plan("inventories/b200.py", [], 0)
+        planning.plan("inventories/b200.py", [], 0)
     with pytest.raises(InputError, match="no such inventory file"):
-        roll.plan("inventories/nope.py", [], 1)
+        planning.plan("inventories/nope.py", [], 1)
     for bad in (0, -2):
         with pytest.raises(InputError, match=rf"--batch-instances: must be at least 1, got "
                            rf"{bad}"):
-            roll.plan("inventories/b200.py", [], 1, batch_instances=bad)
+            planning.plan("inventories/b200.py", [], 1, batch_instances=bad)
 
 
 def test_batch_instances_larger_than_a_hosts_servers_is_named() -> None:
     after = {"h1": ["http://h1:30000", "http://h1:30001"], "h2": ["http://h2:30000"]}
-    roll._fits(None, after)
-    roll._fits(1, after)
+    planning._fits(None, after)
+    planning._fits(1, after)
     with pytest.raises(InputError, match=r"--batch-instances: 2 is more than a host's "
                        r"servers: h2 runs 1 server\n    fix: give at most 1"):
-        roll._fits(2, after)
+        planning._fits(2, after)
     # through the command, before any host is touched (a process of its own: see below)
     result = subprocess.run(["sglang-fleet", "roll", "inventories/b200.py",
                              "--batch-instances", "9"], cwd=ROOT, capture_output=True,
@@ -375,10 +375,10 @@ def test_with_batch_instances_a_host_keeps_serving_and_the_table_shows_each_wave
 
     hosts = [cast(Any, SimpleNamespace(name=n)) for n in units]
     every = {h: list(by_unit.values()) for h, by_unit in units.items()}
-    plan = roll.Plan(inventory="inv.py", data=[], batches=[[h] for h in hosts], before=every,
-                     after=every, routers=[cast(Any, fake)], batch_instances=1,
-                     units={h: {u: [url] for u, url in by_unit.items()}
-                            for h, by_unit in units.items()})
+    plan = planning.Plan(inventory="inv.py", data=[], batches=[[h] for h in hosts],
+                         before=every, after=every, routers=[cast(Any, fake)], batch_instances=1,
+                         units={h: {u: [url] for u, url in by_unit.items()}
+                                for h, by_unit in units.items()})
     rolled = roll.Roll(plan, drain_timeout=1, health_timeout=1, run=WaveRuns())
     assert rolled()
     assert fewest and min(fewest) == 8  # of 9: one server out at a time
@@ -395,7 +395,8 @@ def test_the_table_says_what_each_host_did_with_its_kernels(router: FakeRouter) 
     class NotingRuns(Runs):
         def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
             for name in hosts if deploy == "serve" else []:
-                compiled.note(Handoff(Path(env[cutover.ENV])), name, f"received ({name})")
+                compiled_exchange.note(RollDirectory(Path(env[cutover.ENV])), name,
+                                       f"received ({name})")
             return super().work(deploy, hosts, env)
 
     rolled = make(router, NotingRuns())

@@ -21,7 +21,7 @@ from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.paths import LAST_GOOD, SIZING, env_file, unit_path
 from sglang_fleet.remote import capacity
-from sglang_fleet.stages import gate, resize, service
+from sglang_fleet.stages import gate, last_good, resize, service
 from tests.test_capacity import field_0_5_12
 from tests.test_capacity_sim import startup_log
 from tests.test_operations import RELEASE, Host, commands
@@ -71,7 +71,7 @@ def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
         monkeypatch.setattr(module, "logger", quiet)
 
     def install(fake: Host) -> Host:
-        for module in (gate, ops, service, resize, files):
+        for module in (gate, last_good, ops, service, resize, files):
             monkeypatch.setattr(module, "host", fake, raising=False)
         return fake
 
@@ -94,9 +94,9 @@ def first() -> Launch:
     return render(sizing.apply(target_profile("0.5.23"), None))
 
 
-def run_gate(verdict: gate.Verdict, final: bool) -> list[Any]:
+def run_gate(result: gate.GateResult, final: bool) -> list[Any]:
     return commands(gate.gate, sizing.apply(target_profile("0.5.23"), None), first(), 60, "",
-                    verdict, final=final)
+                    result, final=final)
 
 
 def sums(**by_path: str) -> Callable[..., str | None]:
@@ -107,9 +107,9 @@ def test_a_first_gate_short_of_the_target_asks_for_one_sized_restart(
         use: Callable[[Host], Host], seed_log: capacity.Capacity) -> None:
     fake = TargetHost(seed_log)
     use(fake)
-    verdict = gate.Verdict()
-    assert run_gate(verdict, final=False) == []  # not kept as the last good release
-    assert verdict.resize == 240 and verdict.resizing() and not verdict.failed()
+    result = gate.GateResult()
+    assert run_gate(result, final=False) == []  # not kept as the last good release
+    assert result.resize == 240 and result.resizing() and not result.failed()
     assert "--target 48" in fake.ran[0]  # the advice aims at the target
     assert fake.noops == [f"{UNIT} passed the gate short of its target: the next operation "
                           "restarts it with --max-mamba-cache-size 240"]
@@ -118,22 +118,22 @@ def test_a_first_gate_short_of_the_target_asks_for_one_sized_restart(
 def test_the_gate_after_the_sized_restart_fails_short_of_the_target(
         use: Callable[[Host], Host], seed_log: capacity.Capacity) -> None:
     use(TargetHost(seed_log, {"File": lambda path: {"mode": 600} if path == SAVED else None}))
-    verdict = gate.Verdict(resize=240)
-    assert run_gate(verdict, final=True) == []
-    assert verdict.failed() and not verdict.resizing()
-    assert verdict.error == (f"{UNIT}: with --max-mamba-cache-size 240, max running requests is "
-                             "4 (from the log), below memory.target_running_requests 48, and a "
-                             "deploy restarts a server at most once to size it")
+    result = gate.GateResult(resize=240)
+    assert run_gate(result, final=True) == []
+    assert result.failed() and not result.resizing()
+    assert result.error == (f"{UNIT}: with --max-mamba-cache-size 240, max running requests is "
+                            "4 (from the log), below memory.target_running_requests 48, and a "
+                            "deploy restarts a server at most once to size it")
 
 
 def test_a_target_that_cannot_fit_fails_the_first_gate_with_its_reason(
         use: Callable[[Host], Host]) -> None:
     use(TargetHost(capacity.parse(field_0_5_12(), "0.5.12"),
                    {"File": lambda path: {"mode": 600} if path == SAVED else None}))
-    verdict = gate.Verdict()
-    assert run_gate(verdict, final=False) == []
-    assert verdict.resize is None and verdict.failed()
-    assert "GiB short. Levers: memory.mem_fraction_static" in (verdict.error or "")
+    result = gate.GateResult()
+    assert run_gate(result, final=False) == []
+    assert result.resize is None and result.failed()
+    assert "GiB short. Levers: memory.mem_fraction_static" in (result.error or "")
 
 
 def test_a_gate_that_reaches_the_target_keeps_its_release(
@@ -141,32 +141,32 @@ def test_a_gate_that_reaches_the_target_keeps_its_release(
     sized = render(sizing.apply(target_profile("0.5.23"), 240))
     cap = capacity.parse(startup_log("0.5.23", sim_flags(sized), tmp_path, monkeypatch), "0.5.23")
     use(TargetHost(cap, {"Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1"})}))
-    verdict = gate.Verdict(resize=240)
-    assert run_gate(verdict, final=True) == [
+    result = gate.GateResult(resize=240)
+    assert run_gate(result, final=True) == [
         f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(UNIT)} {SAVED} && "
         f"cp -p {env_file(UNIT)} {SAVED}.env"]
-    assert verdict.resizing()  # the size passed: remember_size runs next
+    assert result.resizing()  # the size passed: remember_size runs next
 
 
 def test_the_sized_restart_writes_the_service_stages_unit_with_the_size(
         use: Callable[[Host], Host], seed_log: capacity.Capacity) -> None:
     use(TargetHost(seed_log))
     profile = sizing.apply(target_profile("0.5.23"), None)
-    out = commands(resize.sized_restart, profile, first(), RELEASE, gate.Verdict(resize=240))
+    out = commands(resize.sized_restart, profile, first(), RELEASE, gate.GateResult(resize=240))
     [upload] = [c for c in out if isinstance(c, FileUploadCommand)]
     assert upload.dest == unit_path(UNIT)
     text = upload.src.read() if hasattr(upload.src, "read") else Path(upload.src).read_text()
     sized = render(sizing.apply(target_profile("0.5.23"), 240))
     assert service.exec_start(sized, RELEASE) in text and "--max-mamba-cache-size 240" in text
     assert out[-2:] == ["systemctl daemon-reload", service.start_command(UNIT)]
-    assert commands(resize.sized_restart, profile, first(), RELEASE, gate.Verdict()) == []
+    assert commands(resize.sized_restart, profile, first(), RELEASE, gate.GateResult()) == []
 
 
 def test_the_size_that_passed_is_remembered_and_rendered_by_the_next_deploy(
         use: Callable[[Host], Host], seed_log: capacity.Capacity) -> None:
     use(TargetHost(seed_log))
     profile = sizing.apply(target_profile("0.5.23"), None)
-    out = commands(resize.remember_size, profile, first(), gate.Verdict(resize=240))
+    out = commands(resize.remember_size, profile, first(), gate.GateResult(resize=240))
     [upload] = [c for c in out if isinstance(c, FileUploadCommand)]
     digest = sizing.key(first(), 183359)
     assert upload.dest == f"{SIZING}/{digest}.json"

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sglang_fleet.facts import gpuhealth, units
+from sglang_fleet.facts import gpuhealth, systemd
 from sglang_fleet.remote import eta
 from sglang_fleet.report import status
 from tests.conftest import FIELD_PROFILE, ROOT, free_port, wait_for_health
@@ -78,7 +78,7 @@ SHOW = (Path(__file__).parent / "data" / "systemctl-show-sglang.txt").read_text(
 
 
 def test_units_from_systemctl_show() -> None:
-    found = units.parse(SHOW.splitlines())
+    found = systemd.parse_units(SHOW.splitlines())
     unit = found["sglang.service"]
     assert (unit.state, unit.since, unit.pid) == ("active/running",
                                                   "Mon 2026-11-30 23:01:02 UTC", 4121)
@@ -87,7 +87,7 @@ def test_units_from_systemctl_show() -> None:
     assert unit.flag("--speculative-algorithm") == "NEXTN"
     assert unit.flag("--served-model-name") == "qwen3.6-27b"
     assert found["sglang-1.service"].state == "not installed"
-    assert "rm" not in units.UnitStates().command(units=["sglang.service", "x; rm -rf /"])
+    assert "rm" not in systemd.UnitStates().command(units=["sglang.service", "x; rm -rf /"])
 
 
 def inventory(tmp_path: Path, port: int, dcgm: bool = False) -> Path:
@@ -207,9 +207,9 @@ def test_one_job_for_the_fleet_or_a_note_why_not() -> None:
 
 def test_prometheus_targets(tmp_path: Path) -> None:
     from sglang_fleet.report import metrics_targets
-    from sglang_fleet.rollout import roll
+    from sglang_fleet.rollout import planning
 
-    loaded = roll.load(str(inventory(tmp_path, 30000, dcgm=True)), {})
+    loaded = planning.load(str(inventory(tmp_path, 30000, dcgm=True)), {})
     out = tmp_path / "sd" / "fleet.json"
     assert metrics_targets.write_targets(loaded, str(out))
     groups = json.loads(out.read_text())
@@ -279,6 +279,6 @@ def test_a_dp_server_is_one_row_on_all_its_gpus(tmp_path: Path) -> None:
 def test_a_host_without_any_gate_record_reads_as_none_measured() -> None:
     """A host never deployed (no record, so no output): pyinfra gives the fact its default,
     which must be an empty mapping, not None (status read it as one and crashed)."""
-    from sglang_fleet.facts.units import GateRecords
+    from sglang_fleet.facts.systemd import GateRecords
 
     assert GateRecords.default() == {} and GateRecords().process([]) == {}

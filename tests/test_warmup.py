@@ -18,7 +18,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from sglang_fleet import ops
 from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
-from sglang_fleet.facts.units import UnitState
+from sglang_fleet.facts.systemd import UnitState
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.remote import warm_caches
 from sglang_fleet.stages import warmup

@@ -143,15 +143,15 @@ def test_a_first_server_that_is_not_ready_stops_the_waves(
 
 def test_in_a_roll_with_batch_instances_each_wave_rejoins_the_routers(
         shell: Shell, launches: list[Launch], monkeypatch: pytest.MonkeyPatch) -> None:
-    handoff = cutover.Handoff.create()
-    monkeypatch.setenv(cutover.ENV, str(handoff.directory))
+    roll_dir = cutover.RollDirectory.create()
+    monkeypatch.setenv(cutover.ENV, str(roll_dir.directory))
     try:
         # without --batch-instances the host left whole, and comes back whole after its gate
-        handoff.plan({"h1": ["http://h1:30000"]}, drain_timeout=1)
+        roll_dir.plan({"h1": ["http://h1:30000"]}, drain_timeout=1)
         waves = Waves()
         restart("sglang-0.service", waves)
         assert ready(launches, waves) == [] and shell.noops == ["sglang-0.service ready"]
-        handoff.plan({"h1": ["http://h1:30000"]}, drain_timeout=1, batch_instances=2)
+        roll_dir.plan({"h1": ["http://h1:30000"]}, drain_timeout=1, batch_instances=2)
         shell.checked = []
         waves = Waves(per_wave=2)
         [leave, start] = restart("sglang-0.service", waves)
@@ -168,7 +168,7 @@ def test_in_a_roll_with_batch_instances_each_wave_rejoins_the_routers(
         assert back.args == (["http://h1:30001", "http://h1:30002"],)
         assert shell.checked == ["sglang-0.service", "sglang-1.service", "sglang-2.service"]
     finally:
-        handoff.close()
+        roll_dir.close()
 
 
 def test_a_units_files_and_start_come_after_the_wave_before_it_and_stop_with_a_failed_one(

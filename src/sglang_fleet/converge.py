@@ -23,14 +23,9 @@ from sglang_fleet.rollout import fleet
 from sglang_fleet.stages.compiled import announce_kernels, share_kernels
 from sglang_fleet.stages.driver import install_driver
 from sglang_fleet.stages.engine import Release, install_engine
-from sglang_fleet.stages.gate import (
-    files_back,
-    gate_programs,
-    restore_last_good,
-    run_gate,
-    smoke_test,
-)
+from sglang_fleet.stages.gate import gate_programs, run_gate, smoke_test
 from sglang_fleet.stages.gpu_preflight import require_gpu_health
+from sglang_fleet.stages.last_good import restore_files, restore_last_good
 from sglang_fleet.stages.resize import with_remembered_size
 from sglang_fleet.stages.router import install_router, remove_router
 from sglang_fleet.stages.service import install_service, require_free_ports, startup_budget
@@ -117,8 +112,8 @@ def unstage() -> None:
     turn and before its restart (its server still runs the last good release)."""
     _, launches = host_launches()
     for launch in launches:
-        files_back(name=f"Files of {launch.unit} back to the last good release",
-                   unit=launch.unit)
+        restore_files(name=f"Files of {launch.unit} back to the last good release",
+                      unit=launch.unit)
 
 
 def smoke() -> None:

@@ -40,8 +40,9 @@ GATE_RECORDS = f"{BASELINE_DIR}/gate"
 # One empty file per warmed release, flags and environment: root's, as root creates and prunes
 # them by name (under CACHE the service could link the directory anywhere).
 WARM_MARKS = f"{ROOT_CACHE}/warm"
-# One record per release and digest of what its kernels were compiled for (compiled.py), once a
-# server of it passed the gate or the cache came from a host that did; root's, as the marks.
+# One record per release and digest of what its kernels were compiled for (compiled_records.py),
+# once a server of it passed the gate or the cache came from a host that did; root's, as the
+# marks.
 COMPILED = f"{ROOT_CACHE}/compiled"
 CACHE_COPY = f"{ROOT_CACHE}/cache-copy"  # a compiled cache's archive on its way (0700)
 

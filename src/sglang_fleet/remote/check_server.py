@@ -38,6 +38,9 @@ from typing import Any
 
 from . import capacity, crash, eta, readiness  # uploaded to the host with this module
 
+# The gate's protocol: the last line is RESULT_MARK, a space and the result as one JSON object
+# (stages/gate_program.py reads it with ops.result_line).
+RESULT_MARK = "GATE"
 SMOKE_PROMPT = "What is 2+2? Answer with the number only."
 SOAK_PROMPT = "Name a colour."
 SOAK_DEFAULT_BATCH = 8  # when the server's max running requests is unknown
@@ -563,7 +566,7 @@ def main() -> int:
             print(f"journal: {shown(line)}")
         print(f"error: {err}")
         result["error"] = str(err)
-    print("GATE " + json.dumps(result))
+    print(f"{RESULT_MARK} " + json.dumps(result))
     return 0 if result["ok"] else 1
 
 

@@ -32,7 +32,7 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
-from sglang_fleet.facts.units import GateRecords, LastCrash, UnitState, UnitStates
+from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitStates
 from sglang_fleet.remote import eta
 from sglang_fleet.rollout import fleet
 from sglang_fleet.rollout.router_api import Router, RouterError
@@ -328,10 +328,10 @@ def collect(inventory_path: str, data: dict[str, Any] | None = None,
             with_routers: bool = True) -> Fleet:
     """Every row of the fleet: hosts read in parallel over SSH, servers over HTTP (``data``
     as ``--data`` would give it; the routers' rows only ``with_routers``)."""
-    from sglang_fleet.rollout import roll  # loading an inventory patches the process with gevent
+    from sglang_fleet.rollout import planning  # loading an inventory patches it with gevent
 
     logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # a table, not pyinfra's log
-    inventory = roll.load(inventory_path, data or {})
+    inventory = planning.load(inventory_path, data or {})
     hosts = fleet.serving_hosts(inventory)
     if not hosts and not fleet.routers(inventory):
         raise InputError.one(inventory_path, "sglang_profile", "no serving hosts and no router",

@@ -15,7 +15,8 @@ The roll writes ``plan.json`` (every host of the roll, the worker URLs it serves
 unit each belongs to, the drain and health bounds, ``batch_instances``, the roll's pid),
 ``<host>.turn``, ``<host>.go``, and ``abort`` when it stops; a run writes ``<host>.waiting``
 (prepared, at its turn), ``<host>.took`` (past its turn: its files may have changed) and
-``<host>.json`` (when it left the routers, whole or wave by wave, what the drain left).
+``<host>.json`` (when it left the routers, whole or wave by wave, what the drain left:
+``OutOfRouters``).
 
     turn(name="This host's turn in a roll")      # an operation: waits in a roll only
     yield from leave_routers()      # in an operation, right before a disruptive command
@@ -60,9 +61,14 @@ class Wave:
 
 
 @dataclass
-class Left:
-    """When a host left the routers whole (wall clock; None: only wave by wave), each wave of
-    its servers that left on its own, and what the drains left unfinished."""
+class OutOfRouters:
+    """A host's time out of the routers: when it left them whole (wall clock; None: only wave
+    by wave), each wave of its servers that left on its own, and what the drains left
+    unfinished.
+
+        OutOfRouters(at=None, waves=[Wave(["http://10.0.0.11:30001"], 1767.0)]).still_out()
+        # 1767.0
+    """
 
     at: float | None
     notes: list[str] = field(default_factory=list)
@@ -82,19 +88,19 @@ class Left:
 
 
 @dataclass
-class Handoff:
+class RollDirectory:
     """The directory a roll shares with its pyinfra runs.
 
-        handoff = Handoff.create()
-        handoff.plan({"b200-01": ["http://10.0.0.11:30000"]}, drain_timeout=600)
-        subprocess.run(argv, env={**os.environ, **handoff.env()})
-        handoff.left("b200-01")     # Left(at=..., notes=[]) once it left, else None
+        roll_dir = RollDirectory.create()
+        roll_dir.plan({"b200-01": ["http://10.0.0.11:30000"]}, drain_timeout=600)
+        subprocess.run(argv, env={**os.environ, **roll_dir.env()})
+        roll_dir.out_of_routers("b200-01")   # OutOfRouters(at=...) once it left, else None
     """
 
     directory: Path
 
     @classmethod
-    def create(cls) -> Handoff:
+    def create(cls) -> RollDirectory:
         return cls(Path(tempfile.mkdtemp(prefix="sglang-fleet-roll-")))  # 0700
 
     def env(self) -> dict[str, str]:
@@ -161,19 +167,20 @@ class Handoff:
         value = (self._read(_PLAN) or {}).get("batch_instances")
         return int(value) if isinstance(value, int) else None
 
-    def left(self, name: str) -> Left | None:
+    def out_of_routers(self, name: str) -> OutOfRouters | None:
+        """When the host left the routers and what its drains left (None: it never left)."""
         record = self._read(f"{name}.json")
         if not record:
             return None
         at = record.get("at")
-        return Left(None if at is None else float(at), list(record.get("notes", [])),
+        return OutOfRouters(None if at is None else float(at), list(record.get("notes", [])),
                     [Wave(list(w["urls"]), float(w["left"]),
                           None if w.get("back") is None else float(w["back"]))
                      for w in record.get("waves", [])])
 
-    def record(self, name: str, left: Left) -> None:
-        self._write(f"{name}.json", {"at": left.at, "notes": left.notes, "waves": [
-            {"urls": w.urls, "left": w.left, "back": w.back} for w in left.waves]})
+    def record_out_of_routers(self, name: str, out: OutOfRouters) -> None:
+        self._write(f"{name}.json", {"at": out.at, "notes": out.notes, "waves": [
+            {"urls": w.urls, "left": w.left, "back": w.back} for w in out.waves]})
 
     def close(self) -> None:
         shutil.rmtree(self.directory, ignore_errors=True)
@@ -191,16 +198,16 @@ class Handoff:
         return data if isinstance(data, dict) else None
 
 
-def current() -> Handoff | None:
-    """The roll's handoff when this run is part of a roll."""
+def current() -> RollDirectory | None:
+    """The roll's directory when this run is part of a roll."""
     directory = os.environ.get(ENV)
-    return Handoff(Path(directory)) if directory else None
+    return RollDirectory(Path(directory)) if directory else None
 
 
 def batch_instances() -> int | None:
     """In a roll with ``--batch-instances``: how many of a host's servers restart at a time."""
-    handoff = current()
-    return handoff.batch_instances() if handoff is not None else None
+    roll_dir = current()
+    return roll_dir.batch_instances() if roll_dir is not None else None
 
 
 @operation(is_idempotent=True)
@@ -216,20 +223,20 @@ def turn() -> Ops:
 
 
 def _await_turn(state: Any, host: Any) -> bool:
-    handoff = current()
-    if handoff is None or host.name not in handoff.hosts():
+    roll_dir = current()
+    if roll_dir is None or host.name not in roll_dir.hosts():
         return True
-    handoff.give("waiting", [host.name])
-    if not _await(handoff, host, "turn", "prepared; waiting for its turn in the roll",
+    roll_dir.give("waiting", [host.name])
+    if not _await(roll_dir, host, "turn", "prepared; waiting for its turn in the roll",
                   "nothing that serves was changed"):
         return False
-    handoff.give("took", [host.name])
+    roll_dir.give("took", [host.name])
     return True
 
 
-def _await(handoff: Handoff, host: Any, step: str, waiting: str, failed: str) -> bool:
+def _await(roll_dir: RollDirectory, host: Any, step: str, waiting: str, failed: str) -> bool:
     said = False
-    while (why := handoff.waiting_for(host.name, step)) is not None:
+    while (why := roll_dir.waiting_for(host.name, step)) is not None:
         if why:
             logger.error(f"{host.print_prefix}{why}: {failed}")
             return False
@@ -258,58 +265,58 @@ def rejoin(urls: list[str]) -> Iterator[FunctionCommand]:
         yield FunctionCommand(_rejoin, (urls,), {})
 
 
-def _ours(host: Any) -> Handoff | None:
-    """The roll's handoff when this host is one of its hosts."""
-    handoff = current()
-    return handoff if handoff is not None and host.name in handoff.hosts() else None
+def _ours(host: Any) -> RollDirectory | None:
+    """The roll's directory when this host is one of its hosts."""
+    roll_dir = current()
+    return roll_dir if roll_dir is not None and host.name in roll_dir.hosts() else None
 
 
-def _go(handoff: Handoff, state: Any, host: Any) -> bool:
+def _go(roll_dir: RollDirectory, state: Any, host: Any) -> bool:
     """Its turn, then go: the batch before it back in the routers."""
     return _await_turn(state, host) and _await(
-        handoff, host, "go", "waiting for the batch before it to be back in the routers",
+        roll_dir, host, "go", "waiting for the batch before it to be back in the routers",
         "its last good files go back, without a restart")
 
 
 def _leave(state: Any, host: Any) -> bool:
-    handoff = _ours(host)
-    if handoff is None:
+    roll_dir = _ours(host)
+    if roll_dir is None:
         return True
-    left = handoff.left(host.name)
-    if left is not None and left.at is not None:  # out already
+    out = roll_dir.out_of_routers(host.name)
+    if out is not None and out.at is not None:  # out already
         return True
-    if not _go(handoff, state, host):
+    if not _go(roll_dir, state, host):
         return False
-    left = left or Left(None)
-    left.at = time.time()
+    out = out or OutOfRouters(None)
+    out.at = time.time()
     # what the routers may know: its URLs now, with the roll's data, and of waves back already
-    urls = list(dict.fromkeys([*handoff.hosts()[host.name],
-                               *(u for us in handoff.unit_urls(host.name).values() for u in us),
-                               *(u for w in left.waves for u in w.urls)]))
-    return _out(handoff, state, host, urls, left, None)
+    urls = list(dict.fromkeys([*roll_dir.hosts()[host.name],
+                               *(u for us in roll_dir.unit_urls(host.name).values() for u in us),
+                               *(u for w in out.waves for u in w.urls)]))
+    return _take_out(roll_dir, state, host, urls, out, None)
 
 
 def _leave_units(state: Any, host: Any, units: list[str]) -> bool:
-    handoff = _ours(host)
-    if handoff is None:
+    roll_dir = _ours(host)
+    if roll_dir is None:
         return True
-    if not handoff.batch_instances():
+    if not roll_dir.batch_instances():
         return _leave(state, host)
-    left = handoff.left(host.name)
-    if left is not None and left.at is not None:  # the whole host is out already
+    out = roll_dir.out_of_routers(host.name)
+    if out is not None and out.at is not None:  # the whole host is out already
         return True
-    if not _go(handoff, state, host):
+    if not _go(roll_dir, state, host):
         return False
-    known = handoff.unit_urls(host.name)
+    known = roll_dir.unit_urls(host.name)
     if any(unit not in known for unit in units):  # e.g. from an earlier roll's --data
         logger.info(f"{host.print_prefix}{', '.join(u for u in units if u not in known)}: "
                     "a server the roll does not know the URL of: the host leaves whole")
         return _leave(state, host)
     urls = list(dict.fromkeys(u for unit in units for u in known[unit]))
-    return _out(handoff, state, host, urls, left or Left(None), time.time())
+    return _take_out(roll_dir, state, host, urls, out or OutOfRouters(None), time.time())
 
 
-def _out(handoff: Handoff, state: Any, host: Any, urls: list[str], left: Left,
+def _take_out(roll_dir: RollDirectory, state: Any, host: Any, urls: list[str], out: OutOfRouters,
          wave_from: float | None) -> bool:
     """``urls`` out of every router, then drained (those a router had); recorded either way
     (the roll puts back what may be out), as a wave of servers from ``wave_from`` if given."""
@@ -323,8 +330,8 @@ def _out(handoff: Handoff, state: Any, host: Any, urls: list[str], left: Left,
                     removed = list(dict.fromkeys([*removed, url]))
     except RouterError as err:
         logger.error(f"{host.print_prefix}taking {', '.join(urls)} out of the routers: {err}")
-        return _noted(handoff, host, left, wave_from, urls, ok=False)
-    drain_timeout = handoff.drain_timeout()
+        return _noted(roll_dir, host, out, wave_from, urls, ok=False)
+    drain_timeout = roll_dir.drain_timeout()
     for url in removed:
         tic = time.monotonic()
         done, unfinished = drained(url, drain_timeout)
@@ -335,8 +342,8 @@ def _out(handoff: Handoff, state: Any, host: Any, urls: list[str], left: Left,
                 "its own SIGTERM drain finishes them" if unfinished
                 else f"{url}: no metrics to drain by")
         logger.warning(f"{host.print_prefix}{note}")
-        left.notes.append(note)
-    return _noted(handoff, host, left, wave_from, removed, ok=True)
+        out.notes.append(note)
+    return _noted(roll_dir, host, out, wave_from, removed, ok=True)
 
 
 def _at_host(router: Any, urls: list[str]) -> list[str]:
@@ -350,25 +357,25 @@ def _at_host(router: Any, urls: list[str]) -> list[str]:
                                         if urlsplit(url).hostname in hosts)]))
 
 
-def _noted(handoff: Handoff, host: Any, left: Left, wave_from: float | None, out: list[str],
-           ok: bool) -> bool:
-    """The host's record, with ``out`` in its open wave when servers left wave by wave."""
-    if wave_from is not None and out:
-        wave = left.open_wave(wave_from)
-        wave.urls = list(dict.fromkeys([*wave.urls, *out]))
-    if left.at is not None or left.waves:
-        handoff.record(host.name, left)
+def _noted(roll_dir: RollDirectory, host: Any, out: OutOfRouters, wave_from: float | None,
+           removed: list[str], ok: bool) -> bool:
+    """The host's record, with ``removed`` in its open wave when servers left wave by wave."""
+    if wave_from is not None and removed:
+        wave = out.open_wave(wave_from)
+        wave.urls = list(dict.fromkeys([*wave.urls, *removed]))
+    if out.at is not None or out.waves:
+        roll_dir.record_out_of_routers(host.name, out)
     return ok
 
 
 def _rejoin(state: Any, host: Any, urls: list[str]) -> bool:
-    handoff = _ours(host)
-    if handoff is None or not handoff.batch_instances():
+    roll_dir = _ours(host)
+    if roll_dir is None or not roll_dir.batch_instances():
         return True
-    left = handoff.left(host.name) or Left(None)
-    if left.at is not None:  # out whole: the roll puts it back after its gate
+    out = roll_dir.out_of_routers(host.name) or OutOfRouters(None)
+    if out.at is not None:  # out whole: the roll puts it back after its gate
         return True
-    timeout = handoff.health_timeout()
+    timeout = roll_dir.health_timeout()
     try:
         for router in (config.api() for config in fleet.routers(state.inventory)):
             for url in urls:
@@ -378,8 +385,8 @@ def _rejoin(state: Any, host: Any, urls: list[str]) -> bool:
     except RouterError as err:
         logger.error(f"{host.print_prefix}putting {', '.join(urls)} back: {err}")
         return False
-    if left.waves and left.waves[-1].back is None:  # new servers only: nothing was out
-        left.waves[-1].back = time.time()
-        left.waves[-1].urls = list(dict.fromkeys([*left.waves[-1].urls, *urls]))
-        handoff.record(host.name, left)
+    if out.waves and out.waves[-1].back is None:  # new servers only: nothing was out
+        out.waves[-1].back = time.time()
+        out.waves[-1].urls = list(dict.fromkeys([*out.waves[-1].urls, *urls]))
+        roll_dir.record_out_of_routers(host.name, out)
     return True

@@ -1,6 +1,7 @@
-"""Driver stage: NVIDIA's CUDA repository, the OPEN driver of a pinned branch (held, kept out of
-unattended upgrades, loaded by a reboot only when the loaded module differs from the installed
-one), the fabric manager and NVLSM on NVSwitch hosts, and a verification with nvidia-smi.
+"""Driver stage: the OPEN driver of a pinned branch from NVIDIA's CUDA repository
+(``repository``: held, kept out of unattended upgrades, loaded by a reboot (``reboot``) only
+when the loaded module differs from the installed one), the fabric manager and NVLSM on
+NVSwitch hosts, DCGM when host data asks (``dcgm``), and a verification with nvidia-smi.
 
     from sglang_fleet.stages.driver import install_driver
     install_driver()      # in a pyinfra deploy; reads the host's data (DriverConfig)
@@ -10,24 +11,19 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from io import StringIO
 from typing import Any
 
 from pyinfra import logger
-from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.deploy import deploy
-from pyinfra.api.operation import OperationMeta, operation
-from pyinfra.connectors.util import clear_askpass_cache, remove_any_sudo_askpass_file
+from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.deb import DebPackages
-from pyinfra.facts.server import Arch, KernelVersion, LinuxDistribution, Uptime
+from pyinfra.facts.server import KernelVersion
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
-from pyinfra.operations import apt, files, systemd
+from pyinfra.operations import apt, files
 
 from sglang_fleet import paths
-from sglang_fleet.config import validators
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import (
     AptVersions,
@@ -40,28 +36,19 @@ from sglang_fleet.facts.nvidia import (
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.report import summary
-from sglang_fleet.report.metrics_targets import DCGM_EXPORTER_PORT
-from sglang_fleet.rollout import fleet
 from sglang_fleet.rollout.cutover import leave_routers
-from sglang_fleet.stages.service import unit_running
+from sglang_fleet.stages.dcgm import DCGM_EXPORTER_DROP_IN, DCGM_PACKAGES, dcgm_running
+from sglang_fleet.stages.reboot import reboot_and_wait
+from sglang_fleet.stages.repository import (
+    APT_NO_UPGRADE,
+    KEYRING,
+    NVIDIA_REPOS,
+    nvidia_repository,
+    repository_url,
+)
 
-NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
-KEYRING = "cuda-keyring_1.1-1_all.deb"
-# sha256 of NVIDIA's cuda-keyring_1.1-1_all.deb per repository (checked before dpkg runs it as
-# root). To update: download <base>/<distro>/<arch>/cuda-keyring_1.1-1_all.deb, check that
-# `dpkg-deb -c` shows only the keyring and the sources list and that the key's fingerprint is
-# EB693B3035CD5710E231E123A4B469963BF863CC, then `sha256sum` it. Elsewhere host data
-# `nvidia_keyring_sha256` gives it.
-KEYRING_SHA256 = {
-    "ubuntu2204/x86_64": "d93190d50b98ad4699ff40f4f7af50f16a76dac3bb8da1eaaf366d47898ff8df",
-    "ubuntu2404/x86_64": "d2a6b11c096396d868758b86dab1823b25e14d70333f1dfa74da5ddaf6a06dba",
-    "ubuntu2404/sbsa": "6ea7d2737648936820e85677177957a0f6521b840d98eb0bbae0a4f003fa7249",
-    "debian12/x86_64": "e7f219eab6fe4819cdb5c15b98233dc3420302d9c00883219cd3d896857cf48d",
-}
-# Root's alone: a package fetched here cannot be swapped by another local user before dpkg -i.
 # Minimum driver for each CUDA release (NVIDIA's CUDA toolkit release notes).
 DRIVER_FLOOR = {"12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
-APT_NO_UPGRADE = "/etc/apt/apt.conf.d/51sglang-fleet-nvidia"
 REBOOT_TIMEOUT = 900  # an HGX board's firmware takes minutes; host data may say otherwise
 
 
@@ -136,58 +123,6 @@ class DriverConfig:
     def packages(self) -> list[str]:
         """The open driver stack this stage installs and holds."""
         return [f"nvidia-open-{self.branch}", f"nvidia-driver-{self.branch}-open"]
-
-
-# DCGM and NVIDIA's exporter of its fields for Prometheus (:9400), both from NVIDIA's repository
-# (the exporter's package and unit: NVIDIA/dcgm-exporter packaging/ and hack/package/).
-DCGM_PACKAGES = ["datacenter-gpu-manager-4-cuda13", "datacenter-gpu-manager-exporter"]
-DCGM_EXPORTER_UNIT = "nvidia-dcgm-exporter.service"
-DCGM_EXPORTER_DROP_IN = f"{paths.UNITS}/{DCGM_EXPORTER_UNIT}.d/sglang-fleet.conf"
-
-
-def dcgm_exporter_listen() -> OperationMeta:
-    """The exporter on the host's own address (the one the fleet's Prometheus targets name),
-    not on every interface: a drop-in setting the address its ``-a`` flag reads from the
-    environment (``DCGM_EXPORTER_LISTEN``)."""
-    where = fleet.address(host)
-    wrong = validators.host_problem(where)
-    if wrong:
-        raise InputError.one(f"pyinfra data of {host.name}", "sglang_address", wrong,
-                             "give the host's IP address or DNS name")
-    listen = f"[{where}]" if ":" in where else where
-    files.directory(name="DCGM exporter drop-in directory",
-                    path=DCGM_EXPORTER_DROP_IN.rsplit("/", 1)[0], mode="755")
-    return files.put(name=f"DCGM exporter on {listen}:{DCGM_EXPORTER_PORT}", mode="644",
-                     dest=DCGM_EXPORTER_DROP_IN,
-                     src=StringIO("# Managed by sglang-fleet\n[Service]\nEnvironment="
-                                  f"DCGM_EXPORTER_LISTEN={listen}:{DCGM_EXPORTER_PORT}\n"))
-SUPPORTED = ("ubuntu2204", "ubuntu2404", "debian12")
-ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "sbsa", "arm64": "sbsa"}
-
-
-def nvidia_repo(distribution: Mapping[str, Any], arch: str) -> str | None:
-    """NVIDIA's directory for a host (``ubuntu2404/x86_64``, ``debian12/sbsa``, …) from
-    pyinfra's LinuxDistribution fact and the machine's architecture; None if NVIDIA has none
-    this stage supports."""
-    meta = distribution.get("release_meta") or {}
-    name = str(meta.get("ID", distribution.get("name") or "")).lower()
-    version = str(meta.get("VERSION_ID", distribution.get("major") or "")).replace(".", "")
-    distro = f"{name}{version}"
-    return f"{distro}/{ARCHES[arch]}" if distro in SUPPORTED and arch in ARCHES else None
-
-
-def repo_path() -> str:
-    """This host's NVIDIA repository directory; a named error before any change when the
-    distribution or architecture is not supported."""
-    dist, arch = host.get_fact(LinuxDistribution), str(host.get_fact(Arch))
-    path = nvidia_repo(dist, arch)
-    if path is None:
-        meta = dist.get("release_meta") or {}
-        raise InputError.one(f"host {host.name}", "distribution",
-                             f"{meta.get('PRETTY_NAME', dist.get('name'))} on {arch} is not "
-                             "supported by the driver stage",
-                             f"use {', '.join(SUPPORTED)} on x86_64 or aarch64 (sbsa)")
-    return path
 
 
 def _installed(package: str) -> str | None:
@@ -291,67 +226,6 @@ def load_driver(cfg: DriverConfig) -> Ops:
     logger.info(f"{host.print_prefix}rebooting: loaded driver {found}, installed {want}")
     yield from leave_routers()
     yield from reboot_and_wait(cfg.reboot_timeout)
-
-
-def reboot_and_wait(timeout: int, delay: int = 5, interval: int = 2,
-                    report_every: int = 30) -> Ops:
-    """pyinfra's reboot, with a wait that says which host it waits for and how long is left,
-    and that fails this host alone (no traceback) when it does not come back in time.
-
-        yield from reboot_and_wait(900)     # in an operation
-    """
-    before: list[float] = []
-
-    def prepare(state: Any, host: Any) -> bool:
-        remove_any_sudo_askpass_file(host)
-        before.append(float(host.get_fact(Uptime)))
-        return True
-
-    def back(state: Any, host: Any) -> bool:
-        return _wait_back(host, before[0], timeout, delay, interval, report_every)
-
-    yield FunctionCommand(prepare, (), {})
-    # Detached, so the SSH channel closes at once (as pyinfra's own reboot does it).
-    yield StringCommand("( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &")
-    yield FunctionCommand(back, (), {})
-
-
-def _uptime(host_: Any) -> float | None:
-    try:
-        return float(host_.get_fact(Uptime))
-    except Exception:  # the connection dropped again while the host settles
-        host_.disconnect()
-        return None
-
-
-def _wait_back(host_: Any, uptime_before: float, timeout: int, delay: int, interval: int,
-               report_every: int) -> bool:
-    """Reconnect until the host's uptime shows it rebooted, printing the time left."""
-    tic = time.monotonic()
-    logger.info(f"{host_.print_prefix}waiting for {host_.name} to come back from its reboot: "
-                f"{timeout} s left")
-    time.sleep(delay)
-    clear_askpass_cache(host_)
-    host_.disconnect()
-    next_report = float(report_every)
-    while True:
-        waited = time.monotonic() - tic
-        if waited >= next_report:
-            logger.info(f"{host_.print_prefix}waiting for {host_.name} to come back from its "
-                        f"reboot: {max(timeout - waited, 0):.0f} s left")
-            next_report = waited + report_every
-        host_.connect(show_errors=False)
-        uptime = _uptime(host_) if host_.connected else None
-        if uptime is not None and uptime < uptime_before + delay:
-            logger.info(f"{host_.print_prefix}back from its reboot after {waited:.0f} s")
-            clear_askpass_cache(host_)
-            return True
-        if waited >= timeout:
-            logger.error(f"{host_.print_prefix}error: {host_.name} did not come back within "
-                         f"{timeout} s of its reboot (reboot_timeout_seconds): this host "
-                         "fails, the others carry on")
-            return False
-        time.sleep(interval)
 
 
 @operation(is_idempotent=True)
@@ -460,72 +334,26 @@ def verify(cfg: DriverConfig) -> Ops:
                 + (f", fabric {fabric_state[0]}" if fabric_state else ""))
 
 
-NO_UPGRADE = """// sglang-fleet: the NVIDIA stack changes only through its driver stage.
-Unattended-Upgrade::Package-Blacklist {
-    "nvidia-";
-    "libnvidia-";
-    "cuda-drivers";
-    "nvlsm";
-    "datacenter-gpu-manager";
-};
-"""
-
-
 @deploy("NVIDIA driver")
 def install_driver() -> None:
     """Converge the host's NVIDIA stack; read the configuration from the host's data."""
     cfg = DriverConfig.from_data(host.data, host.name)
     summary.failed_hosts_at_exit()
-    base = f"{cfg.repo_base_url}/{repo_path()}"
+    url = repository_url(cfg.repo_base_url)
     driver_change_allowed(name="A driver change needs no reboot, or may reboot", cfg=cfg)
     packages_baseline(name="Packages before sglang-fleet (for teardown)")
-    keyring = None
-    if _installed("cuda-keyring") is None:
-        keyring = keyring_package(cfg, base)
-    apt.update(name="Read the NVIDIA repository",
-               _if=keyring.did_change if keyring else lambda: False)
-    files.put(name="Keep the NVIDIA stack out of unattended upgrades", src=StringIO(NO_UPGRADE),
-              dest=APT_NO_UPGRADE, mode="644")
+    nvidia_repository(url, cfg.keyring_sha256)
     apt.packages(name="Kernel headers for DKMS",
                  packages=[f"linux-headers-{host.get_fact(KernelVersion)}"])
     driver_packages(name=f"Open driver, branch {cfg.branch}", cfg=cfg)
     if cfg.extras:
         apt.packages(name="CUDA toolkit and DCGM", packages=cfg.extras)
     if cfg.dcgm:
-        systemd.service(name="DCGM", service="nvidia-dcgm", running=True, enabled=True)
-        listen = dcgm_exporter_listen()
-        systemd.daemon_reload(name="Reload systemd", _if=listen.did_change)
-        unit_running(name="DCGM exporter (restarted when its address changed)",
-                     unit=DCGM_EXPORTER_UNIT, changes=[listen])
+        dcgm_running()
     load_driver(name="Loaded driver is the installed one", cfg=cfg)
     persistence_mode(name="Persistence mode")
     fabric(name="NVSwitch fabric (fabric manager, NVLSM)", cfg=cfg)
     verify(name="Verify GPUs with nvidia-smi", cfg=cfg)
-
-
-def keyring_sha256(cfg: DriverConfig) -> str:
-    """The keyring package's pinned checksum for this host's repository."""
-    where = repo_path()
-    digest = cfg.keyring_sha256 or KEYRING_SHA256.get(where)
-    if digest is None:
-        raise InputError.one(f"pyinfra data of {host.name}", "nvidia_keyring_sha256",
-                             f"no pinned checksum of {KEYRING} for {where}",
-                             f"set nvidia_keyring_sha256 to the sha256 of {KEYRING} from "
-                             f"{where} (README: the driver stage)")
-    return digest
-
-
-def keyring_package(cfg: DriverConfig, base: str) -> OperationMeta:
-    """NVIDIA's keyring package, downloaded into root's own directory and installed only when
-    its sha256 is the pinned one."""
-    for path in (paths.KEYRING_DIR.rsplit("/", 1)[0], paths.KEYRING_DIR):
-        files.directory(name=f"Root-only directory {path}", path=path, user="root",
-                        group="root", mode="700")
-    local = f"{paths.KEYRING_DIR}/{KEYRING}"
-    files.download(name=f"NVIDIA repository keyring ({KEYRING}, sha256 checked)",
-                   src=f"{base}/{KEYRING}", dest=local, sha256sum=keyring_sha256(cfg),
-                   temp_dir=paths.KEYRING_DIR, mode="600")
-    return apt.deb(name="Install the NVIDIA repository keyring", src=local)
 
 
 @deploy("Remove the NVIDIA driver")

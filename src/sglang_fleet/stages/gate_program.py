@@ -7,7 +7,6 @@ and the service stage's restart waves both run it.
 
 from __future__ import annotations
 
-import json
 import shlex
 from typing import Any
 
@@ -16,9 +15,10 @@ from pyinfra.context import host
 
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
-from sglang_fleet.ops import run
+from sglang_fleet.ops import result_line, run
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.paths import env_file
+from sglang_fleet.remote.check_server import RESULT_MARK
 from sglang_fleet.rollout.fleet import ANY_ADDRESS
 
 CHECKER = "check_server"  # the host program (remote/check_server.py), run by the system python
@@ -40,22 +40,21 @@ def check(profile: Profile, launch: Launch, *flags: str, budget: int | None = No
     ok, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
     lines = list(output.stdout_lines)
     for line in lines if show else ():
-        if not line.startswith("GATE "):
+        if not line.startswith(f"{RESULT_MARK} "):  # the result line: for result_of
             logger.info(f"{host.print_prefix}{label}{line}")
     return ok, lines
 
 
 def result_of(lines: list[str]) -> dict[str, Any]:
-    """The ``GATE {json}`` line of check_server's output ({} without one).
+    """check_server's result: its ``GATE {json}`` line (``RESULT_MARK``), {} without one.
 
         result_of(['soak: ...', 'GATE {"ok": true, "measured": {...}}'])["ok"]   # True
     """
-    found: Any = next((json.loads(line[5:]) for line in lines if line.startswith("GATE ")), {})
-    return found if isinstance(found, dict) else {}
+    return result_line(lines, RESULT_MARK) or {}
 
 
 def error_of(lines: list[str]) -> str:
-    """What check_server found wrong, from its ``GATE`` line.
+    """What check_server found wrong, from its result line.
 
         error_of(['GATE {"ok": false, "error": "sglang.service failed to start: ..."}'])
     """

@@ -30,7 +30,7 @@ from sglang_fleet.stages.engine import Release
 from sglang_fleet.stages.service import start_command, unit_file
 
 if TYPE_CHECKING:
-    from sglang_fleet.stages.gate import Verdict
+    from sglang_fleet.stages.gate import GateResult
 
 
 def gpu_memory_mib() -> int | None:
@@ -113,21 +113,21 @@ def sized(profile: Profile, launch: Launch, slots: int) -> Launch:
 
 
 @operation(is_idempotent=True)
-def sized_restart(profile: Profile, launch: Launch, release: Release, verdict: Verdict) -> Ops:
+def sized_restart(profile: Profile, launch: Launch, release: Release, result: GateResult) -> Ops:
     """Write the launch's unit again, rendered with the mamba cache size the gate computed
     (the service stage's own unit file, ``service.unit_file``), and restart it once.
 
     + profile: the profile the server was rendered from
     + launch: the rendered server the gate checked
     + release: the engine release the unit runs
-    + verdict: the gate's, holding the size (nothing happens without one)
+    + result: the gate's, holding the size (nothing happens without one)
 
         sized_restart(name="Restart sglang.service sized", profile=profile, launch=launch,
-                      release=release, verdict=verdict, _if=verdict.resizing)
+                      release=release, result=result, _if=result.resizing)
     """
-    if not state.is_executing or verdict.resize is None:
+    if not state.is_executing or result.resize is None:
         return
-    again = sized(profile, launch, verdict.resize)
+    again = sized(profile, launch, result.resize)
     yield from files.template._inner(**unit_file(profile, again, release))
     yield "systemctl daemon-reload"
     yield from leave_routers()
@@ -135,23 +135,23 @@ def sized_restart(profile: Profile, launch: Launch, release: Release, verdict: V
 
 
 @operation(is_idempotent=True)
-def remember_size(profile: Profile, launch: Launch, verdict: Verdict) -> Ops:
+def remember_size(profile: Profile, launch: Launch, result: GateResult) -> Ops:
     """Keep the size that passed the gate on the host (root's, under ``paths.SIZING``), keyed by
     what it depends on, so the next deploy renders it before the first start.
 
     + profile: the profile the server was rendered from
     + launch: the rendered server
-    + verdict: the gate's, holding the size that passed (nothing happens without one)
+    + result: the gate's, holding the size that passed (nothing happens without one)
 
         remember_size(name="Remember the size", profile=profile, launch=launch,
-                      verdict=verdict, _if=verdict.resizing)
+                      result=result, _if=result.resizing)
     """
     target = profile.memory.target_running_requests
     gpu = gpu_memory_mib()
-    if not state.is_executing or verdict.resize is None or target is None or gpu is None:
+    if not state.is_executing or result.resize is None or target is None or gpu is None:
         return
     digest = _digest(profile, gpu)
     yield from files.directory._inner(path=paths.SIZING, user="root", group="root", mode="755")
     yield from files.put._inner(
-        src=StringIO(sizing.record(digest, verdict.resize, target)),
+        src=StringIO(sizing.record(digest, result.resize, target)),
         dest=sizing.record_path(digest), user="root", group="root", mode="644")

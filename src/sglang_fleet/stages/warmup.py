@@ -33,7 +33,7 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.ports import PortListeners
-from sglang_fleet.facts.units import UnitState, UnitStates
+from sglang_fleet.facts.systemd import UnitState, UnitStates
 from sglang_fleet.ops import Ops, result_line, run
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.stages import kernel_caches as caches
