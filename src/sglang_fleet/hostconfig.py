@@ -20,7 +20,7 @@ from typing import Any
 from pyinfra.api.host import Host
 
 from sglang_fleet.config import profile, validators
-from sglang_fleet.config.schema import AUTO
+from sglang_fleet.config.checks import AUTO
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.nvidia import SmiReport
 from sglang_fleet.ops.secretfile import SECRET_NAME

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from sglang_fleet.config import safeyaml, validators
-from sglang_fleet.config.schema import AUTO, REQUIRED, SCHEMA, SECTION_WIDE, Field, Located
+from sglang_fleet.config.checks import AUTO, REQUIRED, SCHEMA, SECTION_WIDE, Field, Located
 from sglang_fleet.errors import InputError, Problem
 
 # Keys that only mean something with speculative.algorithm set.
