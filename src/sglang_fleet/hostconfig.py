@@ -19,7 +19,7 @@ from typing import Any
 
 from pyinfra.api.host import Host
 
-from sglang_fleet.config import profile, validators
+from sglang_fleet.config import profile, profile_yaml, validators
 from sglang_fleet.config.checks import AUTO
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.nvidia import SmiReport
@@ -253,7 +253,7 @@ def profile_for(host: Host, smi: SmiReport | None = None) -> profile.Profile:
         raise InputError.one(source, PROFILE_KEY, "no serving profile for this host"
                              + (f" ({path!r} is not a path)" if path else ""),
                              f"set {PROFILE_KEY} = 'path/to/profile.yaml' (or a shipped profile's "
-                             f"name: {', '.join(profile.shipped())}) in group data")
+                             f"name: {', '.join(profile_yaml.shipped())}) in group data")
     wrong = validators.text_problem(path)
     if wrong:
         raise InputError.one(source, PROFILE_KEY, wrong, "the path of a profile YAML file")
