@@ -8,7 +8,8 @@
 Everything else follows from that field: what YAML may give and how an error names it (from
 the annotation: ``int | None`` is "an integer or null"), the default (none: the key must be
 written), the check and the fix that validation uses, the SGLang flag render passes the value
-as, and what the key means. ``declared`` lists the keys:
+as, and what the key means (the README's table and one key's help: ``docs.py``).
+``declared`` lists the keys:
 
     >>> from sglang_fleet.config.profile import Parallel
     >>> [(k.name, k.type_name, k.flag) for k in declared(Parallel)][:2]
@@ -54,7 +55,7 @@ def key(default: Any = REQUIRED, *, doc: str, check: Check | None = None, fix: s
         read: Callable[[Any], Any] | None = None) -> Any:
     """Declare a profile key; the result is a dataclass field's default.
 
-    ``doc`` says what the key means, in a sentence;
+    ``doc`` says what the key means, in a sentence (``docs.py`` shows it);
     ``check`` what is wrong with a well-typed value (``checks.py``); ``fix`` how to write a
     right one, shown with every error about the key. ``flag`` is the SGLang option the value
     renders as, in its newest spelling (render asks each release's flag table for the spelling

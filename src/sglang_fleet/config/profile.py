@@ -5,8 +5,9 @@
 
 A key is one field of a section below, declared with ``keys.key``: its annotation is its type,
 and the declaration holds its default, check, fix, SGLang flag and meaning. Validation
-(``validate.py``) and render (``render.py``, for a key with a flag) read it from there; adding
-a key is adding its field.
+(``validate.py``), render (``render.py``, for a key with a flag) and the README's key table
+(``docs.py``) read it from there. Adding a key is adding its field here, then writing the
+table anew: ``uv run python -m sglang_fleet.config.docs --write README.md``.
 
 Overrides come from pyinfra host or group data, as a nested mapping or dotted keys; an error in
 an override names the data source that set it, an error in the file names the file.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sglang_fleet.config import checks, profile_yaml, releases, validators
-from sglang_fleet.config.checks import AUTO, MAMBA_STRATEGIES, MAX_INSTANCES, WARMUP_MODES
+from sglang_fleet.config.checks import AUTO, MAMBA_STRATEGIES, MAX_INSTANCES
 from sglang_fleet.config.keys import Located, key, top_level
 from sglang_fleet.config.validate import validate
 from sglang_fleet.errors import InputError
@@ -70,12 +71,12 @@ class Model:
         fix="the model id clients send, e.g. qwen3.6-27b")
     architecture: str | None = key(
         None, check=validators.identifier_problem,
-        doc="The model class (config.json's architectures[0]): checked against the release, "
-        "it picks preflight's rules.",
+        doc="The model's class, config.json's architectures[0]: checked against the classes "
+        "the release serves, and it picks preflight's rules.",
         fix="the architectures[0] value of the model's config.json")
     config: str | None = key(
         None,
-        doc="The model's config.json, for preflight (check).",
+        doc="A path to the model's config.json, which preflight (sglang-fleet check) reads.",
         fix="path to the model's config.json, read by preflight")
     trust_remote_code: bool = key(
         False, flag="--trust-remote-code",
@@ -111,12 +112,12 @@ class Mamba:
     strategy: str = key(
         # Spelled --mamba-scheduler-strategy before 0.5.14: render.RENAMED_DESTS has both.
         "auto", check=checks.one_of(*MAMBA_STRATEGIES), flag="--mamba-radix-cache-strategy",
-        doc="How the radix cache keeps mamba states; speculative decoding with the radix "
-        "cache needs extra_buffer.",
+        doc=f"How the radix cache keeps mamba states: {', '.join(MAMBA_STRATEGIES)}; "
+        "speculative decoding with the radix cache needs extra_buffer.",
         fix=f"one of {', '.join(MAMBA_STRATEGIES)}")
     track_interval: int | None = key(
         None, check=checks.count(), flag="--mamba-track-interval",
-        doc="Tokens between cached mamba states.",
+        doc="Tokens between the mamba states the radix cache keeps.",
         fix="a multiple of page_size, at least num_draft_tokens")
     full_memory_ratio: float | None = key(
         None, check=checks.fraction, flag="--mamba-full-memory-ratio",
@@ -134,11 +135,11 @@ class Memory:
         fix="a fraction in (0, 1], e.g. 0.85")
     max_running_requests: int | None = key(
         None, check=checks.count(), flag="--max-running-requests",
-        doc="Requests run at once, at most.",
+        doc="The most requests SGLang runs at once.",
         fix="e.g. 48")
     max_mamba_cache_size: int | None = key(
         None, check=checks.count(), flag="--max-mamba-cache-size",
-        doc="Mamba state slots.",
+        doc="Mamba state slots, which cap the requests SGLang runs at once.",
         fix="mamba state slots, e.g. 240")
     target_running_requests: int | None = key(
         # Not an SGLang flag: the deploy sizes --max-mamba-cache-size for it (sizing.py).
@@ -247,8 +248,8 @@ class Server:
     # The two keys reach SGLang in-process, never on the command line (render.KEY_FLAGS).
     api_key_secret: str | None = key(
         None, check=checks.secret_name,
-        doc="The name of the secret (host data secrets) clients send as the API key "
-        "(--api-key).",
+        doc="The name of the secret (host data secrets) whose value clients send as the API "
+        "key (--api-key).",
         fix="e.g. sglang-api-key")
     admin_api_key_secret: str | None = key(
         None, check=checks.secret_name,
@@ -278,8 +279,8 @@ class Profile:
         "compile", check=checks.warmup_mode, accepts=(str, bool),
         read=lambda value: "off" if value is False else value,  # YAML reads a bare off as false
         doc="What a deploy that changes a serving server's kernels does first, on GPUs no "
-        f"server uses: {' | '.join(WARMUP_MODES)} (nothing, the release's precompile, or a "
-        "whole start).",
+        "server uses: off (nothing), compile (the release's precompile) or full (a whole "
+        "start).",
         fix="off, compile or full")
     env: Mapping[str, str] = key(
         {}, check=checks.environment,
