@@ -2,8 +2,10 @@
 
     @dataclass(frozen=True)
     class Memory:
-        page_size: int | None = key(None, check=count(), flag="--page-size",
-                                    doc="Tokens per KV cache page.", fix="e.g. 64")
+        page_size: int | None = key(
+            None, check=checks.count(), flag="--page-size",
+            doc="Tokens per KV cache page.",
+            fix="tokens per KV page, e.g. 64")
 
 Everything else follows from that field: what YAML may give and how an error names it (from
 the annotation: ``int | None`` is "an integer or null"), the default (none: the key must be
@@ -63,7 +65,7 @@ def key(default: Any = REQUIRED, *, doc: str, check: Check | None = None, fix: s
     false. ``accepts`` lists the types YAML may give when they are not the annotation's, and
     ``read`` turns such a value into the annotation's type (a bare ``off`` is YAML's false).
 
-        tp: int = key(1, check=count(), flag="--tp-size", doc="GPUs per tensor-parallel group.")
+        tp: int = key(1, check=checks.count(), flag="--tp-size", doc="GPUs per group.")
     """
     metadata = {KEY: Key(doc, check, fix, flag, negated, accepts, read)}
     if default is REQUIRED:
@@ -92,6 +94,10 @@ class Declared:
     @property
     def doc(self) -> str:
         return self.key.doc
+
+    @property
+    def check(self) -> Check | None:
+        return self.key.check
 
     @property
     def fix(self) -> str:
@@ -154,48 +160,48 @@ def _accepted(hint: Any) -> tuple[tuple[type, ...], bool, type | None]:
     return tuple(accepted), type(None) in options, item
 
 
-def _declared(name: str, spec: Field[Any], hint: Any, declaration: Key) -> Declared:
+def _declared(name: str, member: Field[Any], hint: Any, declaration: Key) -> Declared:
     accepted, nullable, item = _accepted(hint)
-    if spec.default is not MISSING:
-        default = spec.default
-    elif spec.default_factory is not MISSING:
-        default = spec.default_factory()
+    if member.default is not MISSING:
+        default = member.default
+    elif member.default_factory is not MISSING:
+        default = member.default_factory()
     else:
         default = REQUIRED
     return Declared(name, declaration, default, declaration.accepts or accepted, nullable, item)
 
 
 @cache
-def _layout(cls: type) -> tuple[tuple[str, type | Declared], ...]:
+def parts(cls: type) -> tuple[tuple[str, type | Declared], ...]:
     """``cls``'s sections (a dataclass of keys) and keys (a Declared), in declaration order;
-    other fields (a profile's path and origin) are neither."""
+    other fields (a profile's path and origin) are neither.
+
+    >>> from sglang_fleet.config.profile import Profile
+    >>> [name for name, part in parts(Profile) if not isinstance(part, Declared)][:2]
+    ['engine', 'model']
+    """
     hints = get_type_hints(cls)
-    parts: list[tuple[str, type | Declared]] = []
-    for spec in fields(cls):
-        hint = hints[spec.name]
-        declaration = spec.metadata.get(KEY)
-        if isinstance(hint, type) and is_dataclass(hint) and _layout(hint):
-            parts.append((spec.name, hint))  # a section (a dataclass of no keys is not one)
+    found: list[tuple[str, type | Declared]] = []
+    for member in fields(cls):
+        hint = hints[member.name]
+        declaration = member.metadata.get(KEY)
+        if isinstance(hint, type) and is_dataclass(hint) and parts(hint):
+            found.append((member.name, hint))  # a section (a dataclass of no keys is not one)
         elif isinstance(declaration, Key):
-            parts.append((spec.name, _declared(spec.name, spec, hint, declaration)))
-    return tuple(parts)
+            found.append((member.name, _declared(member.name, member, hint, declaration)))
+    return tuple(found)
 
 
 def top_level(cls: type) -> list[str]:
     """The names a profile's top level may hold: its sections and its own keys, in order."""
-    return [name for name, _ in _layout(cls)]
-
-
-def sections(cls: type) -> dict[str, type]:
-    """``cls``'s fields that are sections of keys: name → dataclass."""
-    return {name: part for name, part in _layout(cls) if isinstance(part, type)}
+    return [name for name, _ in parts(cls)]
 
 
 @cache
 def declared(cls: type) -> tuple[Declared, ...]:
     """Every key of ``cls`` and of its sections, dotted (``memory.page_size``), in order."""
     found: list[Declared] = []
-    for name, part in _layout(cls):
+    for name, part in parts(cls):
         if isinstance(part, Declared):
             found.append(part)
         else:

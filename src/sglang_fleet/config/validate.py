@@ -19,7 +19,7 @@ from typing import Any, cast
 
 from sglang_fleet.config import safeyaml, validators
 from sglang_fleet.config.checks import AUTO
-from sglang_fleet.config.keys import REQUIRED, Declared, Located, declared, sections, top_level
+from sglang_fleet.config.keys import REQUIRED, Declared, Located, declared, parts, top_level
 from sglang_fleet.errors import InputError, Problem
 
 # The speculative keys that only mean something with speculative.algorithm set (named so that
@@ -87,7 +87,7 @@ def _value_problem(value: Any, spec: Declared) -> str | None:
         wrong = validators.finite_problem(value)
         if wrong:
             return wrong
-    return spec.key.check(value) if spec.key.check is not None else None
+    return spec.check(value) if spec.check is not None else None
 
 
 def _type_fix(value: Any, spec: Declared, name: str, from_data: bool) -> str:
@@ -153,7 +153,8 @@ def _unknown_names(raw: Mapping[Any, Any], known: list[str], where: str, located
 
 def _section(cls: type, name: str, raw: Any, located: Located,
              problems: list[Problem]) -> dict[str, Any] | None:
-    """A section's keys, validated (None when it is not even a mapping)."""
+    """A section's keys, validated (None when it is not even a mapping). A section holds keys
+    only: a profile is two levels deep."""
     keys = declared(cls)
     if raw is None:
         raw = {}
@@ -174,19 +175,17 @@ def validate(root: type, data: Mapping[Any, Any], located: Located,
     dataclasses, its own keys as values; raise InputError listing every problem."""
     problems: list[Problem] = []
     _unknown_names(data, top_level(root), "", located, problems)
-    parts = sections(root)
-    own = {k.name: k for k in declared(root) if "." not in k.name}
-    raw: dict[str, Any] = {}  # each part's keys as validated, for the rules between them
-    for name in top_level(root):
-        if name in own:
-            raw[name] = _validate_key(data.get(name, REQUIRED), name, own[name], located,
-                                      problems)
+    raw: dict[str, Any] = {}  # each part as validated, for the rules between keys
+    for name, part in parts(root):
+        if isinstance(part, Declared):
+            raw[name] = _validate_key(data.get(name, REQUIRED), name, part, located, problems)
         else:
-            raw[name] = _section(parts[name], name, data.get(name, {}), located, problems)
+            raw[name] = _section(part, name, data.get(name, {}), located, problems)
     _consistency(raw, located, allow_insecure_urls, problems)
     if problems:
         raise InputError(problems)
-    return {name: parts[name](**value) if name in parts else value for name, value in raw.items()}
+    return {name: part(**raw[name]) if isinstance(part, type) else raw[name]
+            for name, part in parts(root)}
 
 
 def _consistency(values: dict[str, Any], located: Located, allow_insecure_urls: bool,
