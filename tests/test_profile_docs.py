@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from sglang_fleet import cli
 from sglang_fleet.config import docs, keys
 from sglang_fleet.config.profile import Profile
 from tests.conftest import ROOT
@@ -44,3 +45,14 @@ def test_one_key_s_help() -> None:
 def test_an_unknown_key_is_refused_with_the_closest(capsys: pytest.CaptureFixture[str]) -> None:
     assert docs.main(["memory.pagesize"]) == 2
     assert "did you mean memory.page_size?" in capsys.readouterr().err
+
+
+def test_sglang_fleet_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["keys"]) == 0
+    assert capsys.readouterr().out == docs.table()
+    assert cli.main(["keys", "memory.page_size", "parallel.tp"]) == 0
+    assert capsys.readouterr().out == (docs.describe("memory.page_size") + "\n"
+                                       + docs.describe("parallel.tp") + "\n")
+    assert cli.main(["keys", "memory.pagesize"]) == 1
+    assert capsys.readouterr().err == ("error: sglang-fleet keys: memory.pagesize: is not a "
+                                       "profile key\n    fix: did you mean memory.page_size?\n")

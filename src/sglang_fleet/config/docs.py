@@ -5,6 +5,8 @@ table, and one key's help.
     uv run python -m sglang_fleet.config.docs memory.page_size    # one key, as --help says it
     uv run python -m sglang_fleet.config.docs --write README.md   # the README's table, made anew
 
+``sglang-fleet keys [KEY ...]`` prints the first two as well.
+
 The README holds the table between ``BEGIN`` and ``END``; tests/test_profile_docs.py fails when
 it is not what the declarations make, and names the command that makes it.
 """
@@ -72,6 +74,19 @@ def find(name: str) -> Declared:
     raise KeyError(name)
 
 
+def unknown(name: str) -> str | None:
+    """None for a key's name; else the fix for a misspelt one: its closest key.
+
+    >>> unknown("memory.pagesize")
+    'did you mean memory.page_size?'
+    """
+    names = [k.name for k in declared(Profile)]
+    if name in names:
+        return None
+    close = difflib.get_close_matches(name, names, n=1)
+    return f"did you mean {close[0]}?" if close else "sglang-fleet keys lists them all"
+
+
 def describe(name: str) -> str:
     """One key as ``--help`` would say it: type, default, flag, meaning and how to write it.
 
@@ -113,16 +128,13 @@ def main(argv: Sequence[str]) -> int:
     if not argv:
         sys.stdout.write(table())
         return 0
-    names = [k.name for k in declared(Profile)]
     for name in argv:
-        if name not in names:
-            close = difflib.get_close_matches(name, names, n=1)
-            hint = f"did you mean {close[0]}?" if close else "run without arguments for all"
-            print(f"{name}: no such profile key; {hint}", file=sys.stderr)
+        fix = unknown(name)
+        if fix:
+            print(f"{name}: no such profile key; {fix}", file=sys.stderr)
             return 2
         print(describe(name))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
