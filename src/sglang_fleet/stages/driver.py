@@ -36,7 +36,7 @@ from sglang_fleet.facts.nvidia import (
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.report import summary
-from sglang_fleet.rollout.cutover import leave_routers
+from sglang_fleet.rollout.cutover import disrupt
 from sglang_fleet.stages.dcgm import DCGM_EXPORTER_DROP_IN, DCGM_PACKAGES, dcgm_running
 from sglang_fleet.stages.reboot import reboot_and_wait
 from sglang_fleet.stages.repository import (
@@ -188,12 +188,13 @@ def driver_packages(cfg: DriverConfig) -> Ops:
         return
     held = host.get_fact(HeldPackages)
     if installed != wanted:
-        yield from leave_routers()  # in a roll: a driver change is not made under load
         pinned = [f"{p}={wanted}" for p in cfg.packages]
-        yield f"apt-mark unhold {' '.join(cfg.packages)} >/dev/null"
-        yield ("DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
-               f"--allow-change-held-packages -o Dpkg::Options::=--force-confold "
-               f"{' '.join(pinned)} nvidia-driver-pinning-{cfg.branch}")
+        # in a roll: a driver change is not made under load (the host leaves whole first)
+        yield from disrupt(
+            f"apt-mark unhold {' '.join(cfg.packages)} >/dev/null",
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
+            f"--allow-change-held-packages -o Dpkg::Options::=--force-confold "
+            f"{' '.join(pinned)} nvidia-driver-pinning-{cfg.branch}")
     if installed != wanted or not set(cfg.packages) <= set(held):
         yield f"apt-mark hold {' '.join(cfg.packages)}"
 
@@ -224,8 +225,7 @@ def load_driver(cfg: DriverConfig) -> Ops:
                    "(set allow_reboot = True in host data to let the deploy reboot)")
         return
     logger.info(f"{host.print_prefix}rebooting: loaded driver {found}, installed {want}")
-    yield from leave_routers()
-    yield from reboot_and_wait(cfg.reboot_timeout)
+    yield from disrupt(reboot_and_wait(cfg.reboot_timeout))
 
 
 @operation(is_idempotent=True)
@@ -258,14 +258,15 @@ def fabric(cfg: DriverConfig) -> Ops:
         if fm is not None:
             logger.warning(f"{host.print_prefix}nvidia-fabricmanager {fm} does not match the "
                            f"driver {driver}: installing nvidia-fabricmanager {driver}")
-        yield from leave_routers()  # in a roll: the fabric restarts under the servers
-        yield "apt-mark unhold nvidia-fabricmanager >/dev/null"
-        yield ("DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
-               f"--allow-change-held-packages nvidia-fabricmanager={driver} nvlsm "
-               "infiniband-diags")
-        yield "apt-mark hold nvidia-fabricmanager"
-        yield "systemctl daemon-reload"  # the package replaced the unit
-        yield "systemctl restart nvidia-fabricmanager"
+        # in a roll: the fabric restarts under the servers (the host leaves whole first)
+        yield from disrupt(
+            "apt-mark unhold nvidia-fabricmanager >/dev/null",
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
+            f"--allow-change-held-packages nvidia-fabricmanager={driver} nvlsm "
+            "infiniband-diags",
+            "apt-mark hold nvidia-fabricmanager",
+            "systemctl daemon-reload",  # the package replaced the unit
+            "systemctl restart nvidia-fabricmanager")
     elif _installed("nvlsm") is None:
         yield "DEBIAN_FRONTEND=noninteractive apt-get install -y nvlsm infiniband-diags"
     units = ["nvlsm.service", "nvidia-fabricmanager.service"]

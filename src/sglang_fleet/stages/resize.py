@@ -25,7 +25,7 @@ from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.sizing import RememberedSize
 from sglang_fleet.ops import Ops
 from sglang_fleet.remote import capacity
-from sglang_fleet.rollout.cutover import leave_routers
+from sglang_fleet.rollout.cutover import disrupt
 from sglang_fleet.stages.engine import Release
 from sglang_fleet.stages.service import start_command, unit_file
 
@@ -130,8 +130,8 @@ def sized_restart(profile: Profile, launch: Launch, release: Release, result: Ga
     again = sized(profile, launch, result.resize)
     yield from files.template._inner(**unit_file(profile, again, release))
     yield "systemctl daemon-reload"
-    yield from leave_routers()
-    yield start_command(launch.unit)
+    # the host leaves whole: the roll puts it back after its gate
+    yield from disrupt(start_command(launch.unit))
 
 
 @operation(is_idempotent=True)
