@@ -33,7 +33,7 @@ from sglang_fleet.facts.nvidia import (
     NvidiaModule,
     NvidiaSmi,
 )
-from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.report import summary
 from sglang_fleet.rollout.cutover import disrupt
@@ -157,6 +157,10 @@ def driver_change_allowed(cfg: DriverConfig) -> Ops:
         driver_change_allowed(name="Driver change allowed", cfg=cfg)
     """
     if not state.is_executing:
+        if not cfg.allow_reboot and cfg.version is not None:  # else it can refuse nothing
+            yield from preview(f"stops the host before any install if the loaded driver is not "
+                               f"{cfg.version} (a change needs a reboot; allow_reboot is off)",
+                               changes=False)
         return
     refused = change_refused(cfg, host.get_fact(NvidiaModule))
     if refused:
@@ -208,7 +212,12 @@ def load_driver(cfg: DriverConfig) -> Ops:
 
         load_driver(name="Driver loaded", cfg=cfg)
     """
-    if not state.is_executing:
+    if not state.is_executing:  # what is installed then is known only once it runs
+        yield from preview(
+            f"may reboot (the driver changes: the loaded one is not the installed one), then "
+            f"wait up to {cfg.reboot_timeout} s for the host" if cfg.allow_reboot else
+            "stops the host if the loaded driver is not the installed one (a reboot is "
+            "needed; allow_reboot is off)", changes=cfg.allow_reboot)
         return
     installed = _installed(cfg.packages[1])
     loaded = host.get_fact(NvidiaModule)
@@ -234,8 +243,11 @@ def persistence_mode() -> Ops:
 
         persistence_mode(name="Persistence mode")
     """
+    if not state.is_executing:  # a reboot before it turns persistence off
+        yield from preview("may turn persistence mode on (nvidia-smi -pm 1)")
+        return
     report = host.get_fact(NvidiaSmi)
-    if not state.is_executing or not report.ok:
+    if not report.ok:
         return
     if not all(g.persistence for g in report.gpus):
         yield "nvidia-smi -pm 1"
@@ -250,7 +262,11 @@ def fabric(cfg: DriverConfig) -> Ops:
 
         fabric(name="NVSwitch fabric", cfg=cfg)
     """
-    if not state.is_executing or host.get_fact(NvidiaFabric) is None:
+    if not state.is_executing:  # the driver it must match may change before it
+        yield from preview("on an NVSwitch host: may install the fabric manager of the "
+                           "installed driver and restart it, and start it and nvlsm")
+        return
+    if host.get_fact(NvidiaFabric) is None:
         return
     driver = _installed(cfg.packages[1])
     fm = _installed("nvidia-fabricmanager")
@@ -301,6 +317,11 @@ def verify(cfg: DriverConfig) -> Ops:
         verify(name="GPUs as expected", cfg=cfg)
     """
     if not state.is_executing:
+        yield from preview(
+            "checks the GPUs with nvidia-smi: "
+            f"{f'{cfg.gpu_count} GPUs, ' if cfg.gpu_count else ''}B200, their memory, driver >= "
+            f"{DRIVER_FLOOR[cfg.engine_cuda]} for CUDA {cfg.engine_cuda}, compute capability "
+            "10.0, the NVSwitch fabric", changes=False)
         return
     report = host.get_fact(NvidiaSmi)
     if not report.ok:

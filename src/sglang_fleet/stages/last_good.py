@@ -19,7 +19,7 @@ from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
-from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
 from sglang_fleet.report import summary
 from sglang_fleet.rollout.cutover import disrupt
@@ -148,7 +148,9 @@ def check_restored(profile: Profile, launch: Launch, budget: int) -> Ops:
         check_restored(name="Gate sglang.service: health and smoke generation",
                        profile=profile, launch=launch, budget=1800)
     """
-    if not state.is_executing:
+    if not state.is_executing:  # it checks the server the restore has just restarted
+        yield from preview(f"checks the last good release of {launch.unit}: health (within "
+                           f"{budget} s) and a smoke generation", changes=False)
         return
     for only in ("--health-only", "--smoke-only"):
         ok, _ = check(profile, launch, only, budget=budget, label=f"{launch.unit}: ")

@@ -26,7 +26,7 @@ from sglang_fleet.config.render import Launch
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
 from sglang_fleet.facts.systemd import SystemdVersion, UnitCondition
-from sglang_fleet.ops import Ops
+from sglang_fleet.ops import Ops, preview
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.ops.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.ops.unitfile import UnsafeValue, env_line, networks, systemd_word, unit_text
@@ -267,7 +267,9 @@ def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False,
 
         unit_running(name="Start sglang.service", unit="sglang.service", changes=[unit_op])
     """
-    if not state.is_executing:
+    if not state.is_executing:  # ``changes`` are known once they ran; ``waves`` counts starts
+        yield from preview(f"may (re)start {unit}: when it is not running or what it runs "
+                           "changed")
         return
     condition = unit_condition(unit)
     down = found_down(unit, condition)
@@ -303,7 +305,12 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
         wave_ready(name="The first server ready", profile=profile, launches=launches,
                    waves=waves)
     """
-    if not state.is_executing or not waves.going():
+    if not state.is_executing:  # which servers restart is known only as they do
+        yield from preview("waits until the last restarted servers are ready" if final else
+                           "waits, once a restart wave is whole, until its servers are ready "
+                           "before the next wave starts", changes=False)
+        return
+    if not waves.going():
         return
     due = waves.due(final)
     if not due:
