@@ -51,7 +51,7 @@ CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
         (lambda: commands(driver.driver_change_allowed, REBOOTING), None, False)],
     "stages.driver.load_driver": [
         (lambda: commands(driver.load_driver, REBOOTING),
-         "may reboot (the driver changes: the loaded one is not the installed one), then wait "
+         "may reboot (if the driver changes: the loaded one is not the installed one), then wait "
          "up to 900 s for the host", True),
         (lambda: commands(driver.load_driver, HELD),
          "stops the host if the loaded driver is not the installed one (a reboot is needed; "

@@ -46,7 +46,7 @@ def preview(what: str, changes: bool = True) -> Ops:
     again, executing. For an operation's not-executing branch only.
 
         if not state.is_executing:
-            yield from preview("may reboot (when the loaded driver is not the installed one)")
+            yield from preview("may reboot (if the driver changes)")
             return
     """
     # the line first: the preview stops reading the operation at its first command

@@ -214,7 +214,7 @@ def load_driver(cfg: DriverConfig) -> Ops:
     """
     if not state.is_executing:  # what is installed then is known only once it runs
         yield from preview(
-            f"may reboot (the driver changes: the loaded one is not the installed one), then "
+            f"may reboot (if the driver changes: the loaded one is not the installed one), then "
             f"wait up to {cfg.reboot_timeout} s for the host" if cfg.allow_reboot else
             "stops the host if the loaded driver is not the installed one (a reboot is "
             "needed; allow_reboot is off)", changes=cfg.allow_reboot)
