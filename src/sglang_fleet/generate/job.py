@@ -46,9 +46,10 @@ import orjson
 from sglang_fleet.config import validators
 from sglang_fleet.generate import batchformat, capacity, fingerprint
 from sglang_fleet.generate.batchformat import Input
-from sglang_fleet.generate.client import Limiter, Outcome, Pool, complete, tls_context
 from sglang_fleet.generate.commands import results_command, retry_command
+from sglang_fleet.generate.completion import Limiter, Outcome, complete
 from sglang_fleet.generate.errors import GenerateError
+from sglang_fleet.generate.http_pool import Pool, tls_context
 from sglang_fleet.generate.identity import (
     DIGEST_KEY,
     REDO_FLAG,
