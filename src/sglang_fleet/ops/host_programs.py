@@ -29,8 +29,9 @@ PYTHONPATH = f"{TOOLS}/pythonpath"  # root's (0755): holds the package and nothi
 HOST_DIR = f"{PYTHONPATH}/{PACKAGE}"
 SOURCE = Path(remote.__file__).resolve().parent
 # Every module of the package: the programs a stage runs, and the parts they import.
-MODULES = ("cache_copy", "capacity", "check_server", "crash", "download_model", "eta",
-           "prune_caches", "readiness", "start_server", "start_router", "warm_caches")
+MODULES = ("cache_archive", "cache_copy", "cache_pack", "cache_unpack", "capacity",
+           "check_server", "crash", "download_model", "eta", "prune_caches", "readiness",
+           "start_server", "start_router", "warm_caches")
 
 
 def module_file(module: str) -> str:

@@ -13,7 +13,12 @@ is uploaded alone. ``sglang_fleet.ops.host_programs`` puts it on a host as the p
 - ``start_server``: starts SGLang with its keys in-process (the engine release's python);
 - ``start_router``: starts sglang-router with its keys in-process (the router's venv);
 - ``warm_caches``: fills a release's kernel caches before a restart (system python, as the
-  service user).
+  service user);
+- ``cache_copy``: packs and unpacks a host's compiled kernels (system python, as root), over
+  ``cache_archive`` (what an archive may hold), ``cache_pack`` and ``cache_unpack``.
+
+A program is uploaded with every module it imports (``host_programs.imports``), so a program
+split in parts reaches the host whole.
 
     /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
         -m sglang_fleet_remote.check_server --unit sglang.service ...
