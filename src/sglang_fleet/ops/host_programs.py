@@ -30,8 +30,8 @@ HOST_DIR = f"{PYTHONPATH}/{PACKAGE}"
 SOURCE = Path(remote.__file__).resolve().parent
 # Every module of the package: the programs a stage runs, and the parts they import.
 MODULES = ("cache_archive", "cache_copy", "cache_pack", "cache_unpack", "capacity",
-           "check_server", "crash", "download_model", "eta", "prune_caches", "readiness",
-           "start_server", "start_router", "warm_caches")
+           "capacity_figures", "capacity_log", "check_server", "crash", "download_model", "eta",
+           "prune_caches", "readiness", "start_server", "start_router", "warm_caches")
 
 
 def module_file(module: str) -> str:
@@ -51,8 +51,8 @@ def imports(module: str) -> tuple[str, ...]:
     its relative imports (``from . import x``, ``from .x import y``), the only way a module of
     the package imports another (it is uploaded alone).
 
-        imports("check_server")
-        # ('crash', 'capacity', 'eta', 'readiness', 'check_server')
+        imports("cache_copy")
+        # ('cache_archive', 'prune_caches', 'cache_pack', 'cache_unpack', 'cache_copy')
     """
     module_file(module)  # a module the package has
     found: list[str] = []
@@ -74,7 +74,7 @@ def upload(*modules: str) -> list[OperationMeta]:
     start_router, import none; a change to a module imported alone would not show there).
 
         [launcher] = upload("start_router")
-        upload("check_server")  # and crash, capacity, eta, readiness, that it imports
+        upload("check_server")  # and capacity, capacity_log, readiness, ... that it imports
     """
     files.directory(name=f"Host programs {HOST_DIR} (root's; the services only read it)",
                     path=HOST_DIR, user="root", group="root", mode="755")

@@ -5,7 +5,8 @@ is uploaded alone. ``sglang_fleet.ops.host_programs`` puts it on a host as the p
 
 - ``check_server``: the gate's checks of a running server (system python);
 - ``capacity``: the capacity report from a server's startup log (used by ``check_server``, and
-  by ``sglang-fleet capacity`` on this machine);
+  by ``sglang-fleet capacity`` on this machine), over ``capacity_log`` (the lines, rank by
+  rank) and ``capacity_figures`` (the server's figures);
 - ``download_model``: stages model weights onto the host's disk (the tools venv: boto3,
   huggingface_hub);
 - ``prune_caches``: removes the per-version caches no release keeps, through descriptors (system
