@@ -31,7 +31,8 @@ SOURCE = Path(remote.__file__).resolve().parent
 # Every module of the package: the programs a stage runs, and the parts they import.
 MODULES = ("cache_archive", "cache_copy", "cache_pack", "cache_unpack", "capacity",
            "capacity_figures", "capacity_log", "check_server", "crash", "download_model", "eta",
-           "prune_caches", "readiness", "start_server", "start_router", "warm_caches")
+           "gate_http", "gate_smoke", "gate_soak", "gate_unit", "prune_caches", "readiness",
+           "start_server", "start_router", "warm_caches")
 
 
 def module_file(module: str) -> str:
@@ -74,7 +75,7 @@ def upload(*modules: str) -> list[OperationMeta]:
     start_router, import none; a change to a module imported alone would not show there).
 
         [launcher] = upload("start_router")
-        upload("check_server")  # and capacity, capacity_log, readiness, ... that it imports
+        upload("check_server")  # and capacity, capacity_log, gate_http, ... that it imports
     """
     files.directory(name=f"Host programs {HOST_DIR} (root's; the services only read it)",
                     path=HOST_DIR, user="root", group="root", mode="755")

@@ -3,7 +3,8 @@ importing nothing from ``sglang_fleet`` outside this package (relative imports o
 is uploaded alone. ``sglang_fleet.ops.host_programs`` puts it on a host as the package
 ``sglang_fleet_remote`` and runs each program with ``python -m``:
 
-- ``check_server``: the gate's checks of a running server (system python);
+- ``check_server``: the gate's checks of a running server (system python); its steps are
+  ``gate_unit`` (the unit and its journal), ``gate_http``, ``gate_smoke`` and ``gate_soak``;
 - ``capacity``: the capacity report from a server's startup log (used by ``check_server``, and
   by ``sglang-fleet capacity`` on this machine), over ``capacity_log`` (the lines, rank by
   rank) and ``capacity_figures`` (the server's figures);
