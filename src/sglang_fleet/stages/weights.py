@@ -1,7 +1,8 @@
 """Weights stage: the model staged once onto the host's local disk (S3 with boto3 on the host,
 the Hugging Face hub at a pinned revision, or a path already on the host), verified, renamed
 into place when complete, by the host program ``download_model`` in the tools venv;
-credentials only in root-owned 0600 files.
+credentials only in root-owned 0600 files. The downloader's lines (what it stages, then every
+10 s the bytes done of the total, the rate and the time left) are shown as they come.
 
     from sglang_fleet.stages.weights import stage_weights
     stage_weights(profile)        # in a pyinfra deploy
@@ -30,6 +31,7 @@ from sglang_fleet.errors import InputError
 from sglang_fleet.facts.python import PythonImports
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.ops.live import LiveCommand
 from sglang_fleet.ops.secretfile import secret_file, secrets_directory
 from sglang_fleet.paths import AWS_CREDENTIALS, HF_TOKEN, MODELS, TOOLS, UV_CACHE
 from sglang_fleet.remote.download_model import MANIFEST
@@ -111,6 +113,8 @@ def staged(source: str, dest: str, endpoint: str | None, token_file: str | None,
     + token_file: a root-only file holding the Hugging Face token (None: anonymous)
     + reuse: where an earlier release staged SOURCE (linked, not downloaded, if it holds it)
 
+    The downloader's output is shown while it runs (``LiveCommand``): its progress lines.
+
         staged(name="Stage s3://m/q", source="s3://m/q", dest="/var/lib/sglang/models/q-…",
                endpoint=None, token_file=None)
     """
@@ -123,7 +127,7 @@ def staged(source: str, dest: str, endpoint: str | None, token_file: str | None,
                    *(["--endpoint-url", endpoint] if endpoint else []),
                    *(["--token-file", token_file] if token_file else []),
                    *(["--reuse", reuse] if reuse and reuse != dest else []))
-    yield f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS} {shlex.join(argv)}"
+    yield LiveCommand(f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS} {shlex.join(argv)}")
 
 
 def served_model(profile: Profile) -> str | None:
@@ -184,7 +188,7 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
     files.directory(name="Models directory (root's; the service only reads it)",
                     path=str(Path(dest).parent), user="root", group="root", mode="755")
     install_tools()
-    upload(DOWNLOADER)
+    upload(DOWNLOADER)  # and progress, which it imports
     source = normalized_source(source)
     return [staged(name=stage_name(source, dest, served_model(profile)), source=source,
                    dest=dest, endpoint=data.get("s3_endpoint_url"), token_file=token_file,
