@@ -18,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
@@ -27,6 +28,7 @@ from pyinfra.operations import files
 from sglang_fleet import paths
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import legacy_staging_dir, model_path, normalized_source
+from sglang_fleet.config.validators import REVISION_FIX, revision_warning
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.python import PythonImports
 from sglang_fleet.ops import Ops, fail
@@ -173,6 +175,9 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
     if source.startswith("/"):
         present(name=f"Model at {dest}", path=dest)
         return []
+    moves = revision_warning(source)
+    if moves:  # valid, but hosts staged on different days would serve different weights
+        logger.warning(f"{host.print_prefix}model.source: {moves}; {REVISION_FIX}")
     secrets_directory()
     data = host.data
     if data.get("aws_access_key_id"):
