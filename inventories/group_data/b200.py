@@ -44,5 +44,9 @@ secrets = {name: (_secrets / name).read_text().strip()
 # Optional: only these networks reach the servers and routers (the hosts themselves always do).
 # sglang_allowed_clients = ["10.0.0.0/8"]
 
+# Prometheus' targets (every server, router and DCGM exporter), written on this machine by each
+# deploy; examples/prometheus/prometheus.yml reads this file, examples/grafana/ shows it.
+# prometheus_file_sd = "/etc/prometheus/file_sd/sglang-fleet.json"
+
 # Capacity report: how long would the job take at the measured speed?
 job_estimate = "900000,1000"  # completions, output tokens each
