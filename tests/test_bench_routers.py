@@ -25,7 +25,7 @@ def test_the_bench_measures_both_gateways_and_a_roll() -> None:
     rows = {" ".join(line.split()[:2]): line.split()[2:] for line in lines[3:]}
     assert set(rows) == {"smg 1.13.0", "sglang-router 0.3.2"}, lines
     for name, cells in rows.items():
-        rps, p50, p99, added, rps_n, p99_n, out, longest, failed = cells
+        rps, p50, p99, _added, rps_n, _p99_n, out, longest, failed = cells
         assert float(rps) > 0 and 0 < float(p50) <= float(p99) and float(rps_n) > 0, name
         assert 0 < float(out) <= float(longest) and int(failed) == 0, name
 

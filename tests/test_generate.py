@@ -312,7 +312,7 @@ def test_a_fingerprint_read_where_none_was_is_learned_not_a_change(
     assert summary["records"] == 300 and summary["failures"] == 0
     fingerprints = check_manifest(tmp_path / "out", 300)["fingerprints"]
     known = [d for d in fingerprints if d != "unknown"]
-    assert list(fingerprints)[0] == "unknown" and len(known) == 1, fingerprints
+    assert next(iter(fingerprints)) == "unknown" and len(known) == 1, fingerprints
     assert {r["fingerprint"] for r in records(tmp_path / "out")} == {"unknown", *known}
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e.get("changed") for e in events if e["event"] == "fingerprint"] == [None, False]
