@@ -92,7 +92,7 @@ def ssh(host: str, command: str) -> subprocess.CompletedProcess[str]:
 
 def serving(host: str = "lab1") -> bool:
     """The server answers /health_generate and a chat completion."""
-    address = f"127.0.0.{10 + int(host[-1])}"
+    address = state.host_address(int(host[-1]))
     key = state.load().api_key()
     out = ssh(host, f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 30 "
                     f"http://{address}:30000/health_generate; echo; "
@@ -159,7 +159,7 @@ def when(marker: str, action: Callable[[], None], delay: float = 0.0) -> Callabl
 def max_running() -> int | None:
     key = state.load().api_key()
     out = ssh("lab1", f"curl -s -H 'Authorization: Bearer {key}' "
-                      "http://127.0.0.11:30000/server_info").stdout
+                      f"http://{state.host_address(1)}:30000/server_info").stdout
     try:
         value = json.loads(out).get("max_running_requests")
     except ValueError:

@@ -3,7 +3,10 @@
     pyinfra -y inventories/lab.py exec -- nvidia-smi -L
 
 Every host is in the group ``lab`` (this file's name), whose data lives in
-``group_data/lab.py``: the one place where the lab differs from a B200 site.
+``group_data/lab.py``: the one place where the lab differs from a B200 site. Both read the lab
+of the slot ``SGLANG_FLEET_LAB_SLOT`` names (0 when unset), as ``sglang-fleet lab`` does:
+
+    SGLANG_FLEET_LAB_SLOT=1 pyinfra -y inventories/lab.py deploys/sglang.py
 """
 
 from sglang_fleet_lab.state import load

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import os
 import socket
 import time
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +13,20 @@ import pytest
 
 from sglang_fleet.config.profile import Profile, load
 from tests import noconnect
+
+
+def lab_slot(environ: MutableMapping[str, str]) -> None:
+    """Each pytest-xdist worker runs its lab tests in a lab slot of its own: gwN in slot N (N
+    after the run's SGLANG_FLEET_LAB_SLOT, when set). Set before anything reads the lab's
+    state (sglang_fleet_lab.state reads it when first imported); the commands the tests run
+    (sglang-fleet lab, pyinfra with inventories/lab.py) inherit it."""
+    worker = environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        base = environ.get("SGLANG_FLEET_LAB_SLOT", "").strip() or "0"
+        environ["SGLANG_FLEET_LAB_SLOT"] = str(int(base) + int(worker[2:]))
+
+
+lab_slot(os.environ)
 
 # No test reaches the example inventory's hosts (inventories/b200.py): refused in this process,
 # and processes tests start with it use noconnect.env() (tests/test_examples.py checks).
@@ -50,17 +66,76 @@ model:
 """
 
 
+# Minutes each lab module took (pytest --durations, two labs and the unit tests sharing this
+# 2-core machine): the scheduler starts the longest first. A module not listed counts as 5.
+LAB_MINUTES = {
+    "tests/lab/test_fleet.py": 13, "tests/lab/test_compile_once.py": 7,
+    "tests/lab/test_serving.py": 7, "tests/lab/test_generate.py": 7,
+    "tests/lab/test_faults.py": 6, "tests/lab/test_gpu_status.py": 4,
+    "tests/lab/test_target_running_requests.py": 3, "tests/lab/test_security.py": 2.5,
+    "tests/lab/test_dp.py": 1.5, "tests/lab/test_lab.py": 1.5, "tests/lab/test_driver.py": 1.5,
+}
+
+
+def lab_scope(nodeid: str) -> str | None:
+    """The lab module a test belongs to (its tests run together, in order, on one worker,
+    in that worker's lab slot); None for a test that boots no lab."""
+    path = nodeid.split("::", 1)[0]
+    return path if path.startswith("tests/lab/") else None
+
+
+def schedule_order(scopes: list[str]) -> list[str]:
+    """Lab modules first, longest first (each worker takes the next when it is nearly done,
+    so the two workers' labs end about together), then every other test in collection order,
+    filling in.
+
+    >>> schedule_order(["tests/a.py::t", "tests/lab/test_dp.py", "tests/lab/test_fleet.py"])
+    ['tests/lab/test_fleet.py', 'tests/lab/test_dp.py', 'tests/a.py::t']
+    """
+    lab = [s for s in scopes if lab_scope(s)]
+    lab.sort(key=lambda s: -LAB_MINUTES.get(s, 5))
+    return lab + [s for s in scopes if not lab_scope(s)]
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Two workers: every test under tests/lab/ on one, in order (they share the machine's one
-    lab), everything else one by one on either. (xdist's own ``xdist_group`` marks do not
-    reach its scheduler under pytest 9: the node id suffix it relies on is not kept.)"""
+    """Two workers, each with a lab slot of its own (``lab_slot``): every lab module on one
+    worker, its tests in order (they share the module's lab), the modules spread over both
+    workers, longest first; everything else one by one on either. (xdist's own
+    ``xdist_group`` marks do not reach its scheduler under pytest 9: the node id suffix it
+    relies on is not kept.)"""
     from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
 
-    class LabTogether(LoadScopeScheduling):  # type: ignore[misc]
+    class LabModules(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return "lab" if nodeid.startswith("tests/lab/") else nodeid
+            return lab_scope(nodeid) or nodeid
 
-    return LabTogether(config, log)
+        def schedule(self) -> None:
+            # LoadScopeScheduling.schedule, with the work queue in schedule_order.
+            assert self.collection_is_completed
+            if self.collection is not None:
+                for node in self.nodes:
+                    self._reschedule(node)
+                return
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
+            self.collection: list[str] = list(next(iter(self.registered_collections.values())))
+            if not self.collection:
+                return
+            units: dict[str, dict[str, bool]] = {}
+            for nodeid in self.collection:
+                units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
+            for scope in schedule_order(list(units)):
+                self.workqueue[scope] = units[scope]
+            for node in self.nodes[:len(self.workqueue)]:
+                self._assign_work_unit(node)
+            for node in self.nodes:
+                if node in self.assigned_work:
+                    self._reschedule(node)
+                else:
+                    node.shutdown()
+
+    return LabModules(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

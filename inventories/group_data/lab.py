@@ -18,7 +18,8 @@ secrets = {"sglang-api-key": _lab.api_key(), "sglang-router-admin-key": _lab.api
 allow_insecure_urls = True
 
 # The lab's site serves plain http (its repository, wheelhouse and S3 endpoint live on
-# 127.0.0.2); a B200 site uses https, which every URL must be unless this is set.
+# 127.0.0.2, 127.0.k.2 in lab slot k); a B200 site uses https, which every URL must be unless
+# this is set.
 allow_insecure_urls = True
 
 # NVIDIA's CUDA repository (developer.download.nvidia.com/compute/cuda/repos on a real site).

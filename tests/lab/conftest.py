@@ -1,14 +1,40 @@
-"""Lab tests boot hosts with systemd-nspawn: they need root, and say so when they lack it."""
+"""Lab tests boot hosts with systemd-nspawn: they need root, and say so when they lack it.
+
+Each test worker runs its lab modules in a lab slot of its own (tests/conftest.py: lab_slot),
+so every address and path a lab test uses comes from here, read from the slot's state: never
+127.0.0.x written out.
+"""
 
 from __future__ import annotations
 
 import os
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from sglang_fleet_lab import state
 from tests.conftest import ROOT
+
+LAB = state.Lab()  # this worker's slot: its addresses and state directory, before any lab up
+SITE = LAB.site_address  # the lab's site: 127.0.0.2 in slot 0, 127.0.k.2 in slot k
+SSH_DIR = LAB.dir / "ssh"  # the lab's SSH key and known hosts, and its API keys
+KEY_FILE = LAB.key_file("api")
+ADMIN_KEY_FILE = LAB.key_file("admin")
+
+
+def address(host: str) -> str:
+    """A lab host's address by name: ``lab1`` is 127.0.0.11 in slot 0, 127.0.k.11 in slot k."""
+    return state.host_address(int(host.removeprefix("lab")))
+
+
+def url(host: str, port: int) -> str:
+    """http://<host's address>:<port>."""
+    return f"http://{address(host)}:{port}"
+
+
+ROUTER = url("lab1", 30080)  # the lab inventory's router: on the first host
 
 
 def run(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -21,6 +47,13 @@ def pyinfra(*argv: str) -> subprocess.CompletedProcess[str]:
 
 def ssh(host: str, command: str) -> subprocess.CompletedProcess[str]:
     return run("sglang-fleet", "lab", "ssh", host, command)
+
+
+def mounted_here() -> list[str]:
+    """The mounts under this slot's state directory (other slots' labs may run beside it)."""
+    prefix = f"{LAB.dir}/"
+    return [line for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[1].startswith(prefix)]
 
 
 def booted_lab(*flags: str) -> Iterator[None]:

@@ -12,13 +12,12 @@ import signal
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
 
 from sglang_fleet_lab import hosts, state
-from tests.lab.conftest import booted_lab, pyinfra, run, ssh
+from tests.lab.conftest import address, booted_lab, mounted_here, pyinfra, run, ssh, url
 
 pytestmark = pytest.mark.lab
 
@@ -38,9 +37,11 @@ def unit(prop: str) -> str:
     return ssh("lab1", f"systemctl show -p {prop} --value sglang.service").stdout.strip()
 
 
+SERVER = url("lab1", 30000)
+
+
 def health() -> str:
-    return ssh("lab1", "curl -s -o /dev/null -w '%{http_code}' "
-                       "http://127.0.0.11:30000/health").stdout
+    return ssh("lab1", f"curl -s -o /dev/null -w '%{{http_code}}' {SERVER}/health").stdout
 
 
 def test_deploy_soaks_the_server_with_a_full_batch(lab: None) -> None:
@@ -96,8 +97,7 @@ DROP_IN = "/etc/systemd/system/sglang.service.d/zz-sim-release.conf"
 def wait_serving(timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        code = ssh("lab1", "curl -s -o /dev/null -w '%{http_code}' "
-                         "http://127.0.0.11:30000/health").stdout.strip()
+        code = health().strip()
         if code == "200":
             return
         time.sleep(2)
@@ -155,7 +155,7 @@ def api_key() -> str:
 def ask(key: str) -> int:
     """One chat request to lab1's server from this machine: its status, 0 if it broke."""
     try:
-        return httpx.post("http://127.0.0.11:30000/v1/chat/completions", timeout=60,
+        return httpx.post(f"{SERVER}/v1/chat/completions", timeout=60,
                           headers={"Authorization": f"Bearer {key}"},
                           json={"max_tokens": 64, "messages": [{"role": "user",
                                                                 "content": "hi"}]}).status_code
@@ -285,10 +285,10 @@ def test_a_guest_whose_nspawn_was_killed_is_reported_and_stopped(lab: None) -> N
                                                    "--json").stdout)}
     assert status["lab2"]["state"] == "running without nspawn" and status["lab2"]["running"]
     assert status["lab1"]["state"] == "running"
-    assert "lab2    127.0.0.12    1 GPU  running without nspawn" in \
+    assert f"lab2    {address('lab2'):<14}1 GPU  running without nspawn" in \
         run("sglang-fleet", "lab", "status").stdout
     result = run("sglang-fleet", "lab", "down")
     assert result.returncode == 0, result.stderr
     assert "lab2: its guest outlived its nspawn process: powered off" in result.stdout
     assert not hosts.alive(guest) and hosts.guests() == {}
-    assert "sglang-fleet-lab" not in Path("/proc/mounts").read_text()
+    assert mounted_here() == []

@@ -13,12 +13,22 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.lab.conftest import booted_lab, pyinfra, run, ssh
+from tests.lab.conftest import (
+    ADMIN_KEY_FILE,
+    KEY_FILE,
+    ROUTER,
+    SSH_DIR,
+    address,
+    booted_lab,
+    pyinfra,
+    run,
+    ssh,
+    url,
+)
 from tests.lab.load import Load
 
 pytestmark = pytest.mark.lab
@@ -27,12 +37,7 @@ INSTANCES = 3  # servers per lab host: the shipped profile's instances: auto on 
 BATCH = 2  # --batch-instances: a wave of the first alone (the compile), then one of 2
 JIT = 12  # seconds of a cold DeepGEMM compile, far above a warm start's ~4 s
 SERVERS = [f"sglang-{i}.service" for i in range(INSTANCES)]
-EVERY_WORKER = {f"http://127.0.0.{10 + i}:{30000 + k}": True for i in (1, 2, 3)
-                for k in range(INSTANCES)}
-ROUTER = "http://127.0.0.11:30080"
-STATE = Path("/var/lib/sglang-fleet-lab/ssh")
-KEY_FILE = STATE / "api-key"
-ADMIN_KEY_FILE = STATE / "admin-key"
+EVERY_WORKER = {url(host, 30000 + k): True for host in HOSTS for k in range(INSTANCES)}
 # What teardown must leave as it found it: packages, unit files and the product's paths.
 SNAPSHOT = r"""
 dpkg-query -W -f '${Package} ${Version}\n' | sort
@@ -74,9 +79,10 @@ def fleet(fresh: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 def login(user: str) -> int:
-    return run("ssh", "-i", str(STATE / "id_ed25519"), "-o", "BatchMode=yes",
-               "-o", f"UserKnownHostsFile={STATE / 'known_hosts'}",
-               "-o", "StrictHostKeyChecking=accept-new", f"{user}@127.0.0.11", "true").returncode
+    return run("ssh", "-i", str(SSH_DIR / "id_ed25519"), "-o", "BatchMode=yes",
+               "-o", f"UserKnownHostsFile={SSH_DIR / 'known_hosts'}",
+               "-o", "StrictHostKeyChecking=accept-new", f"{user}@{address('lab1')}",
+               "true").returncode
 
 
 def test_root_login_is_refused_and_the_user_sudoes(fresh: dict[str, list[str]]) -> None:
@@ -87,7 +93,7 @@ def test_root_login_is_refused_and_the_user_sudoes(fresh: dict[str, list[str]]) 
 
 def test_a_hand_started_server_stops_the_deploy_before_any_change(
         fresh: dict[str, list[str]]) -> None:
-    ssh("lab2", "setsid -f python3 -m http.server 30000 --bind 127.0.0.12 "
+    ssh("lab2", f"setsid -f python3 -m http.server 30000 --bind {address('lab2')} "
                 ">/dev/null 2>&1 </dev/null; sleep 1")
     result = pyinfra("deploys/sglang.py")
     out = result.stdout + result.stderr
@@ -95,8 +101,8 @@ def test_a_hand_started_server_stops_the_deploy_before_any_change(
     # Started over SSH without a login session, it runs in ssh.service's control group here.
     assert re.search(r"host lab2: port 30000: held by pid \d+ \(root, started \w{3} \w{3} .*, "
                      r"(unit ssh\.service|no systemd unit \(started by hand\))\): "
-                     r"python3 -m http.server 30000 --bind 127.0.0.12, not by sglang-0.service",
-                     out), out[-3000:]
+                     r"python3 -m http.server 30000 --bind "
+                     rf"{re.escape(address('lab2'))}, not by sglang-0.service", out), out[-3000:]
     assert "replace_stale_servers=true" in out
     for host in HOSTS:
         assert snapshot(host) == fresh[host], host
@@ -171,11 +177,11 @@ def test_router_routes_to_every_host_with_the_key(fleet: dict[str, list[str]]) -
 def test_router_deploy_puts_a_missing_worker_back_without_a_restart(
         fleet: dict[str, list[str]]) -> None:
     pid = ssh("lab1", "systemctl show -p MainPID --value sglang-router").stdout.strip()
-    lab3 = next(w["id"] for w in workers() if w["url"] == "http://127.0.0.13:30000")
+    lab3 = next(w["id"] for w in workers() if w["url"] == url("lab3", 30000))
     run("curl", "-s", "-X", "DELETE", "-H", f"Authorization: Bearer {admin_key()}",
         f"{ROUTER}/workers/{lab3}")
     time.sleep(1)
-    assert "http://127.0.0.13:30000" not in router_workers()
+    assert url("lab3", 30000) not in router_workers()
     result = pyinfra("deploys/router.py")
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(rf"Router routes to {3 * INSTANCES} workers\s+1\s+1\s", result.stderr), \
@@ -188,7 +194,7 @@ def test_router_deploy_puts_a_missing_worker_back_without_a_restart(
 def test_a_deploy_replaces_a_hand_started_server_when_asked(
         fleet: dict[str, list[str]]) -> None:
     ssh("lab2", "systemctl stop sglang-0.service; setsid -f python3 -m http.server 30000 "
-                "--bind 127.0.0.12 >/dev/null 2>&1 </dev/null; sleep 1")
+                f"--bind {address('lab2')} >/dev/null 2>&1 </dev/null; sleep 1")
     refused = pyinfra("deploys/sglang.py", "--limit", "lab2")
     assert refused.returncode != 0 and "port 30000: held by pid" in refused.stdout + \
         refused.stderr
@@ -199,7 +205,7 @@ def test_a_deploy_replaces_a_hand_started_server_when_asked(
     assert ssh("lab2", "pgrep -f 'http[.]server 30000'").returncode != 0
     assert "[lab2] health: /health_generate 200" in out
     deadline = time.monotonic() + 60
-    while not router_workers().get("http://127.0.0.12:30000") and time.monotonic() < deadline:
+    while not router_workers().get(url("lab2", 30000)) and time.monotonic() < deadline:
         time.sleep(1)
     assert all(router_workers().values())
 
@@ -293,7 +299,7 @@ def test_roll_with_batch_instances_keeps_each_host_serving(
     assert healthy.fewest is not None and healthy.fewest >= 3 * INSTANCES - BATCH, healthy.fewest
     assert load.failed == 0, load.errors[:5]
     assert load.sent / load.seconds >= 20
-    for i, host in enumerate(HOSTS, 1):
+    for host in HOSTS:
         for unit in SERVERS:
             assert starts_since(host, since, unit) == 1, (host, unit)
         first = compile_seconds(host, SERVERS[0], since)
@@ -307,10 +313,9 @@ def test_roll_with_batch_instances_keeps_each_host_serving(
                                     out[row.end() + 1:].splitlines())  # the host's own lines
         waves = [m.groups() for m in (re.match(r"\s+wave (\d) out of the router ([\d.]+) s: "
                                                r"(.+)$", line) for line in below) if m]
-        address = f"http://127.0.0.{10 + i}"
         after = [list(range(k, min(k + BATCH, INSTANCES))) for k in range(1, INSTANCES, BATCH)]
         assert [(n, urls) for n, _, urls in waves] == [
-            (str(w + 1), ", ".join(f"{address}:{30000 + k}" for k in ports))
+            (str(w + 1), ", ".join(url(host, 30000 + k) for k in ports))
             for w, ports in enumerate([[0], *after])], out[-3000:]
         assert float(row.group(2)) == max(float(s) for _, s, _ in waves)
         assert float(waves[0][1]) >= JIT  # the compile, out of the router alone
@@ -348,7 +353,7 @@ def test_teardown_purges_back_to_a_fresh_host_and_deploy_works_again(
         fleet: dict[str, list[str]]) -> None:
     kept = pyinfra("deploys/teardown.py", "--limit", "lab3")
     assert kept.returncode == 0, kept.stdout[-3000:]
-    assert "http://127.0.0.13:30000" not in router_workers()
+    assert url("lab3", 30000) not in router_workers()
     assert ssh("lab3", "systemctl cat sglang-0.service").returncode != 0
     assert ssh("lab3", "ls /etc/sglang/sglang-0.env").returncode != 0
     assert ssh("lab3", "ls /opt/sglang/releases /var/lib/sglang/models").stdout.strip()

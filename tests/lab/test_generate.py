@@ -21,14 +21,11 @@ from typing import Any
 import pytest
 
 from sglang_fleet_lab.site import S3_CREDENTIALS
-from sglang_fleet_lab.state import S3_PORT, SITE_ADDRESS
 from tests.conftest import ROOT
-from tests.lab.conftest import booted_lab, pyinfra, run, ssh
+from tests.lab.conftest import KEY_FILE, LAB, ROUTER, booted_lab, pyinfra, run, ssh, url
 
 pytestmark = pytest.mark.lab
-ROUTER = "http://127.0.0.11:30080"
-KEY_FILE = Path("/var/lib/sglang-fleet-lab/ssh/api-key")
-S3_URL = f"http://{SITE_ADDRESS}:{S3_PORT}"
+S3_URL = LAB.s3_url
 BUCKET = "jobs"
 N = 5000
 OLD_ROUTER = "sglang-router"  # 0.3.2; test_a_router_switch_... ends on smg
@@ -127,7 +124,7 @@ def test_roll_and_kill_9_mid_job_then_rerun_writes_each_id_once(fleet: None, s3:
     assert run("sglang-fleet", "lab", "status").returncode == 0
 
 
-HOSTS = {"lab1": "http://127.0.0.11:30000", "lab2": "http://127.0.0.12:30000"}
+HOSTS = {host: url(host, 30000) for host in ("lab1", "lab2")}
 
 
 def router_health() -> dict[str, bool]:

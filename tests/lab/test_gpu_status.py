@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.lab.conftest import booted_lab, pyinfra, run, ssh
+from tests.lab.conftest import address, booted_lab, pyinfra, run, ssh, url
 
 pytestmark = pytest.mark.lab
 # GPU 0 of a lab host is on bus 0x18, as nvidia-smi -q shows it; the line as the kernel logs it.
@@ -81,7 +81,7 @@ def test_status_of_a_deployed_host(deployed: None) -> None:
                                                       for s in servers))
     assert fleet["not_counted"] == [] and fleet["job"] is None  # the lab sets no job_estimate
     # the router's Prometheus target (metrics_targets.ROUTER_METRICS_PORT) is real
-    metrics = httpx.get("http://127.0.0.11:29000/metrics", timeout=10)
+    metrics = httpx.get(f"{url('lab1', 29000)}/metrics", timeout=10)
     assert metrics.status_code == 200 and "# TYPE" in metrics.text
     started = time.monotonic()
     table = run("sglang-fleet", "status", "inventories/lab.py", timeout=120).stdout
@@ -114,8 +114,8 @@ def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Pa
     assert "xid-79" in out and "ignored by gpu_health_ignore" in out
     assert main_pid() == pid  # nothing changed, nothing restarted
     jobs = file_sd_jobs(targets)
-    assert jobs == {"sglang": [f"127.0.0.11:{30000 + i}" for i in range(8)],
-                    "sglang-router": ["127.0.0.11:29000"]}
+    assert jobs == {"sglang": [f"{address('lab1')}:{30000 + i}" for i in range(8)],
+                    "sglang-router": [f"{address('lab1')}:29000"]}
 
 
 def test_dcgm_and_its_exporter_serve_every_gpu(deployed: None, tmp_path: Path) -> None:
@@ -129,8 +129,8 @@ def test_dcgm_and_its_exporter_serve_every_gpu(deployed: None, tmp_path: Path) -
     for unit in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
         assert ssh("lab1", f"systemctl is-active {unit}").stdout.strip() == "active"
     jobs = file_sd_jobs(targets)
-    assert jobs["dcgm"] == ["127.0.0.11:9400"]
-    metrics = httpx.get("http://127.0.0.11:9400/metrics", timeout=10).text
+    assert jobs["dcgm"] == [f"{address('lab1')}:9400"]
+    metrics = httpx.get(f"{url('lab1', 9400)}/metrics", timeout=10).text
     temps = [line for line in metrics.splitlines() if line.startswith("DCGM_FI_DEV_GPU_TEMP{")]
     gpus = int(ssh("lab1", "nvidia-smi -L | wc -l").stdout)
     assert len(temps) == gpus and 'Hostname="lab1"' in temps[0] and 'gpu="0"' in temps[0]

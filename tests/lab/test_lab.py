@@ -10,12 +10,10 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from sglang_fleet_lab.state import SITE_ADDRESS
-from tests.lab.conftest import booted_lab, pyinfra, run, ssh
+from tests.lab.conftest import LAB, SITE, address, booted_lab, mounted_here, pyinfra, run, ssh
 
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2", "lab3")
@@ -91,10 +89,10 @@ def test_site_serves_wheels_and_the_model(lab: None) -> None:
     from sglang_fleet_lab.site import S3_CREDENTIALS
     from sglang_fleet_lab.state import load
 
-    wheels = ssh("lab1", "curl -fsS http://127.0.0.2:8080/wheels/").stdout
+    wheels = ssh("lab1", f"curl -fsS http://{SITE}:8080/wheels/").stdout
     assert "sglang_sim-0.5.23-py3-none-any.whl" in wheels
     anonymous = ssh("lab1", "curl -s -o /dev/null -w '%{http_code}' "
-                    "http://127.0.0.2:9000/lab-models/qwen3.6-27b/config.json").stdout
+                    f"http://{SITE}:9000/lab-models/qwen3.6-27b/config.json").stdout
     assert anonymous == "403"  # reachable from the hosts, and private like a real bucket
     s3 = boto3.client("s3", endpoint_url=load().s3_url, region_name="us-east-1",
                       **S3_CREDENTIALS)
@@ -132,13 +130,15 @@ def test_down_leaves_nothing_behind(lab: None) -> None:
     assert result.returncode == 0, result.stderr
     # A zombie holds nothing; reaping it is the init's job (this sandbox's reaps lazily).
     table = run("ps", "-eo", "stat=,args=").stdout.splitlines()
-    # Other tests may run moto or http.server beside the lab: the lab's bind to its site.
+    # Other tests may run moto or http.server beside the lab, and other slots their own labs:
+    # this lab's supervisors and nspawn name its state directory, its servers bind its site.
     left = [line for line in table if not line.lstrip().startswith("Z")
-            and (any(p in line for p in ("systemd-nspawn", "lab.supervise"))
+            and ((any(p in line for p in ("systemd-nspawn", "lab.supervise"))
+                  and f"{LAB.dir}/" in line)
                  or (any(p in line for p in ("moto_server", "http.server"))
-                     and SITE_ADDRESS in line))]
+                     and f"{SITE} " in line))]
     assert left == []
-    assert "sglang-fleet-lab" not in Path("/proc/mounts").read_text()
+    assert mounted_here() == []
     listeners = run("ss", "-Hltn").stdout
-    for address in ("127.0.0.2:", "127.0.0.11:", "127.0.0.12:", "127.0.0.13:"):
-        assert address not in listeners
+    for bound in (SITE, *(address(h) for h in HOSTS)):
+        assert f"{bound}:" not in listeners

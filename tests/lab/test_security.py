@@ -10,21 +10,19 @@ import json
 import re
 import shlex
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from sglang_fleet.ops.unitfile import env_line, systemd_word
-from tests.lab.conftest import booted_lab, pyinfra, ssh
+from tests.lab.conftest import ROUTER, SSH_DIR, booted_lab, pyinfra, ssh, url
 from tests.test_hostile import CONTROL, HOSTILE
 
 pytestmark = pytest.mark.lab
-KEYS = Path("/var/lib/sglang-fleet-lab/ssh")
 AUDITOR = "runuser -u auditor -- "
 
 
 def keys() -> dict[str, str]:
-    return {name: (KEYS / f"{name}-key").read_text().strip() for name in ("api", "admin")}
+    return {name: (SSH_DIR / f"{name}-key").read_text().strip() for name in ("api", "admin")}
 
 
 @pytest.fixture(scope="module")
@@ -68,17 +66,16 @@ def test_the_journal_shows_server_args_with_the_key_masked(fleet: None) -> None:
 def test_server_info_masks_the_key_for_clients(fleet: None) -> None:
     key = keys()["api"]
     out = ssh("lab1", f"curl -s -H 'Authorization: Bearer {key}' "
-                      "http://127.0.0.11:30000/server_info").stdout
+                      f"{url('lab1', 30000)}/server_info").stdout
     info = json.loads(out)
     assert info["api_key"] == "*" * len(key) and key not in out
 
 
 def test_the_router_takes_worker_changes_from_the_admin_key_only(fleet: None) -> None:
-    url = "http://127.0.0.11:30080/workers"
     codes = {}
     for name, key in keys().items():
         codes[name] = ssh("lab1", f"curl -s -o /dev/null -w '%{{http_code}}' "
-                                  f"-H 'Authorization: Bearer {key}' {url}").stdout
+                                  f"-H 'Authorization: Bearer {key}' {ROUTER}/workers").stdout
     assert codes == {"api": "401", "admin": "200"}
 
 

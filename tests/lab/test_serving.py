@@ -16,7 +16,7 @@ from sglang_fleet.config.render import staging_dir
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet_lab.site import MODEL_PREFIX
 from sglang_fleet_lab.state import S3_BUCKET
-from tests.lab.conftest import booted_lab, pyinfra, run, ssh
+from tests.lab.conftest import KEY_FILE, booted_lab, pyinfra, ssh, url
 
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2")
@@ -44,7 +44,7 @@ def server_info(host: str) -> dict[str, object]:
     env = ssh(host, "sed -n 's/^SGLANG_API_KEY=//p' /etc/sglang/sglang-0.env").stdout
     key = env.strip().strip("'\"")
     out = ssh(host, f"curl -s -H 'Authorization: Bearer {key}' "
-                    f"http://127.0.0.{10 + int(host[-1])}:30000/server_info").stdout
+                    f"{url(host, 30000)}/server_info").stdout
     info: dict[str, object] = json.loads(out)
     return info
 
@@ -96,7 +96,7 @@ def ready_in_parts(host: str, out: str) -> None:
     model = server_info(host)["served_model_name"]
     check = ssh(host, shlex.join(program(
         "python3", "check_server", "--unit", "sglang-0.service", "--url",
-        f"http://127.0.0.{10 + int(host[-1])}:30000", "--env-file", "/etc/sglang/sglang-0.env",
+        url(host, 30000), "--env-file", "/etc/sglang/sglang-0.env",
         "--model", str(model), "--soak-requests", "0")))
     gate = json.loads(next(line[5:] for line in check.stdout.splitlines()
                            if line.startswith("GATE ")))
@@ -155,11 +155,11 @@ def test_failed_start_is_shown_and_the_previous_release_keeps_serving(lab: None)
 
 
 def test_api_key_is_enforced_and_never_shown(lab: None) -> None:
-    key = run("cat", "/var/lib/sglang-fleet-lab/ssh/api-key").stdout.strip()
-    assert ssh("lab1", "curl -s -o /dev/null -w '%{http_code}' "
-                       "http://127.0.0.11:30000/v1/models").stdout == "401"
+    key = KEY_FILE.read_text().strip()
+    models = f"{url('lab1', 30000)}/v1/models"
+    assert ssh("lab1", f"curl -s -o /dev/null -w '%{{http_code}}' {models}").stdout == "401"
     assert ssh("lab1", f"curl -s -o /dev/null -w '%{{http_code}}' -H 'Authorization: Bearer "
-                       f"{key}' http://127.0.0.11:30000/v1/models").stdout == "200"
+                       f"{key}' {models}").stdout == "200"
     unit = ssh("lab1", "systemctl cat sglang-0.service").stdout
     assert key not in unit and "--api-key" not in unit
     assert "-m sglang_fleet_remote.start_server " in unit

@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from sglang_fleet_lab.state import Host, Lab
-from sglang_fleet_lab.supervise import GUEST_MARK
+from sglang_fleet_lab.state import SLOT, Host, Lab
+from sglang_fleet_lab.supervise import GUEST_MARK, parse_mark
 
 
 def _mounted(path: Path) -> bool:
@@ -92,7 +92,7 @@ def power_on(host: Host, lower: Path, lab: Lab) -> None:
 def boot(host: Host) -> None:
     log = (host.dir / "console.log").open("ab")
     proc = subprocess.Popen([sys.executable, "-m", "sglang_fleet_lab.supervise", host.name,
-                             str(host.root)], stdout=log, stderr=subprocess.STDOUT,
+                             str(host.root), str(SLOT)], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
     (host.dir / "supervisor.pid").write_text(str(proc.pid))
 
@@ -143,9 +143,10 @@ def alive(pid: int | None) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def guests() -> dict[str, int]:
-    """Every lab guest's init process (the PID 1 of its namespace), by host name, found by the
-    mark its supervisor gives it, whoever its parent is now.
+def guests(slot: int = SLOT) -> dict[str, int]:
+    """Every guest of the lab in ``slot`` (this process's): its init process (the PID 1 of its
+    namespace), by host name, found by the mark its supervisor gives it, whoever its parent is
+    now. Other slots' guests are not listed.
 
         guests()    # {"lab1": 48211, "lab2": 48377}
     """
@@ -162,7 +163,9 @@ def guests() -> dict[str, int]:
         nspid = next((line.split()[1:] for line in status.splitlines()
                       if line.startswith("NSpid:")), [])
         if marks and nspid[-1:] == ["1"] and alive(int(entry.name)):
-            found[marks[0].split(b"=", 1)[1].decode()] = int(entry.name)
+            guest_slot, name = parse_mark(marks[0].split(b"=", 1)[1].decode())
+            if guest_slot == slot:
+                found[name] = int(entry.name)
     return found
 
 

@@ -47,19 +47,21 @@ def up(count: int, gpus: int, hgx: bool, sudo_user: str = "") -> Lab:
         hosts.boot(host)
     for host in lab.hosts:
         hosts.wait_ssh(host, lab)
-    print(f"lab up: {count} host(s) in {time.monotonic() - tic:.1f} s "
+    print(f"lab up: {count} host(s) in {time.monotonic() - tic:.1f} s"
+          f"{f' in slot {lab.slot}' if lab.slot else ''} "
           f"({', '.join(f'{h.name} {h.address}' for h in lab.hosts)}), "
           f"logging in as {lab.login}" + (" (sudo)" if sudo_user else ""))
     return lab
 
 
 def down(quiet: bool = False) -> None:
-    """Stop every host and service; nothing mounted, running or listening remains."""
+    """Stop every host and service of this slot's lab; nothing of it mounted, running or
+    listening remains (other slots' labs are not touched)."""
     _require_root()
     lab = load()
     for host in lab.hosts:
         hosts.stop(host)
-    for name in hosts.guests():  # a guest of an earlier lab whose state was lost
+    for name in hosts.guests():  # a guest of an earlier lab of this slot whose state was lost
         if hosts.power_off(name):
             print(f"{name}: a lab guest no lab state knew of: powered off", flush=True)
     site.stop()

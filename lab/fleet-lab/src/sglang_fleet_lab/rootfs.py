@@ -1,12 +1,17 @@
 """The lab hosts' shared root file system: Debian 12 with what a server image has, built once
-with debootstrap and cached under a name derived from its recipe."""
+with debootstrap and cached under a name derived from its recipe. Every lab slot's hosts boot on
+overlays of it (it is their read-only lower layer); a lock keeps two slots' ``lab up`` from
+building it at once."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from sglang_fleet_lab.state import CACHE_DIR
@@ -66,12 +71,32 @@ def recipe_id() -> str:
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with (CACHE_DIR / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _in_use(root: Path) -> bool:
+    """Some overlay (a lab host of any slot) has ``root`` as its lower layer."""
+    return f"lowerdir={root}," in Path("/proc/mounts").read_text()
+
+
 def ensure() -> Path:
-    """The cached root for the current recipe, built if missing (about a minute)."""
+    """The cached root for the current recipe, built if missing (about a minute; one slot
+    builds it while the others wait for it)."""
     root = CACHE_DIR / f"rootfs-{recipe_id()}"
     if (root / ".complete").exists():
         return root
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with _locked():
+        if not (root / ".complete").exists():
+            _build(root)
+    return root
+
+
+def _build(root: Path) -> None:
     building = root.with_name(root.name + ".building")
     shutil.rmtree(building, ignore_errors=True)
     subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
@@ -79,7 +104,6 @@ def ensure() -> Path:
     subprocess.run(["chroot", str(building), "sh", "-c", SETUP], check=True)
     (building / ".complete").touch()
     building.rename(root)
-    for old in CACHE_DIR.glob("rootfs-*"):  # earlier recipes
-        if old != root and not old.name.endswith(".building"):
+    for old in CACHE_DIR.glob("rootfs-*"):  # earlier recipes no lab host runs on
+        if old != root and not old.name.endswith(".building") and not _in_use(old):
             shutil.rmtree(old, ignore_errors=True)
-    return root

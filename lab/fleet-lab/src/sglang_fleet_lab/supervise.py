@@ -1,7 +1,7 @@
 """One lab host's supervisor: boots it with systemd-nspawn and boots it again when the guest
 reboots (nspawn exits 133), as a machine's firmware would. SIGTERM powers the guest off.
 
-    python -m sglang_fleet_lab.supervise NAME ROOT
+    python -m sglang_fleet_lab.supervise NAME ROOT [SLOT]
 """
 
 from __future__ import annotations
@@ -16,8 +16,24 @@ REBOOT = 133
 GUEST_MARK = "SGLANG_FLEET_LAB_GUEST"  # in the environment of each guest's init
 
 
+def mark(slot: int, name: str) -> str:
+    """The value of a guest's mark: its slot and name (``0/lab1``).
+
+    >>> mark(1, "lab2"), parse_mark(mark(1, "lab2")), parse_mark("lab1")
+    ('1/lab2', (1, 'lab2'), (0, 'lab1'))
+    """
+    return f"{slot}/{name}"
+
+
+def parse_mark(value: str) -> tuple[int, str]:
+    """(slot, name) of a mark; a bare name (a guest booted before slots) is slot 0's."""
+    slot, _, name = value.rpartition("/")
+    return (int(slot) if slot.isdigit() else 0), name
+
+
 def main() -> int:
     name, root = sys.argv[1], Path(sys.argv[2])
+    slot = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     stopping = False
     child: subprocess.Popen[bytes] | None = None
 
@@ -33,7 +49,7 @@ def main() -> int:
             ["systemd-nspawn", "-D", str(root), "--register=no", "--keep-unit", "--boot",
              f"--machine={name}", "--console=passive",
              # How `lab down` finds the guest even when this nspawn process is gone.
-             f"--setenv={GUEST_MARK}={name}"],
+             f"--setenv={GUEST_MARK}={mark(slot, name)}"],
             stdin=subprocess.DEVNULL)
         (root.parent / "nspawn.pid").write_text(str(child.pid))
         if stopping:  # SIGTERM arrived while nspawn was starting
