@@ -151,13 +151,16 @@ def start_again(host: str) -> bool:
     return False
 
 
-def test_every_server_stopped_45_s_mid_job_pauses_it_and_fails_nothing(
+OUTAGE = 20  # seconds both servers stay stopped: far longer than any line's retries last
+
+
+def test_every_server_stopped_20_s_mid_job_pauses_it_and_fails_nothing(
         fleet: None, tmp_path: Path) -> None:
     """Both hosts' servers stopped (systemctl stop: they drain, then the router has no worker)
-    for 45 s in the middle of a job with --retries 2: the job pauses, says why, probes the
-    fleet's health, resumes by itself once the router has its workers back, and ends with
-    every id once and no failed line."""
-    n = 2000  # ~125 s at 16 at a time (~1 s each): the outage lands in the middle
+    for 20 s in the middle of a job with --retries 2: the job pauses, says why, probes the
+    fleet's health (1 s doubling: probes at 1, 3, 7 and 15 s fail), resumes by itself once the
+    router has its workers back, and ends with every id once and no failed line."""
+    n = 1000  # ~60 s at 16 at a time (~1 s each): the outage lands in the middle
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"id": f"out-{i}", "max_tokens": 200, "messages": [
         {"role": "user", "content": f"task {i}"}]}) + "\n" for i in range(n)))
@@ -174,7 +177,7 @@ def test_every_server_stopped_45_s_mid_job_pauses_it_and_fails_nothing(
     for host in HOSTS:
         stopped = ssh(host, "systemctl stop sglang.service")
         assert stopped.returncode == 0, stopped.stderr
-    time.sleep(45)
+    time.sleep(OUTAGE)
     assert job.poll() is None, "the job ended during the outage"
     for host in HOSTS:
         assert start_again(host), ssh(host, "systemctl status sglang.service --no-pager; "
@@ -184,7 +187,9 @@ def test_every_server_stopped_45_s_mid_job_pauses_it_and_fails_nothing(
     events = [json.loads(line) for line in stdout.splitlines()]
     paused = [e for e in events if e["event"] == "paused"]
     resumed = [e for e in events if e["event"] == "resumed"]
-    assert paused and resumed and sum(e["paused_s"] for e in resumed) >= 30, (paused, resumed)
+    # paused for the outage (the fleet was out from the second stop's drain for OUTAGE s)
+    assert paused and resumed and sum(e["paused_s"] for e in resumed) >= OUTAGE - 5, \
+        (paused, resumed)
     assert "/health_generate" in paused[0]["cause"], paused[0]
     done = events[-1]
     assert done["event"] == "done" and done["failures"] == 0, done
