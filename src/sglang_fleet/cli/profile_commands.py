@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from sglang_fleet.cli import usage
 from sglang_fleet.config import docs, preflight, profile, releases, sizing
 from sglang_fleet.config.render import Launch, render
 from sglang_fleet.errors import InputError
@@ -76,25 +77,45 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                  "(default 8, a B200 host); the first server's launch is shown")
     version_help = f"SGLang release to render for (default: the profile's pin; known: " \
                    f"{releases.supported()[0]} … {releases.supported()[-1]})"
+    profile_help = "a profile YAML file, or a shipped profile's name, e.g. qwen3.6-27b-mtp"
 
-    p = sub.add_parser("render", help="print the launch command and environment of a profile")
-    p.add_argument("profile", help="a profile YAML file, or a shipped profile's name, e.g. "
-                   "qwen3.6-27b-mtp")
-    p.add_argument("--sglang-version", help=version_help)
+    p = usage.command(
+        sub, "render", help="print the launch command and environment of a profile",
+        description="Print the command line and environment SGLang is started with for a "
+        "profile: its first server on a host of --gpus GPUs, for the profile's release (or "
+        "--sglang-version). Nothing is contacted. Exit status: 0 printed, 1 a problem in the "
+        "profile, 2 a usage error.",
+        examples=["sglang-fleet render qwen3.6-27b-mtp",
+                  "sglang-fleet render my-profile.yaml --sglang-version 0.5.12 --format json"])
+    usage.files(p.add_argument("profile", help=profile_help))
+    p.add_argument("--sglang-version", type=usage.release, help=version_help)
     p.add_argument("--format", choices=["shell", "json"], default="shell")
     p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
     p.add_argument("--gpus", type=_gpus, default=8, help=gpus_help)
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("check", help="validate a profile and apply SGLang's startup rules")
-    p.add_argument("profile", help="a profile YAML file, or a shipped profile's name")
-    p.add_argument("--sglang-version", help=version_help)
+    p = usage.command(
+        sub, "check", help="validate a profile and apply SGLang's startup rules",
+        description="Validate a profile and apply the startup rules of its SGLang release "
+        "(for hybrid models with speculative decoding) without contacting anything. Exit "
+        "status: 0 the profile is fine, 1 a problem in it (each on an error line with its "
+        "fix), 2 a usage error.",
+        examples=["sglang-fleet check qwen3.6-27b-mtp",
+                  "sglang-fleet check my-profile.yaml --model-config /models/m/config.json"])
+    usage.files(p.add_argument("profile", help=profile_help))
+    p.add_argument("--sglang-version", type=usage.release, help=version_help)
     p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
-    p.add_argument("--model-config", help="the model's config.json (or its directory)")
+    usage.files(p.add_argument("--model-config",
+                               help="the model's config.json (or its directory)"))
     p.add_argument("--gpus", type=_gpus, default=8, help=gpus_help)
     p.set_defaults(func=cmd_check)
 
-    p = sub.add_parser("keys", help="every profile key (type, default, SGLang flag, meaning), "
-                       "or the named ones")
+    p = usage.command(
+        sub, "keys", help="every profile key (type, default, SGLang flag, meaning), "
+        "or the named ones",
+        description="Print every profile key as a Markdown table (type, default, SGLang "
+        "flag, meaning), or each named key's help. Exit status: 0, or 1 for a name that is "
+        "not a profile key.",
+        examples=["sglang-fleet keys", "sglang-fleet keys memory.page_size parallel.tp"])
     p.add_argument("keys", nargs="*", metavar="KEY", help="a key, dotted, e.g. memory.page_size")
     p.set_defaults(func=cmd_keys)
