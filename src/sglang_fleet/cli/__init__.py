@@ -136,13 +136,17 @@ def _parse(argv: list[str], as_json: bool) -> argparse.Namespace | int:
             parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
         return args
     except usage.UsageError as err:
-        if not as_json:
-            return err.report()
-        output.print_errors([err.problem()], sys.stdout)
-        return usage.USAGE_ERROR
+        return _usage_error(err, as_json)
     except SystemExit as done:  # --help and --version print, then exit 0
         code = done.code
         return code if isinstance(code, int) else 0
+
+
+def _usage_error(err: usage.UsageError, as_json: bool) -> int:
+    if not as_json:
+        return err.report()
+    output.print_errors([err.problem()], sys.stdout)
+    return usage.USAGE_ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,6 +163,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         report_problems(exc.problems, as_json)
         return 1
+    except usage.UsageError as err:  # options that only go together, found by the command
+        return _usage_error(err, as_json)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
