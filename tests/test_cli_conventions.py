@@ -71,7 +71,8 @@ def test_every_command_has_a_description_and_examples(
     assert examples and all(f"sglang-fleet {name}" in line for line in examples), examples
     assert cli.main([name, "--help"]) == 0
     shown = capsys.readouterr().out
-    assert parser.description.split(".")[0] in " ".join(shown.split())
+    assert " ".join(parser.description.split(".")[0].split()) in " ".join(shown.split())
+    assert max(len(line) for line in parser.description.splitlines()) <= 88
     assert f"examples:\n  {examples[0].strip()}" in shown  # as written, not rewrapped
 
 

@@ -661,8 +661,9 @@ def test_credentials_in_the_url_are_refused_and_never_written(
     finally:
         router.close()
     captured = capsys.readouterr()
-    assert code == 1 and router.seen == []
-    assert captured.err.startswith(f"error: --url: '{router.url}' holds credentials")
+    assert code == 2 and router.seen == []  # a URL wrong as written: a usage error
+    assert captured.err.startswith("usage: sglang-fleet generate")
+    assert f"error: argument --url: '{router.url}' holds credentials" in captured.err
     assert "hunter2" not in captured.err + captured.out
     assert not any("hunter2" in p.read_text() for p in tmp_path.rglob("*") if p.is_file())
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import textwrap
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -23,6 +24,7 @@ from sglang_fleet.config import releases, validators
 from sglang_fleet.errors import Problem
 
 USAGE_ERROR = 2
+HELP_WIDTH = 88
 # shtab's completion of a file name argument (its shtab.FILE), without importing shtab here.
 FILE = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
 
@@ -69,10 +71,11 @@ class Parser(argparse.ArgumentParser):
 
 def command(sub: argparse._SubParsersAction[Any], name: str, *,
             help: str, description: str, examples: list[str]) -> argparse.ArgumentParser:
-    """A subcommand whose ``--help`` says what it does and shows how it is run."""
+    """A subcommand whose ``--help`` says what it does (wrapped here: the examples below it are
+    shown as written) and shows how it is run."""
     epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
     parser: argparse.ArgumentParser = sub.add_parser(
-        name, help=help, description=description, epilog=epilog,
+        name, help=help, description=textwrap.fill(description, HELP_WIDTH), epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     return parser
 
