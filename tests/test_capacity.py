@@ -249,6 +249,7 @@ def test_capacity_command_statuses(tmp_path: Path, capsys: pytest.CaptureFixture
     (tmp_path / "empty").write_text("hello\n")
     assert cli.main(["capacity", str(tmp_path / "empty"), "--json"]) == 1
     assert json.loads(capsys.readouterr().out)["state"] == "not a startup log"
-    assert cli.main(["capacity", str(log), "--sglang-version", "0.4.9"]) == 1
-    assert "--sglang-version: SGLang 0.4.9 is not a supported release" in \
-        capsys.readouterr().err
+    assert cli.main(["capacity", str(log), "--sglang-version", "0.4.9"]) == 2  # usage
+    err = capsys.readouterr().err
+    assert err.startswith("usage: sglang-fleet capacity")
+    assert "--sglang-version: SGLang 0.4.9 is not a supported release" in err

@@ -81,9 +81,12 @@ def test_usage_error_exits_2() -> None:
     assert cli("frobnicate").returncode == 2
 
 
-def test_unknown_release_exits_1() -> None:
+def test_unknown_release_is_a_usage_error() -> None:
+    """A release is judged from the option's text alone: exit 2, before the profile is read
+    (an unsupported engine.version in the profile is a problem in it: exit 1)."""
     result = cli("render", str(FIELD_PROFILE), "--sglang-version", "0.4.0")
-    assert result.returncode == 1 and "0.4.0" in result.stderr
+    assert result.returncode == 2 and result.stderr.startswith("usage: sglang-fleet render")
+    assert "argument --sglang-version: SGLang 0.4.0 is not a supported release" in result.stderr
 
 
 def test_internal_error_exits_3_with_the_traceback_in_a_file(

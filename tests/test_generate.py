@@ -479,10 +479,19 @@ def test_bad_options_are_a_message_not_a_traceback(tmp_path: Path,
     from sglang_fleet.cli import main
 
     inp = write_input(tmp_path / "in.jsonl", 1)
+    # wrong as written: a usage error (exit 2), before anything is read or sent
     for flags, message in ((["--url", "http://127.0.0.1:9", "--shard-size", "0"],
-                            "--shard-size must be at least 1, not 0"),
-                           (["--url", "127.0.0.1:9"], "write http://HOST:PORT"),
-                           (["--url", "http://127.0.0.1:9", "--api-key-file", "/nonexistent"],
+                            "argument --shard-size: must be at least 1, got 0"),
+                           (["--url", "127.0.0.1:9"], "argument --url: '127.0.0.1:9' is not an "
+                            "http(s) URL"),
+                           (["--url", "http://u:pw@127.0.0.1:9"], "holds credentials"),
+                           (["--url", "http://127.0.0.1:9", "--timeout", "nan"],
+                            "argument --timeout: must be seconds of at least 1")):
+        assert main(["generate", str(inp), str(tmp_path / "out"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("usage: sglang-fleet generate") and message in err, err
+        assert "pw" not in err  # a URL's password is never said
+    for flags, message in ((["--url", "http://127.0.0.1:9", "--api-key-file", "/nonexistent"],
                             "/nonexistent: cannot read the API key file"),
                            (["--url", "http://127.0.0.1:9"], "ConnectError")):
         assert main(["generate", str(inp), str(tmp_path / "out"), *flags]) == 1
@@ -652,8 +661,9 @@ def test_credentials_in_the_url_are_refused_and_never_written(
     finally:
         router.close()
     captured = capsys.readouterr()
-    assert code == 1 and router.seen == []
-    assert captured.err.startswith(f"error: --url: '{router.url}' holds credentials")
+    assert code == 2 and router.seen == []  # a URL wrong as written: a usage error
+    assert captured.err.startswith("usage: sglang-fleet generate")
+    assert f"error: argument --url: '{router.url}' holds credentials" in captured.err
     assert "hunter2" not in captured.err + captured.out
     assert not any("hunter2" in p.read_text() for p in tmp_path.rglob("*") if p.is_file())
 

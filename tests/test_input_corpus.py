@@ -1,8 +1,10 @@
 """Every bad input gets a named error: a table of malformed and hostile inputs to ``check``,
 ``render``, ``smoke``, ``roll`` and host data, each with the fragment its message must hold.
 
-Each case must exit 1 with ``error: SOURCE: ...`` (and a ``fix:`` line for input problems),
-never exit 0 (silently accepted), never print a traceback and never exit 3 (a bug).
+Each case must exit 1 with ``error: SOURCE: ...`` (and a ``fix:`` line for input problems), or,
+for an option whose value is wrong as written (a release, a URL, a count, a ``--data`` pair),
+exit 2 with argparse's ``usage:`` and the problem; never exit 0 (silently accepted), never
+print a traceback and never exit 3 (a bug).
 """
 
 from __future__ import annotations
@@ -70,10 +72,16 @@ class Case:
     profile: str | bytes | None = None
     files: dict[str, str | bytes] = field(default_factory=dict)
     fix: bool = True  # input problems carry a fix line; a server's answer is one line
+    usage: bool = False  # a usage error: exit 2, argparse's usage and the problem
 
 
 def check(name: str, profile: str | bytes, expect: str, *more: str) -> Case:
     return Case(name, ("check", "{profile}", *more), expect, profile)
+
+
+def check_usage(name: str, expect: str, *more: str) -> Case:
+    """An option of ``check`` that is wrong as written: exit 2 before the profile is read."""
+    return Case(name, ("check", "{profile}", *more), expect, prof(), usage=True)
 
 
 def render(name: str, profile: str | bytes, expect: str, *more: str) -> Case:
@@ -358,14 +366,15 @@ PROFILE_CASES = [
     check("extra_args bad integer", extra("--max-total-tokens", "lots"), "parser rejects"),
     check("extra_args expansion", extra("--log-level", "${X}"), "'${'"),
     # Releases on the command line.
-    check("--sglang-version empty", prof(), "is empty", "--sglang-version", ""),
-    check("--sglang-version a path", prof(), "not a supported release",
-          "--sglang-version", "../flags/0.5.23"),
-    check("--sglang-version 0.5.9", prof(), "--sglang-version: SGLang 0.5.9 is not a supported "
-          "release", "--sglang-version", "0.5.9"),
-    check("--sglang-version near miss", prof(), "did you mean", "--sglang-version", "0.5.23.post9"),
-    check("--sglang-version newline", prof(), "not a supported release",
-          "--sglang-version", "0.5.23\n"),
+    check_usage("--sglang-version empty", "is empty", "--sglang-version", ""),
+    check_usage("--sglang-version a path", "not a supported release",
+                "--sglang-version", "../flags/0.5.23"),
+    check_usage("--sglang-version 0.5.9", "--sglang-version: SGLang 0.5.9 is not a supported "
+                "release", "--sglang-version", "0.5.9"),
+    check_usage("--sglang-version near miss", "did you mean", "--sglang-version",
+                "0.5.23.post9"),
+    check_usage("--sglang-version newline", "not a supported release",
+                "--sglang-version", "0.5.23\n"),
     render("render a bad profile", prof({"server.port": 80}), "privileged", "--format", "json"),
     render("render http index", prof({"engine.index_url": "http://x.org/simple"}), "plain http"),
     # The model's config.json.
@@ -408,6 +417,11 @@ def _expand(case: Case, tmp: Path) -> list[str]:
 def assert_named_error(code: int, err: str, case: Case) -> None:
     assert code != 0, f"{case.name}: silently accepted"
     assert "Traceback" not in err and code != cli.INTERNAL_ERROR, f"{case.name}: a bug:\n{err}"
+    if case.usage:
+        assert code == 2, f"{case.name}: exit {code}, not a usage error\n{err}"
+        assert err.startswith("usage: sglang-fleet "), f"{case.name}: {err!r}"
+        assert ": error: argument " in err and case.expect in err, f"{case.name}:\n{err}"
+        return
     assert code == 1, f"{case.name}: exit {code}\n{err}"
     assert err.startswith("error: "), f"{case.name}: {err!r}"
     assert case.expect in err, f"{case.name}: {case.expect!r} not in:\n{err}"
@@ -536,14 +550,14 @@ def _free_port() -> int:
 
 
 SMOKE_INPUT_CASES = [
-    Case("url empty", ("smoke", ""), "is empty"),
-    Case("url without a scheme", ("smoke", "10.0.0.1:30000"), "not an http(s) URL"),
-    Case("url host:port", ("smoke", "localhost:30000"), "not an http(s) URL"),
-    Case("url ftp", ("smoke", "ftp://x"), "not an http(s) URL"),
-    Case("url no host", ("smoke", "http://"), "no valid host"),
-    Case("url bad port", ("smoke", "http://h:99999"), "not a URL"),
-    Case("url with a space", ("smoke", "http://a b:1"), "must not hold"),
-    Case("url newline", ("smoke", "http://a\n:1"), "U+000A"),
+    Case("url empty", ("smoke", ""), "is empty", usage=True),
+    Case("url without a scheme", ("smoke", "10.0.0.1:30000"), "not an http(s) URL", usage=True),
+    Case("url host:port", ("smoke", "localhost:30000"), "not an http(s) URL", usage=True),
+    Case("url ftp", ("smoke", "ftp://x"), "not an http(s) URL", usage=True),
+    Case("url no host", ("smoke", "http://"), "no valid host", usage=True),
+    Case("url bad port", ("smoke", "http://h:99999"), "not a URL", usage=True),
+    Case("url with a space", ("smoke", "http://a b:1"), "must not hold", usage=True),
+    Case("url newline", ("smoke", "http://a\n:1"), "U+000A", usage=True),
     Case("key file missing", ("smoke", "http://127.0.0.1:1", "--api-key-file", "/nonexistent"),
          "cannot read the API key file"),
     Case("key file two lines", ("smoke", "http://127.0.0.1:1", "--api-key-file", "{k}"),
@@ -675,6 +689,9 @@ INVENTORY = f"""
 hosts = [("h1", {{"sglang_profile": {str(FIELD_PROFILE)!r}, "ssh_hostname": "10.0.0.1",
                   "gpu_count": 8}})]
 """
+# Options wrong as written: a usage error (exit 2) before the inventory is read.
+ROLL_USAGE = {"batch 0", "data without =", "data key with a space", "data value newline",
+              "drain timeout nan", "health timeout negative"}
 ROLL_CASES = [
     ("inventory syntax error", "hosts = [(\n", (), "not valid Python"),
     ("inventory raises", "raise RuntimeError('no such site')\n", (), "no such site"),
@@ -725,7 +742,7 @@ def test_roll_inputs(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stderr
     results = json.loads(run.stdout.splitlines()[-1])
     for (name, _, _, expect), (code, err) in zip(ROLL_CASES, results, strict=True):
-        assert_named_error(code, err, Case(name, (), expect))
+        assert_named_error(code, err, Case(name, (), expect, usage=name in ROLL_USAGE))
 
 
 def test_corpus_size() -> None:

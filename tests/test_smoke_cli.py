@@ -106,5 +106,6 @@ def test_the_gates_requests_follow_no_redirect(redirected: tuple[Origin, Origin]
 
 def test_credentials_in_the_url_are_refused_unshown() -> None:
     result = smoke("http://user:hunter2-pw@127.0.0.1:1")
-    assert result.returncode == 1 and "holds credentials" in result.stderr
+    # a URL wrong as written: a usage error, before anything is sent
+    assert result.returncode == 2 and "holds credentials" in result.stderr
     assert "hunter2" not in result.stderr + result.stdout
