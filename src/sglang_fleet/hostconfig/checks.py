@@ -88,7 +88,8 @@ def url(value: Any, raw: Raw) -> Found:
     """A repository, index or endpoint the hosts fetch from as root: https, unless host data
     ``allow_insecure_urls`` is True."""
     if not isinstance(value, str):
-        return f"must be a URL string, got {type(value).__name__} {value!r}"
+        return Wrong(f"must be a URL string, got {type(value).__name__} {value!r}",
+                     "write https://HOST[:PORT]/PATH")
     wrong = validators.url_problem(value, raw.get(INSECURE_KEY) is True)
     if wrong is None:
         return None

@@ -228,7 +228,7 @@ class HostConfig:
     nvidia_repo_base_url: str = key(
         NVIDIA_REPOS, check=url, doc="the CUDA repository's base (https)")
     nvidia_keyring_sha256: str | None = key(
-        None, check=sha256, fix=f"sha256sum {KEYRING} after checking the package",
+        None, check=sha256, parse=str, fix=f"sha256sum {KEYRING} after checking the package",
         shown="pinned per repository", doc=f"sha256 of `{KEYRING}`")
     nvidia_driver_branch: str = key(
         DRIVER_BRANCH, check=form(r"[0-9]{3,4}", "a driver branch, e.g. 580"), parse=str,

@@ -86,7 +86,7 @@ def key(default: T, *, doc: str, fix: str = "", check: Check | None = None,
     """A declared field (typed as its default, so the dataclass field keeps its annotation);
     ``secret``: its value is left out of the object's repr (tracebacks, logs).
 
-        purge: tuple[str, ...] = key((), check=purge_names, doc="teardown: ...")
+        purge: tuple[str, ...] = key((), check=subset_of(PURGEABLE), doc="teardown: ...")
     """
     spec = {SPEC: Key(doc, fix, check, parse, read, shown, group)}
     if isinstance(default, dict | list | set):  # a dataclass takes no mutable default
