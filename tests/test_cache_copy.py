@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet.remote import cache_copy
+from sglang_fleet.remote import cache_archive
 
 DIGEST = "0123456789abcdef01234567"
 KERNEL = "deep_gemm/cache/kernel.gemm_nt_f8f8bf16.5d41402abc4b2a76"
@@ -87,7 +87,7 @@ def test_pack_takes_finished_kernels_only(cache: Path, tmp_path: Path) -> None:
     out, result = pack(cache, tmp_path)
     with tarfile.open(out) as tar:
         names = {m.name: m for m in tar}
-    assert sorted(names) == [cache_copy.MANIFEST, "deep_gemm", "deep_gemm/cache", KERNEL,
+    assert sorted(names) == [cache_archive.MANIFEST, "deep_gemm", "deep_gemm/cache", KERNEL,
                              f"{KERNEL}/kernel.cubin", f"{KERNEL}/kernel.so"]
     assert names[f"{KERNEL}/kernel.so"].mode == 0o755 and \
         names[f"{KERNEL}/kernel.cubin"].mode == 0o644
@@ -107,7 +107,7 @@ def test_pack_follows_no_link_to_the_cache(tmp_path: Path) -> None:
     (root / "deep_gemm").symlink_to(elsewhere.parent)
     out, result = pack(root, tmp_path)
     with tarfile.open(out) as tar:
-        assert tar.getnames() == [cache_copy.MANIFEST]
+        assert tar.getnames() == [cache_archive.MANIFEST]
     assert result["files"] == 0
 
 
@@ -148,7 +148,7 @@ def member(name: str, kind: bytes = tarfile.REGTYPE, data: bytes = b"x",
     return info, data
 
 
-MANIFEST = member(cache_copy.MANIFEST, data=json.dumps({"digest": DIGEST}).encode())
+MANIFEST = member(cache_archive.MANIFEST, data=json.dumps({"digest": DIGEST}).encode())
 GOOD = member(f"{KERNEL}/kernel.cubin")
 
 

@@ -18,7 +18,7 @@ from sglang_sim import args as sim_args
 from sglang_sim import launch_server
 from sglang_sim.faults import Faults
 
-from sglang_fleet.remote import capacity, check_server
+from sglang_fleet.remote import capacity, gate_soak
 from tests.conftest import ROOT
 
 MODEL = ROOT / "lab" / "models" / "qwen3.6-27b"
@@ -130,7 +130,7 @@ def test_a_dp_server_reports_each_rank_and_the_servers_total(release: str,
     assert cap.draft is not None and cap.draft.architecture == "Qwen3_5ForCausalLMMTP"
     assert "max running requests 12 per DP rank, 96 for the server (8 DP ranks)" in \
         capacity.report(cap)[0]
-    assert check_server.soak_count(None, cap.total_running_requests) == 192
+    assert gate_soak.soak_count(None, cap.total_running_requests) == 192
 
 
 def test_one_dp_rank_that_logs_less_is_counted_as_it_logged() -> None:

@@ -20,7 +20,7 @@ from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.facts.python import parse_deep_gemm
 from sglang_fleet.facts.systemd import UnitState
 from sglang_fleet.ops.host_programs import program
-from sglang_fleet.remote import cache_copy
+from sglang_fleet.remote import cache_archive
 from sglang_fleet.rollout import cutover
 from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.stages import compiled
@@ -408,4 +408,4 @@ def test_the_gate_passed_records_the_digest_once(roll: Any) -> None:
 
 def test_the_program_copies_the_cache_the_release_points_deep_gemm_at() -> None:
     dg = next(c for c in CACHES if c.variable == "SGLANG_DG_CACHE_DIR")
-    assert (f"{dg.subdir}/cache",) == cache_copy.COPIED
+    assert (f"{dg.subdir}/cache",) == cache_archive.COPIED

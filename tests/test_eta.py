@@ -13,7 +13,7 @@ import pytest
 
 from sglang_fleet import paths
 from sglang_fleet.facts.systemd import GateRecords
-from sglang_fleet.remote import check_server, eta
+from sglang_fleet.remote import check_server, eta, gate_soak
 from tests.test_status import KEY, server  # noqa: F401  (the simulator, as status reads it)
 
 JOB = (900_000, 1000)
@@ -126,10 +126,10 @@ def test_a_record_counts_only_for_the_start_it_measured() -> None:
 
 
 def test_the_soak_measures_output_tokens_per_second(server: str) -> None:  # noqa: F811
-    s = check_server.soak(server, KEY, "qwen3.6-27b", 8)
+    s = gate_soak.soak(server, KEY, "qwen3.6-27b", 8)
     assert s["failed"] == 0 and s["output_tokens"] > 0
     assert s["tokens_per_s"] == pytest.approx(s["output_tokens"] / s["seconds"], rel=0.05)
-    refused = check_server.soak(server, "wrong-key-0123456789", "qwen3.6-27b", 2)
+    refused = gate_soak.soak(server, "wrong-key-0123456789", "qwen3.6-27b", 2)
     assert refused["failed"] == 2 and refused["output_tokens"] == 0
     assert refused["tokens_per_s"] is None  # nothing answered: nothing measured
 

@@ -15,7 +15,7 @@ from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.nvidia import LoadedModule
 from sglang_fleet.facts.systemd import parse_show, parse_version
 from sglang_fleet.hostconfig import HostConfig
-from sglang_fleet.remote import check_server
+from sglang_fleet.remote import gate_soak
 from sglang_fleet.report import summary
 from sglang_fleet.rollout import planning
 from sglang_fleet.stages.driver import DriverConfig, change_refused
@@ -79,10 +79,10 @@ def test_a_unit_found_down_is_said_so() -> None:
 
 
 def test_soak_size() -> None:
-    assert check_server.soak_count(None, 48) == 96
-    assert check_server.soak_count(0, 48) == 0
-    assert check_server.soak_count(10, 48) == 10
-    assert check_server.soak_count(None, None) == 2 * check_server.SOAK_DEFAULT_BATCH
+    assert gate_soak.soak_count(None, 48) == 96
+    assert gate_soak.soak_count(0, 48) == 0
+    assert gate_soak.soak_count(10, 48) == 10
+    assert gate_soak.soak_count(None, None) == 2 * gate_soak.SOAK_DEFAULT_BATCH
     assert HostConfig.from_data({}, "h").gate_soak_requests is None
     assert HostConfig.from_data({"gate_soak_requests": 0}, "h").gate_soak_requests == 0
     for bad in (-1, "many", True, 2.5):

@@ -13,6 +13,7 @@ import pytest
 
 from sglang_fleet import cli
 from sglang_fleet.remote import check_server as gate_check
+from sglang_fleet.remote import gate_smoke
 
 
 def smoke(accept: float | None, meta: bool | None, version: str | None) -> dict[str, object]:
@@ -21,25 +22,25 @@ def smoke(accept: float | None, meta: bool | None, version: str | None) -> dict[
 
 
 def test_releases_with_and_without_meta_info() -> None:
-    assert gate_check.meta_info_reported("0.5.12.post1") is False
-    assert gate_check.meta_info_reported("0.5.13") is True
-    assert gate_check.meta_info_reported(None) is None
+    assert gate_smoke.meta_info_reported("0.5.12.post1") is False
+    assert gate_smoke.meta_info_reported("0.5.13") is True
+    assert gate_smoke.meta_info_reported(None) is None
 
 
 def test_describe_says_why_there_is_no_accept_length() -> None:
-    line = gate_check.describe(smoke(None, False, "0.5.12"))
+    line = gate_smoke.describe(smoke(None, False, "0.5.12"))
     assert line.endswith("accept length not reported by this release (SGLang 0.5.12: "
                          "return_meta_info arrived in 0.5.13)")
-    assert "accept length 2.85" in gate_check.describe(smoke(2.85, True, "0.5.23"))
-    assert "not reported by this server" in gate_check.describe(smoke(None, None, None))
-    assert "accept length" not in gate_check.describe(smoke(None, True, "0.5.23"))
+    assert "accept length 2.85" in gate_smoke.describe(smoke(2.85, True, "0.5.23"))
+    assert "not reported by this server" in gate_smoke.describe(smoke(None, None, None))
+    assert "accept length" not in gate_smoke.describe(smoke(None, True, "0.5.23"))
 
 
 def test_meta_info_of_a_valid_answer_with_and_without_it() -> None:
     where = "http://h/v1/chat/completions"
-    assert gate_check.meta_info(200, b'{"choices": [{"message": {"content": "4"}}]}', where) == {}
+    assert gate_smoke.meta_info(200, b'{"choices": [{"message": {"content": "4"}}]}', where) == {}
     body = b'{"choices": [{"meta_info": {"spec_accept_length": 2.5}}]}'
-    assert gate_check.meta_info(200, body, where) == {"spec_accept_length": 2.5}
+    assert gate_smoke.meta_info(200, body, where) == {"spec_accept_length": 2.5}
 
 
 @pytest.mark.parametrize(("status", "body", "says"), [
@@ -53,7 +54,7 @@ def test_meta_info_of_a_valid_answer_with_and_without_it() -> None:
 ])
 def test_a_broken_answer_is_an_error(status: int, body: bytes, says: str) -> None:
     with pytest.raises(gate_check.GateError, match=re.escape(says)):
-        gate_check.meta_info(status, body, "http://h/v1/chat/completions")
+        gate_smoke.meta_info(status, body, "http://h/v1/chat/completions")
 
 
 def test_server_info_that_is_not_an_object_is_an_error() -> None:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from sglang_fleet.generate import capacity
-from sglang_fleet.generate.client import Pool
+from sglang_fleet.generate.http_pool import Pool
 from sglang_fleet.generate.outage import is_trouble
 from sglang_fleet.rollout import fleet
 from sglang_fleet.rollout.router_api import Router

@@ -347,7 +347,7 @@ def test_the_key_goes_to_no_worker_the_router_lists(
 
 
 def test_the_pool_sends_nothing_to_another_origin() -> None:
-    from sglang_fleet.generate.client import Pool
+    from sglang_fleet.generate.http_pool import Pool
     from tests.conftest import Origin
 
     mine, other = Origin({}), Origin({})
@@ -546,7 +546,7 @@ CLOSING = b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nto the end"
 def test_pool_keeps_connections_alive_and_reads_every_framing() -> None:
     """Content-Length and chunked answers reuse one connection; an answer that runs to the
     close is read whole and its connection is not reused."""
-    from sglang_fleet.generate.client import Pool
+    from sglang_fleet.generate.http_pool import Pool
 
     async def scenario() -> tuple[list[tuple[int, bytes]], int]:
         server, url, accepted = await raw_server([OK_JSON, CHUNKED, CLOSING, OK_JSON])
@@ -568,7 +568,7 @@ def test_pool_keeps_connections_alive_and_reads_every_framing() -> None:
 def test_pool_turns_network_faults_into_httpx_errors() -> None:
     """What the retry loop catches: a refused connection, a connection dropped before the
     answer, and an answer that never comes are httpx errors, and the pool recovers."""
-    from sglang_fleet.generate.client import Pool
+    from sglang_fleet.generate.http_pool import Pool
 
     async def scenario() -> list[str]:
         server, url, _ = await raw_server([b"", b"hang", OK_JSON])

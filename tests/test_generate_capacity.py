@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from sglang_fleet.generate import capacity
-from sglang_fleet.generate.client import Pool
 from sglang_fleet.generate.errors import GenerateError
+from sglang_fleet.generate.http_pool import Pool
 
 
 class _Answers:

@@ -38,6 +38,53 @@ def test_every_module_of_the_package_is_uploaded_by_name() -> None:
     assert on_disk == set(hostcode.MODULES)
 
 
+class RecordedFiles:
+    """pyinfra's ``files`` as ``upload`` uses it, recording what it would put on the host."""
+
+    def __init__(self) -> None:
+        self.put_sources: list[str] = []
+
+    def directory(self, **kwargs: object) -> None:
+        pass
+
+    def put(self, *, src: str, **kwargs: object) -> str:
+        self.put_sources.append(src)
+        return src
+
+
+@pytest.mark.parametrize("module", hostcode.MODULES)
+def test_upload_puts_every_module_a_program_imports(module: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``upload(module)`` alone, as a stage calls it, puts all the host needs to import it: the
+    package holding only what was uploaded imports ``module`` (a program split in parts gets
+    its parts), and ``upload`` returns the named module's own operation."""
+    recorded = RecordedFiles()
+    monkeypatch.setattr(hostcode, "files", recorded)
+    [own] = hostcode.upload(module)
+    assert str(own) == str(hostcode.SOURCE / f"{module}.py")
+    assert len(recorded.put_sources) == len(set(recorded.put_sources))  # each file once
+    target = tmp_path / hostcode.PACKAGE
+    target.mkdir()
+    for src in recorded.put_sources:
+        shutil.copy(src, target / Path(src).name)
+    result = host_python(tmp_path, "-c", f"import {hostcode.PACKAGE}.{module}")
+    assert result.returncode == 0, result.stderr
+
+
+def test_upload_returns_the_named_modules_operations_once_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gate's upload names modules check_server imports too: each is put once, and the
+    operations come back one per module named, in order (``[launcher] = upload(...)``)."""
+    recorded = RecordedFiles()
+    monkeypatch.setattr(hostcode, "files", recorded)
+    named = ("capacity", "crash", "eta", "readiness", "check_server")
+    ops = hostcode.upload(*named)
+    assert [Path(str(op)).stem for op in ops] == list(named)
+    put = [Path(src).stem for src in recorded.put_sources]
+    assert put[0] == "__init__" and len(put) == len(set(put))
+    assert set(put) == {"__init__", *hostcode.imports("check_server")}
+
+
 @pytest.mark.parametrize("module", hostcode.MODULES)
 def test_each_module_imports_alone(pythonpath: Path, module: str) -> None:
     result = host_python(pythonpath, "-c", f"import {hostcode.PACKAGE}.{module}")

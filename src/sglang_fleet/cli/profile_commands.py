@@ -1,8 +1,10 @@
 """``sglang-fleet render`` and ``check``: a serving profile rendered into the launch a host
-runs, and checked against SGLang's startup rules (nothing is contacted).
+runs, and checked against SGLang's startup rules (nothing is contacted); ``keys``: what each
+profile key is.
 
     sglang-fleet render qwen3.6-27b-mtp --format json
     sglang-fleet check my-profile.yaml --model-config config.json
+    sglang-fleet keys memory.page_size
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from sglang_fleet.config import preflight, profile, releases, sizing
+from sglang_fleet.config import docs, preflight, profile, releases, sizing
 from sglang_fleet.config.render import Launch, render
 from sglang_fleet.errors import InputError
 
@@ -52,6 +54,20 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_keys(args: argparse.Namespace) -> int:
+    """Every profile key as a Markdown table, or the named keys' help (from their declarations,
+    config/profile.py)."""
+    for name in args.keys:
+        fix = docs.unknown(name)
+        if fix:
+            raise InputError.one("sglang-fleet keys", name, "is not a profile key", fix)
+    if not args.keys:
+        print(docs.table(), end="")
+    for name in args.keys:
+        print(docs.describe(name))
+    return 0
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The profile commands' parsers, in the order ``--help`` lists them."""
     insecure_help = ("accept a plain http:// engine.index_url (as host data "
@@ -77,3 +93,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--model-config", help="the model's config.json (or its directory)")
     p.add_argument("--gpus", type=_gpus, default=8, help=gpus_help)
     p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("keys", help="every profile key (type, default, SGLang flag, meaning), "
+                       "or the named ones")
+    p.add_argument("keys", nargs="*", metavar="KEY", help="a key, dotted, e.g. memory.page_size")
+    p.set_defaults(func=cmd_keys)

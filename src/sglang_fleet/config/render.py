@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from sglang_fleet import paths
-from sglang_fleet.config import flags, releases
+from sglang_fleet.config import flags, keys, releases
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.releases import at_least
 from sglang_fleet.errors import InputError, Problem
@@ -125,36 +125,16 @@ def legacy_staging_dir(source: str) -> str:
 
 
 def _semantic_args(profile: Profile, instance: int) -> Iterator[tuple[str, str, Any]]:
-    """(profile key, SGLang destination, value) for every value the profile sets."""
-    spec, mem, sched = profile.speculative, profile.memory, profile.scheduler
-    yield "model.source", "model_path", model_path(profile)
-    yield "model.served_name", "served_model_name", profile.model.served_name
-    yield "model.trust_remote_code", "trust_remote_code", profile.model.trust_remote_code
-    yield "speculative.algorithm", "speculative_algorithm", spec.algorithm
-    yield "speculative.num_steps", "speculative_num_steps", spec.num_steps
-    yield "speculative.eagle_topk", "speculative_eagle_topk", spec.eagle_topk
-    yield "speculative.num_draft_tokens", "speculative_num_draft_tokens", spec.num_draft_tokens
-    yield "mamba.strategy", MAMBA_STRATEGY_DESTS[0], profile.mamba.strategy
-    yield "mamba.track_interval", "mamba_track_interval", profile.mamba.track_interval
-    yield "mamba.full_memory_ratio", "mamba_full_memory_ratio", profile.mamba.full_memory_ratio
-    yield "memory.mem_fraction_static", "mem_fraction_static", mem.mem_fraction_static
-    yield "memory.max_running_requests", "max_running_requests", mem.max_running_requests
-    yield "memory.max_mamba_cache_size", "max_mamba_cache_size", mem.max_mamba_cache_size
-    yield "memory.context_length", "context_length", mem.context_length
-    yield "memory.page_size", "page_size", mem.page_size
-    yield "memory.chunked_prefill_size", "chunked_prefill_size", mem.chunked_prefill_size
-    yield "scheduler.radix_cache", "disable_radix_cache", not sched.radix_cache
-    yield "scheduler.overlap_schedule", "disable_overlap_schedule", not sched.overlap_schedule
-    yield "scheduler.attention_backend", "attention_backend", sched.attention_backend
-    yield "scheduler.linear_attn_backend", "linear_attn_backend", sched.linear_attn_backend
-    yield "parallel.tp", "tp_size", profile.parallel.tp
-    yield "parallel.dp", "dp_size", profile.parallel.dp
-    yield "parallel.nnodes", "nnodes", profile.parallel.nnodes
-    yield "parsers.reasoning", "reasoning_parser", profile.parsers.reasoning
-    yield "parsers.tool", "tool_call_parser", profile.parsers.tool
-    yield "server.host", "host", profile.server.host
-    yield "server.port", "port", profile.server.port + instance
-    yield "server.metrics", "enable_metrics", profile.server.metrics
+    """(profile key, SGLang destination, value) for every key declared with a flag
+    (``profile.py``), in declaration order; a ``negated`` key's flag is set when it is false."""
+    # The two values that are not the profile's own: where the weights are on the host, and
+    # this instance's port.
+    rendered = {"model.source": model_path(profile),
+                "server.port": profile.server.port + instance}
+    for key, value in keys.values(profile):
+        if key.dest is not None:
+            value = rendered.get(key.name, value)
+            yield key.name, key.dest, (not value) if key.negated else value
 
 
 def _resolve_dest(table: flags.FlagTable, dest: str) -> str | None:
@@ -221,7 +201,7 @@ def _secrets(profile: Profile, table: flags.FlagTable, problems: list[Problem]) 
 
 
 # Keys whose flag is the negation of the profile value (--disable-X for scheduler.X: true).
-_INVERTED = ("scheduler.radix_cache", "scheduler.overlap_schedule")
+_INVERTED = {key.name for key in keys.declared(Profile) if key.negated}
 # Flags that would write a key into the (world-readable) unit file.
 _SECRET_FLAGS = ("--api-key", "--admin-api-key")
 _REPEATABLE = ("_AppendAction", "_AppendConstAction", "_CountAction")

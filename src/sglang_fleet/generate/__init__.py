@@ -8,6 +8,7 @@ The input is streamed; the output is JSONL shards, each written once and atomica
 every finished shard, so no id is written twice and none is lost across a kill -9.
 """
 
-from sglang_fleet.generate.job import Options, run, run_job
+from sglang_fleet.generate.job import run, run_job
+from sglang_fleet.generate.job_state import Options
 
 __all__ = ["Options", "run", "run_job"]

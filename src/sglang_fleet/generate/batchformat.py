@@ -2,7 +2,7 @@
 
 - ``chat`` (sglang-fleet's own): a chat request per line (``messages``, optional ``id``), a
   ``{"prompt": ...}`` or a bare JSON string (source.parse_line); records
-  ``{id, request_sha256, reasoning_content, content, ...}`` (client.to_record).
+  ``{id, request_sha256, reasoning_content, content, ...}`` (completion.to_record).
 - ``openai-batch``: the OpenAI Batch API's input file, which ``vllm run-batch`` reads too:
   ``{"custom_id", "method": "POST", "url": "/v1/chat/completions", "body": {chat request}}``;
   records and failures in its output and error files' form.
@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
-from sglang_fleet.generate.client import Build, Outcome, to_record
+from sglang_fleet.generate.completion import Build, Outcome, to_record
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.source import (
     Item,

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from sglang_fleet.generate.client import Pool
 from sglang_fleet.generate.errors import GenerateError
+from sglang_fleet.generate.http_pool import Pool
 from sglang_fleet.remote.capacity import running_limit
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from sglang_fleet.generate.client import Pool
+from sglang_fleet.generate.http_pool import Pool
 
 FIELDS = ("served_model_name", "model_path", "revision", "version", "sampling_defaults",
           "preferred_sampling_params", "speculative_algorithm", "speculative_draft_model_path",

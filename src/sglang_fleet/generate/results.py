@@ -1,12 +1,12 @@
 """``sglang-fleet results OUTPUT``: one view of a generate job, the final record of each id as
 JSONL on stdout: every records file committed, shards in order, then the ``--retry-failures``
 rounds. ``--failed`` prints the lines still without a record instead (the last round's
-failures, else every shard's: job.failure_names, the rule --retry-failures follows).
+failures, else every shard's: output_files.failure_names, the rule --retry-failures follows).
 
 It only reads: no lock, no lease, nothing written, so it runs beside a writer (a file is on
 the output only once committed whole). Records are streamed; memory holds 8 bytes per id
-(job.id_key), which checks that no id has two records (they cannot by construction: a second
-one means the output was changed by something else, and both files are named).
+(output_files.id_key), which checks that no id has two records (they cannot by construction:
+a second one means the output was changed by something else, and both files are named).
 
     code = show("s3://data/run-1/", failed=False, s3_endpoint=None)
 """
@@ -22,7 +22,7 @@ from typing import IO, Any
 import orjson
 
 from sglang_fleet.generate.errors import GenerateError
-from sglang_fleet.generate.job import (
+from sglang_fleet.generate.output_files import (
     MANIFEST,
     failure_names,
     failures_name,
@@ -52,7 +52,7 @@ def committed(reader: Reader) -> Committed:
     """The output's committed files, from its manifests (one run's, or each --worker K/N's)
     and the files on it: a manifest entry whose file is missing was being committed when a
     run stopped (an error on a finished job), and a retry round committed just before a kill
-    is not listed yet (job.Job.load_rounds). A job of N workers is complete once all N are."""
+    is not listed yet (ledger.Ledger.load_rounds). A job of N workers is complete once all N are."""
     names = listing(reader)
     shards: Entries = {}
     rounds_named: list[str] = []

@@ -11,7 +11,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from sglang_fleet.config import profile, validators
+from sglang_fleet.config import profile_yaml, validators
 from sglang_fleet.hostconfig.spec import Check, Found, Raw, Wrong
 from sglang_fleet.ops.unitfile import UnsafeValue, networks
 
@@ -32,7 +32,7 @@ def whole(low: int, high: int | None, must: str) -> Check:
 
 def profile_fix() -> str:
     return (f"set sglang_profile = 'path/to/profile.yaml' (or a shipped profile's name: "
-            f"{', '.join(profile.shipped())}) in group data")
+            f"{', '.join(profile_yaml.shipped())}) in group data")
 
 
 def profile_path(value: Any, raw: Raw) -> Found:

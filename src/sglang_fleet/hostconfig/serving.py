@@ -14,7 +14,7 @@ from __future__ import annotations
 from pyinfra.api.host import Host
 
 from sglang_fleet.config import profile
-from sglang_fleet.config.schema import AUTO
+from sglang_fleet.config.checks import AUTO
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import SmiReport
 from sglang_fleet.hostconfig.access import of

@@ -7,6 +7,7 @@ import shlex
 from collections.abc import Generator
 from typing import Any
 
+from pyinfra import logger
 from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import host
 
@@ -34,6 +35,24 @@ def fail(message: str) -> str:
     """A command that fails with ``message``: pyinfra shows it as the host's error, without the
     traceback an exception raised while executing an operation would print."""
     return f"echo {shlex.quote('error: ' + message)} >&2; exit 1"
+
+
+def preview(what: str, changes: bool = True) -> Ops:
+    """In pyinfra's preview (its change detection, before "Beginning operation run"; ``-y``
+    skips it), what an operation that decides only when it runs may do: a line for the host
+    and, when it may change the host, a stand-in command, so that the preview counts it as a
+    change ("Change", or "Conditional Change" with ``_if``) instead of "-". The stand-in never
+    runs: the preview stops at an operation's first command, and the run calls the operation
+    again, executing. For an operation's not-executing branch only.
+
+        if not state.is_executing:
+            yield from preview("may reboot (if the driver changes)")
+            return
+    """
+    # the line first: the preview stops reading the operation at its first command
+    logger.info(f"{host.print_prefix}preview: {what}")
+    if changes:
+        yield f"true  # {what}"
 
 
 def result_line(lines: list[str], mark: str) -> dict[str, Any] | None:

@@ -18,9 +18,12 @@ unit each belongs to, the drain and health bounds, ``batch_instances``, the roll
 ``<host>.json`` (when it left the routers, whole or wave by wave, what the drain left:
 ``OutOfRouters``).
 
+Every command that disturbs a host's servers goes through ``disrupt``, which puts the leave
+right before it; no stage calls ``leave_routers`` itself (tests/test_disruption.py checks both).
+
     turn(name="This host's turn in a roll")      # an operation: waits in a roll only
-    yield from leave_routers()      # in an operation, right before a disruptive command
-    yield from leave_routers(["sglang-3.service"])     # only that server, with --batch-instances
+    yield from disrupt(reboot_and_wait(900))     # in an operation: the host leaves, then reboots
+    yield from disrupt(start_command(unit), units=[unit])   # only that server, --batch-instances
     yield from rejoin(["http://10.0.0.11:30003"])      # its wave ready: back, seen healthy
 """
 
@@ -31,14 +34,14 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pyinfra import logger
-from pyinfra.api.command import FunctionCommand
+from pyinfra.api.command import FunctionCommand, PyinfraCommand
 from pyinfra.api.operation import operation
 
 from sglang_fleet.ops import Ops
@@ -247,11 +250,38 @@ def _await(roll_dir: RollDirectory, host: Any, step: str, waiting: str, failed: 
     return True
 
 
+# A command an operation yields: a shell string or one of pyinfra's commands.
+Command = str | PyinfraCommand
+
+
+def disrupt(*commands: Command | Iterable[Command], units: list[str] | None = None) -> Ops:
+    """Commands that disturb this host's servers (a restart or stop of a server, a driver or
+    fabric manager change, a reboot, a stale server killed), led by what a roll needs right
+    before them: the host out of every router, drained (with ``units`` and
+    ``--batch-instances``, only those servers). Outside a roll: the commands alone. Each of
+    ``commands`` is a command or an iterable of them, consumed only once the leave has run.
+
+        yield from disrupt(start_command("sglang-1.service"), units=["sglang-1.service"])
+        yield from disrupt(reboot_and_wait(900))      # the whole host leaves, then reboots
+    """
+    # The one place a leave is yielded: a disruptive command a stage yields without this
+    # helper fails tests/test_disruption.py, so none can slip past the cutover.
+    yield from leave_routers(units)
+    for command in commands:
+        if isinstance(command, (str, PyinfraCommand)):
+            yield command
+        else:
+            yield from command
+
+
 def leave_routers(units: list[str] | None = None) -> Iterator[FunctionCommand]:
     """In a roll: a command that takes this host out of every router and drains it, the first
     time one of its operations is about to disturb its servers. With ``units`` and a roll that
     restarts a host's servers a few at a time (``--batch-instances``), only those servers
-    leave. Nothing outside a roll."""
+    leave. Nothing outside a roll. Stages reach it through ``disrupt`` only.
+
+        list(leave_routers(["sglang-3.service"]))   # [FunctionCommand(_leave_units, ...)]
+    """
     if current() is not None:
         yield (FunctionCommand(_leave, (), {}) if units is None
                else FunctionCommand(_leave_units, (units,), {}))

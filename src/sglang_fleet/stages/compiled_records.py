@@ -28,7 +28,7 @@ from sglang_fleet import paths
 from sglang_fleet.config.render import RENAMED_DESTS, Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi, SmiReport
 from sglang_fleet.facts.python import DeepGemm
-from sglang_fleet.ops import Ops
+from sglang_fleet.ops import Ops, preview
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.stages.engine import Release
 
@@ -188,7 +188,8 @@ def kernels_recorded(launches: list[Launch], release: Release) -> Ops:
         kernels_recorded(name="Record what the kernels were compiled for", launches=launches,
                          release=release)
     """
-    if not state.is_executing:
+    if not state.is_executing:  # the release's facts are known once it is installed
+        yield from preview(f"may record what the kernels of {release.id} were compiled for")
         return
     inputs = host_inputs(launches, release)
     if isinstance(inputs, str):

@@ -31,10 +31,10 @@ from sglang_fleet.facts.nvidia import (
     NvidiaSmi,
 )
 from sglang_fleet.hostconfig import DRIVER_FLOOR, REBOOT_TIMEOUT, HostConfig
-from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.report import summary
-from sglang_fleet.rollout.cutover import leave_routers
+from sglang_fleet.rollout.cutover import disrupt
 from sglang_fleet.stages.dcgm import DCGM_EXPORTER_DROP_IN, DCGM_PACKAGES, dcgm_running
 from sglang_fleet.stages.reboot import reboot_and_wait
 from sglang_fleet.stages.repository import APT_NO_UPGRADE, nvidia_repository, repository_url
@@ -116,6 +116,10 @@ def driver_change_allowed(cfg: DriverConfig) -> Ops:
         driver_change_allowed(name="Driver change allowed", cfg=cfg)
     """
     if not state.is_executing:
+        if not cfg.allow_reboot and cfg.version is not None:  # else it can refuse nothing
+            yield from preview(f"stops the host before any install if the loaded driver is not "
+                               f"{cfg.version} (a change needs a reboot; allow_reboot is off)",
+                               changes=False)
         return
     refused = change_refused(cfg, host.get_fact(NvidiaModule))
     if refused:
@@ -147,12 +151,13 @@ def driver_packages(cfg: DriverConfig) -> Ops:
         return
     held = host.get_fact(HeldPackages)
     if installed != wanted:
-        yield from leave_routers()  # in a roll: a driver change is not made under load
         pinned = [f"{p}={wanted}" for p in cfg.packages]
-        yield f"apt-mark unhold {' '.join(cfg.packages)} >/dev/null"
-        yield ("DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
-               f"--allow-change-held-packages -o Dpkg::Options::=--force-confold "
-               f"{' '.join(pinned)} nvidia-driver-pinning-{cfg.branch}")
+        # in a roll: a driver change is not made under load (the host leaves whole first)
+        yield from disrupt(
+            f"apt-mark unhold {' '.join(cfg.packages)} >/dev/null",
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
+            f"--allow-change-held-packages -o Dpkg::Options::=--force-confold "
+            f"{' '.join(pinned)} nvidia-driver-pinning-{cfg.branch}")
     if installed != wanted or not set(cfg.packages) <= set(held):
         yield f"apt-mark hold {' '.join(cfg.packages)}"
 
@@ -166,7 +171,12 @@ def load_driver(cfg: DriverConfig) -> Ops:
 
         load_driver(name="Driver loaded", cfg=cfg)
     """
-    if not state.is_executing:
+    if not state.is_executing:  # what is installed then is known only once it runs
+        yield from preview(
+            f"may reboot (if the driver changes: the loaded one is not the installed one), then "
+            f"wait up to {cfg.reboot_timeout} s for the host" if cfg.allow_reboot else
+            "stops the host if the loaded driver is not the installed one (a reboot is "
+            "needed; allow_reboot is off)", changes=cfg.allow_reboot)
         return
     installed = _installed(cfg.packages[1])
     loaded = host.get_fact(NvidiaModule)
@@ -183,8 +193,7 @@ def load_driver(cfg: DriverConfig) -> Ops:
                    "(set allow_reboot = True in host data to let the deploy reboot)")
         return
     logger.info(f"{host.print_prefix}rebooting: loaded driver {found}, installed {want}")
-    yield from leave_routers()
-    yield from reboot_and_wait(cfg.reboot_timeout)
+    yield from disrupt(reboot_and_wait(cfg.reboot_timeout))
 
 
 @operation(is_idempotent=True)
@@ -193,8 +202,11 @@ def persistence_mode() -> Ops:
 
         persistence_mode(name="Persistence mode")
     """
+    if not state.is_executing:  # a reboot before it turns persistence off
+        yield from preview("may turn persistence mode on (nvidia-smi -pm 1)")
+        return
     report = host.get_fact(NvidiaSmi)
-    if not state.is_executing or not report.ok:
+    if not report.ok:
         return
     if not all(g.persistence for g in report.gpus):
         yield "nvidia-smi -pm 1"
@@ -209,7 +221,11 @@ def fabric(cfg: DriverConfig) -> Ops:
 
         fabric(name="NVSwitch fabric", cfg=cfg)
     """
-    if not state.is_executing or host.get_fact(NvidiaFabric) is None:
+    if not state.is_executing:  # the driver it must match may change before it
+        yield from preview("on an NVSwitch host: may install the fabric manager of the "
+                           "installed driver and restart it, and start it and nvlsm")
+        return
+    if host.get_fact(NvidiaFabric) is None:
         return
     driver = _installed(cfg.packages[1])
     fm = _installed("nvidia-fabricmanager")
@@ -217,14 +233,15 @@ def fabric(cfg: DriverConfig) -> Ops:
         if fm is not None:
             logger.warning(f"{host.print_prefix}nvidia-fabricmanager {fm} does not match the "
                            f"driver {driver}: installing nvidia-fabricmanager {driver}")
-        yield from leave_routers()  # in a roll: the fabric restarts under the servers
-        yield "apt-mark unhold nvidia-fabricmanager >/dev/null"
-        yield ("DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
-               f"--allow-change-held-packages nvidia-fabricmanager={driver} nvlsm "
-               "infiniband-diags")
-        yield "apt-mark hold nvidia-fabricmanager"
-        yield "systemctl daemon-reload"  # the package replaced the unit
-        yield "systemctl restart nvidia-fabricmanager"
+        # in a roll: the fabric restarts under the servers (the host leaves whole first)
+        yield from disrupt(
+            "apt-mark unhold nvidia-fabricmanager >/dev/null",
+            "DEBIAN_FRONTEND=noninteractive apt-get install -y --allow-downgrades "
+            f"--allow-change-held-packages nvidia-fabricmanager={driver} nvlsm "
+            "infiniband-diags",
+            "apt-mark hold nvidia-fabricmanager",
+            "systemctl daemon-reload",  # the package replaced the unit
+            "systemctl restart nvidia-fabricmanager")
     elif _installed("nvlsm") is None:
         yield "DEBIAN_FRONTEND=noninteractive apt-get install -y nvlsm infiniband-diags"
     units = ["nvlsm.service", "nvidia-fabricmanager.service"]
@@ -259,6 +276,11 @@ def verify(cfg: DriverConfig) -> Ops:
         verify(name="GPUs as expected", cfg=cfg)
     """
     if not state.is_executing:
+        yield from preview(
+            "checks the GPUs with nvidia-smi: "
+            f"{f'{cfg.gpu_count} GPUs, ' if cfg.gpu_count else ''}B200, their memory, driver >= "
+            f"{DRIVER_FLOOR[cfg.engine_cuda]} for CUDA {cfg.engine_cuda}, compute capability "
+            "10.0, the NVSwitch fabric", changes=False)
         return
     report = host.get_fact(NvidiaSmi)
     if not report.ok:

@@ -23,7 +23,7 @@ from pyinfra.facts.files import File
 from sglang_fleet import hostconfig
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import MAMBA_STRATEGY_DESTS, Launch
-from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.host_programs import module_file, upload
 from sglang_fleet.paths import gate_record
 from sglang_fleet.remote import eta
@@ -95,7 +95,8 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, result: GateRe
         gate(name="Gate sglang.service", profile=profile, launch=launch, budget=1800, job="",
              result=GateResult())
     """
-    if not state.is_executing:
+    if not state.is_executing:  # it checks the server the run has just (re)started
+        yield from preview(gate_preview(profile, launch, budget, soak))
         return
     unit = launch.unit
     target = profile.memory.target_running_requests
@@ -141,7 +142,11 @@ def gate_failed(profile: Profile, launch: Launch, budget: int, result: GateResul
         gate_failed(name="Gate verdict", profile=profile, launch=launch, budget=1800,
                     result=result)
     """
-    if not state.is_executing or not result.failed():
+    if not state.is_executing:  # ``result`` is the gate's, written when it runs
+        yield from preview(f"if the gate of {launch.unit} failed: fails the host, saying what "
+                           "serves once the last good release is back", changes=False)
+        return
+    if not result.failed():
         return
     back, lines = check(profile, launch, "--health-only", budget=budget, show=False)
     yield fail(f"{result.error}; {what_serves(launch, back, lines)}")
@@ -159,7 +164,10 @@ def host_capacity(units: list[str], results: list[GateResult], job: str) -> Ops:
         host_capacity(name="Capacity of the host", units=["sglang.service"],
                       results=[result], job="900000,1000")
     """
-    if not state.is_executing:
+    if not state.is_executing:  # ``results`` are the gates', written when they run
+        yield from preview(f"sums the capacity of {len(units)} server"
+                           f"{'s' if len(units) > 1 else ''} from their gates"
+                           f"{' and the time of the job ' + job if job else ''}", changes=False)
         return
     servers = [eta.from_record(unit, found.measured)
                for unit, found in zip(units, results, strict=True)]
@@ -168,6 +176,20 @@ def host_capacity(units: list[str], results: list[GateResult], job: str) -> Ops:
         logger.info(f"{host.print_prefix}{line}")
     host.noop(f"capacity of {len(units)} server{'s' if len(units) > 1 else ''} summed")
     yield from ()
+
+
+def gate_preview(profile: Profile, launch: Launch, budget: int, soak: int | None) -> str:
+    """What the gate of a launch will run, as its preview says it.
+
+        gate_preview(profile, launch, 1800, None)
+        # 'the gate of sglang.service will run: health (within 1800 s), arguments, ...'
+    """
+    target = profile.memory.target_running_requests
+    checks = [f"health (within {budget} s)", "arguments", "smoke generation",
+              *(["soak"] if soak != 0 else []), "capacity",
+              *([f"max running requests against the target {target}"] if target else [])]
+    return (f"the gate of {launch.unit} will run: {', '.join(checks)}; if it passes, its unit "
+            "and environment are kept as the last good release")
 
 
 def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
@@ -195,6 +217,7 @@ def smoke(profile: Profile, launch: Launch) -> Ops:
         smoke(name="Smoke sglang.service", profile=profile, launch=launch)
     """
     if not state.is_executing:
+        yield from preview(f"a smoke generation against {launch.unit}", changes=False)
         return
     if not host.get_fact(File, path=module_file(CHECKER)):
         yield fail(f"{module_file(CHECKER)} is missing: run deploys/sglang.py first")

@@ -19,10 +19,10 @@ from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
-from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
 from sglang_fleet.report import summary
-from sglang_fleet.rollout.cutover import leave_routers
+from sglang_fleet.rollout.cutover import disrupt
 from sglang_fleet.stages.gate_program import check
 from sglang_fleet.stages.service import found_down, start_command, startup_budget, unit_condition
 
@@ -98,16 +98,14 @@ def restore_unit(unit: str) -> Ops:
         yield fail(f"{unit}: no release has passed the gate on this host: nothing to go back to")
         return
     if not in_place(unit):
-        yield from leave_routers([unit])
-        yield f"{_copy_back_command(unit)} && {start_command(unit)}"
+        yield from disrupt(f"{_copy_back_command(unit)} && {start_command(unit)}", units=[unit])
     else:
         condition = unit_condition(unit)
         down = found_down(unit, condition)
         if down:
             logger.warning(f"{host.print_prefix}{down}")
         if condition.get("ActiveState") != "active":
-            yield from leave_routers([unit])
-            yield start_command(unit)
+            yield from disrupt(start_command(unit), units=[unit])
         else:
             host.noop(f"{unit} runs its last good release")
     yield from _current_on_kept_release(unit)
@@ -150,7 +148,9 @@ def check_restored(profile: Profile, launch: Launch, budget: int) -> Ops:
         check_restored(name="Gate sglang.service: health and smoke generation",
                        profile=profile, launch=launch, budget=1800)
     """
-    if not state.is_executing:
+    if not state.is_executing:  # it checks the server the restore has just restarted
+        yield from preview(f"checks the last good release of {launch.unit}: health (within "
+                           f"{budget} s) and a smoke generation", changes=False)
         return
     for only in ("--health-only", "--smoke-only"):
         ok, _ = check(profile, launch, only, budget=budget, label=f"{launch.unit}: ")

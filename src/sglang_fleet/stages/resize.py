@@ -23,9 +23,9 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.sizing import RememberedSize
-from sglang_fleet.ops import Ops
+from sglang_fleet.ops import Ops, preview
 from sglang_fleet.remote import capacity
-from sglang_fleet.rollout.cutover import leave_routers
+from sglang_fleet.rollout.cutover import disrupt
 from sglang_fleet.stages.engine import Release
 from sglang_fleet.stages.service import start_command, unit_file
 
@@ -125,13 +125,18 @@ def sized_restart(profile: Profile, launch: Launch, release: Release, result: Ga
         sized_restart(name="Restart sglang.service sized", profile=profile, launch=launch,
                       release=release, result=result, _if=result.resizing)
     """
-    if not state.is_executing or result.resize is None:
+    if not state.is_executing:  # the size is the gate's, found when it runs
+        yield from preview(f"may restart {launch.unit} once with the mamba cache sized for "
+                           f"{profile.memory.target_running_requests} running requests, if its "
+                           "gate finds fewer")
+        return
+    if result.resize is None:
         return
     again = sized(profile, launch, result.resize)
     yield from files.template._inner(**unit_file(profile, again, release))
     yield "systemctl daemon-reload"
-    yield from leave_routers()
-    yield start_command(launch.unit)
+    # the host leaves whole: the roll puts it back after its gate
+    yield from disrupt(start_command(launch.unit))
 
 
 @operation(is_idempotent=True)
@@ -146,9 +151,13 @@ def remember_size(profile: Profile, launch: Launch, result: GateResult) -> Ops:
         remember_size(name="Remember the size", profile=profile, launch=launch,
                       result=result, _if=result.resizing)
     """
+    if not state.is_executing:  # the size is the gate's, found when it runs
+        yield from preview(f"may remember the mamba cache size {launch.unit} passed its gate "
+                           "with, after a sized restart")
+        return
     target = profile.memory.target_running_requests
     gpu = gpu_memory_mib()
-    if not state.is_executing or result.resize is None or target is None or gpu is None:
+    if result.resize is None or target is None or gpu is None:
         return
     digest = _digest(profile, gpu)
     yield from files.directory._inner(path=paths.SIZING, user="root", group="root", mode="755")

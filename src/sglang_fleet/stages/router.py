@@ -30,7 +30,7 @@ from pyinfra.operations import files, systemd
 
 from sglang_fleet import paths
 from sglang_fleet.errors import InputError
-from sglang_fleet.ops import Ops, fail
+from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.ops.secretfile import secret_file, secrets_directory
 from sglang_fleet.ops.unitfile import UnsafeValue, env_line, networks, systemd_word
@@ -176,7 +176,9 @@ def workers_in_step(config: RouterConfig, urls: list[str], listed: OperationMeta
         workers_in_step(name="Router workers", config=config, urls=["http://10.0.0.2:30000"],
                         listed=put)
     """
-    if not state.is_executing:
+    if not state.is_executing:  # the router's API answers only once it runs
+        yield from preview(f"may set the workers of the router {config.url} to these "
+                           f"{len(urls)}, through its API")
         return
     router = config.api()
     try:

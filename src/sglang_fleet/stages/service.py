@@ -27,12 +27,12 @@ from sglang_fleet.config.render import Launch
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
 from sglang_fleet.facts.systemd import SystemdVersion, UnitCondition
-from sglang_fleet.ops import Ops
+from sglang_fleet.ops import Ops, preview
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.ops.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.ops.unitfile import UnsafeValue, env_line, systemd_word, unit_text
 from sglang_fleet.rollout import cutover, fleet
-from sglang_fleet.rollout.cutover import leave_routers, rejoin, turn
+from sglang_fleet.rollout.cutover import disrupt, rejoin, turn
 from sglang_fleet.stages.compiled import receive_kernels
 from sglang_fleet.stages.engine import Release, switch_release
 from sglang_fleet.stages.gate_program import check, error_of
@@ -136,9 +136,10 @@ def stale_servers_stopped(launch: Launch, budget: int) -> Ops:
     for p in stale:
         logger.warning(f"{host.print_prefix}stopping {p.describe()}: it holds port "
                        f"{launch.port} of {launch.unit}")
-        yield from leave_routers([launch.unit])  # in a roll, the routers may be sending it requests
-        yield (f"kill -TERM {p.pid} 2>/dev/null; for _ in $(seq {budget}); do "
-               f"kill -0 {p.pid} 2>/dev/null || exit 0; sleep 1; done; kill -KILL {p.pid}")
+        # in a roll, the routers may be sending it requests: its server leaves them first
+        yield from disrupt(f"kill -TERM {p.pid} 2>/dev/null; for _ in $(seq {budget}); do "
+                           f"kill -0 {p.pid} 2>/dev/null || exit 0; sleep 1; done; "
+                           f"kill -KILL {p.pid}", units=[launch.unit])
 
 
 def drain_budget() -> int:
@@ -178,10 +179,10 @@ def retire_other_units(keep: list[str]) -> Ops:
     gone = retired(installed_units(), keep)
     if not gone:
         host.noop("no other sglang units")
-    if gone:
-        yield from leave_routers(gone)  # in a roll: stopping an instance takes its capacity away
-    for unit in gone:
-        yield _removal(unit)
+        return
+    # in a roll: stopping an instance takes its capacity away (a generator: each removal is
+    # said as it comes, after the leave)
+    yield from disrupt((_removal(unit) for unit in gone), units=gone)
 
 
 @operation(is_idempotent=True)
@@ -259,7 +260,9 @@ def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False,
 
         unit_running(name="Start sglang.service", unit="sglang.service", changes=[unit_op])
     """
-    if not state.is_executing:
+    if not state.is_executing:  # ``changes`` are known once they ran; ``waves`` counts starts
+        yield from preview(f"may (re)start {unit}: when it is not running or what it runs "
+                           "changed")
         return
     condition = unit_condition(unit)
     down = found_down(unit, condition)
@@ -267,11 +270,12 @@ def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False,
         logger.warning(f"{host.print_prefix}{down}")
     # One start for a fresh host, one restart for a change, none when nothing changed.
     if condition.get("ActiveState") != "active" or any(op.did_change() for op in changes):
-        if routed:
-            yield from leave_routers([unit])
         if waves is not None:
             waves.start(unit)
-        yield start_command(unit)
+        # a server behind the routers leaves them first; the router's own unit and the DCGM
+        # exporter serve no requests of the fleet
+        restart = start_command(unit)
+        yield from (disrupt(restart, units=[unit]) if routed else [restart])
     if condition.get("UnitFileState") != "enabled":
         yield f"systemctl enable {unit}"
 
@@ -294,7 +298,12 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
         wave_ready(name="The first server ready", profile=profile, launches=launches,
                    waves=waves)
     """
-    if not state.is_executing or not waves.going():
+    if not state.is_executing:  # which servers restart is known only as they do
+        yield from preview("waits until the last restarted servers are ready" if final else
+                           "waits, once a restart wave is whole, until its servers are ready "
+                           "before the next wave starts", changes=False)
+        return
+    if not waves.going():
         return
     due = waves.due(final)
     if not due:

@@ -18,7 +18,7 @@ from pyinfra.context import host, state
 
 from sglang_fleet import paths
 from sglang_fleet.hostconfig import HostConfig
-from sglang_fleet.ops import Ops
+from sglang_fleet.ops import Ops, preview
 from sglang_fleet.ops.packages import remove_baseline
 from sglang_fleet.ops.secretfile import secrets_absent
 from sglang_fleet.rollout.fleet import RouterConfig
@@ -47,7 +47,9 @@ def out_of_routers(routers: list[RouterConfig], urls: list[str]) -> Ops:
 
         out_of_routers(name="Out of the routers", routers=routers, urls=urls)
     """
-    if not state.is_executing:
+    if not state.is_executing:  # the routers are asked when it runs
+        yield from preview(f"takes this host's {len(urls)} worker URLs out of the "
+                           f"{len(routers)} routers that still route to them")
         return
     registered = []
     for config in routers:

@@ -34,7 +34,7 @@ from sglang_fleet.config.render import Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.ports import PortListeners
 from sglang_fleet.facts.systemd import UnitState, UnitStates
-from sglang_fleet.ops import Ops, result_line, run
+from sglang_fleet.ops import Ops, preview, result_line, run
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.stages import kernel_caches as caches
 from sglang_fleet.stages.engine import Release
@@ -129,7 +129,9 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
         caches_warmed(name="Warm caches of sglang.service", profile=profile, launch=launch,
                       release=release, budget=1800)
     """
-    if not state.is_executing:
+    if not state.is_executing:  # the warm-up runs inside the operation: its outcome decides
+        yield from preview(f"may warm the caches of {launch.unit} for {release.id} on spare "
+                           f"GPUs while it serves ({profile.warmup}, up to {budget} s)")
         return
     unit = (host.get_fact(UnitStates, units=[launch.unit]) or {}).get(launch.unit)
     if unit is None or unit.active != "active":

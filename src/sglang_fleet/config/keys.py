@@ -1,0 +1,234 @@
+"""How a profile key is declared: once, as a field of a frozen dataclass, with ``key()``.
+
+    @dataclass(frozen=True)
+    class Memory:
+        page_size: int | None = key(
+            None, check=checks.count(), flag="--page-size",
+            doc="Tokens per KV cache page.",
+            fix="tokens per KV page, e.g. 64")
+
+Everything else follows from that field: what YAML may give and how an error names it (from
+the annotation: ``int | None`` is "an integer or null"), the default (none: the key must be
+written), the check and the fix that validation uses, the SGLang flag render passes the value
+as, and what the key means (the README's table and one key's help: ``docs.py``).
+``declared`` lists the keys:
+
+    >>> from sglang_fleet.config.profile import Parallel
+    >>> [(k.name, k.type_name, k.flag) for k in declared(Parallel)][:2]
+    [('tp', 'an integer', '--tp-size'), ('dp', 'an integer', '--dp-size')]
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
+from functools import cache, partial
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from sglang_fleet.config.checks import Check
+
+KEY = "sglang_fleet.key"  # the field metadata entry that holds a key's declaration
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()  # the default of a key a profile must write
+
+
+@dataclass(frozen=True)
+class Key:
+    """What ``key()`` records on a field besides its default (see ``key`` for each part)."""
+
+    doc: str
+    check: Check | None = None
+    fix: str = ""
+    flag: str | None = None
+    negated: bool = False
+    accepts: tuple[type, ...] = ()
+    read: Callable[[Any], Any] | None = None
+
+
+def key(default: Any = REQUIRED, *, doc: str, check: Check | None = None, fix: str = "",
+        flag: str | None = None, negated: bool = False, accepts: tuple[type, ...] = (),
+        read: Callable[[Any], Any] | None = None) -> Any:
+    """Declare a profile key; the result is a dataclass field's default.
+
+    ``doc`` says what the key means, in a sentence (``docs.py`` shows it);
+    ``check`` what is wrong with a well-typed value (``checks.py``); ``fix`` how to write a
+    right one, shown with every error about the key. ``flag`` is the SGLang option the value
+    renders as, in its newest spelling (render asks each release's flag table for the spelling
+    of the option's destination); ``negated`` a ``--disable-X`` flag, given when the value is
+    false. ``accepts`` lists the types YAML may give when they are not the annotation's, and
+    ``read`` turns such a value into the annotation's type (a bare ``off`` is YAML's false).
+
+        tp: int = key(1, check=checks.count(), flag="--tp-size", doc="GPUs per group.")
+    """
+    metadata = {KEY: Key(doc, check, fix, flag, negated, accepts, read)}
+    if default is REQUIRED:
+        return field(metadata=metadata)
+    if isinstance(default, dict):  # a dataclass shares no mutable default between instances
+        return field(default_factory=partial(dict, default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+_TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping"}
+
+
+@dataclass(frozen=True)
+class Declared:
+    """One key as validation, render and the docs see it: its (dotted) name, its declaration,
+    its default and what its annotation lets YAML give."""
+
+    name: str
+    key: Key
+    default: Any  # REQUIRED when a profile must write the key
+    types: tuple[type, ...]  # YAML's types: a list for a tuple, a mapping for a Mapping
+    nullable: bool
+    item: type | None  # the element type of a list, the value type of a mapping
+
+    @property
+    def doc(self) -> str:
+        return self.key.doc
+
+    @property
+    def check(self) -> Check | None:
+        return self.key.check
+
+    @property
+    def fix(self) -> str:
+        return self.key.fix
+
+    @property
+    def flag(self) -> str | None:
+        return self.key.flag
+
+    @property
+    def negated(self) -> bool:
+        return self.key.negated
+
+    @property
+    def dest(self) -> str | None:
+        """The flag's argparse destination, what render looks the release's spelling up by."""
+        return self.flag.removeprefix("--").replace("-", "_") if self.flag else None
+
+    @property
+    def type_name(self) -> str:
+        """How errors and the docs name the type: ``an integer or null``."""
+        shown = [t for t in self.types if not (t is int and float in self.types)]
+        name = " or ".join(_TYPE_NAMES[t] for t in shown if t in _TYPE_NAMES)
+        if self.item is not None:
+            name += f" of {_TYPE_NAMES[self.item].removeprefix('a ')}s"
+        return name + (" or null" if self.nullable else "")
+
+    def read(self, value: Any) -> Any:
+        """A validated YAML value as the dataclass holds it: a list as a tuple, 1 as 1.0."""
+        if self.key.read is not None:
+            return self.key.read(value)
+        if isinstance(value, list):
+            return tuple(value)
+        if isinstance(value, dict):
+            return dict(value)
+        if float in self.types and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+
+def _accepted(hint: Any) -> tuple[tuple[type, ...], bool, type | None]:
+    """(YAML types, nullable, item type) of an annotation such as ``tuple[str, ...] | None``."""
+    options = get_args(hint) if get_origin(hint) in (Union, types.UnionType) else (hint,)
+    accepted: list[type] = []
+    item = None
+    for option in options:
+        origin = get_origin(option) or option
+        if option is type(None):
+            continue
+        if origin is tuple:  # a YAML list, held immutable
+            accepted.append(list)
+            item = get_args(option)[0]
+        elif origin in (Mapping, dict):
+            accepted.append(dict)
+            item = get_args(option)[1]
+        elif option is float:  # an integer is a number too: 1 means 1.0
+            accepted += [float, int]
+        else:
+            accepted.append(option)
+    return tuple(accepted), type(None) in options, item
+
+
+def _declared(name: str, member: Field[Any], hint: Any, declaration: Key) -> Declared:
+    accepted, nullable, item = _accepted(hint)
+    if member.default is not MISSING:
+        default = member.default
+    elif member.default_factory is not MISSING:
+        default = member.default_factory()
+    else:
+        default = REQUIRED
+    return Declared(name, declaration, default, declaration.accepts or accepted, nullable, item)
+
+
+@cache
+def parts(cls: type) -> tuple[tuple[str, type | Declared], ...]:
+    """``cls``'s sections (a dataclass of keys) and keys (a Declared), in declaration order;
+    other fields (a profile's path and origin) are neither.
+
+    >>> from sglang_fleet.config.profile import Profile
+    >>> [name for name, part in parts(Profile) if not isinstance(part, Declared)][:2]
+    ['engine', 'model']
+    """
+    hints = get_type_hints(cls)
+    found: list[tuple[str, type | Declared]] = []
+    for member in fields(cls):
+        hint = hints[member.name]
+        declaration = member.metadata.get(KEY)
+        if isinstance(hint, type) and is_dataclass(hint) and parts(hint):
+            found.append((member.name, hint))  # a section (a dataclass of no keys is not one)
+        elif isinstance(declaration, Key):
+            found.append((member.name, _declared(member.name, member, hint, declaration)))
+    return tuple(found)
+
+
+def top_level(cls: type) -> list[str]:
+    """The names a profile's top level may hold: its sections and its own keys, in order."""
+    return [name for name, _ in parts(cls)]
+
+
+@cache
+def declared(cls: type) -> tuple[Declared, ...]:
+    """Every key of ``cls`` and of its sections, dotted (``memory.page_size``), in order."""
+    found: list[Declared] = []
+    for name, part in parts(cls):
+        if isinstance(part, Declared):
+            found.append(part)
+        else:
+            found += [replace(d, name=f"{name}.{d.name}") for d in declared(part)]
+    return tuple(found)
+
+
+def values(obj: object) -> Iterator[tuple[Declared, Any]]:
+    """Every key of a profile (or a section) with the value ``obj`` holds for it."""
+    cls: type = type(obj)
+    for spec in declared(cls):
+        value: Any = obj
+        for part in spec.name.split("."):
+            value = getattr(value, part)
+        yield spec, value
+
+
+@dataclass
+class Located:
+    """Where each key of a merged profile came from (file or data source)."""
+
+    default_source: str
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def of(self, key: str) -> str:
+        while key:
+            if key in self.sources:
+                return self.sources[key]
+            key = key.rpartition(".")[0]
+        return self.default_source

@@ -1,0 +1,141 @@
+"""What a compiled-kernel archive of cache_copy may hold, checked before anything is written
+(``checked``, ``manifest_of``, ``sha256_of``), and the descriptor helpers pack and unpack share
+(standard library only: runs on the host with cache_copy).
+
+    with tarfile.open(fileobj=stream, mode="r:gz") as tar:
+        members = checked(tar)             # Refused at the first member that may not be there
+        manifest = manifest_of(tar, members)   # {"digest": ..., "inputs": {...}}
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import re
+import tarfile
+from typing import IO, Any
+
+# DeepGEMM's kernels (SGLANG_DG_CACHE_DIR is <root>/deep_gemm): a directory per kernel under
+# cache/, "kernel.{}.{}" holding kernel.cu and kernel.cubin, built elsewhere and renamed into
+# place (strings of deep_gemm/_C.so, sgl-deep-gemm 0.1.2: "cache", "kernel.{}.{}", "Corrupted
+# JIT cache directory (missing kernel.cu or kernel.cubin)"; 0.2.3.post2: "cache", "{}.{}",
+# std::filesystem::rename). Locks and builds under way stay behind.
+COPIED = ("deep_gemm/cache",)
+MANIFEST = "MANIFEST.json"
+MAX_MEMBERS = 1_000_000
+MAX_BYTES = 256 << 30
+MAX_DEPTH = 16
+DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
+CHUNK = 1 << 20
+
+
+class Refused(Exception):
+    """The archive (or the cache) is not what it may be; nothing was written."""
+
+
+def _allowed(name: str) -> bool:
+    """A member's name the archive may hold: the manifest, a copied directory or what lies
+    below one, or a directory above one (``deep_gemm``)."""
+    if name == MANIFEST:
+        return True
+    return any(name == top or name.startswith(f"{top}/") or top.startswith(f"{name}/")
+               for top in COPIED)
+
+
+def member_problem(member: tarfile.TarInfo) -> str | None:
+    """Why ``member`` may not be extracted, or None.
+
+        member_problem(tarfile.TarInfo("../etc/passwd"))   # "has a '..' part"
+    """
+    name = member.name
+    if not name or name.startswith("/"):
+        return "is not a relative name"
+    if _CONTROL.search(name):
+        return "has a control character or a backslash"
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
+        return "has an empty, '.' or '..' part"
+    if len(parts) > MAX_DEPTH or len(name) > 4096 or any(len(p) > 255 for p in parts):
+        return "is too deep or too long"
+    if member.type not in (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.DIRTYPE):
+        return "is not a regular file or a directory (a link, device, FIFO or sparse file)"
+    if member.linkname:
+        return "names a link target"
+    if not _allowed(name):
+        return f"is outside {', '.join(COPIED)}"
+    if name == MANIFEST and not member.isreg():
+        return "is not a regular file"
+    if member.size < 0:
+        return "has a negative size"
+    return None
+
+
+def checked(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
+    """Every member of ``tar``, each allowed, no name twice and no file under a file or where
+    a directory is; Refused (naming the first one wrong) otherwise."""
+    members: list[tarfile.TarInfo] = []
+    kinds: dict[str, bool] = {}  # name -> is a directory
+    below: set[str] = set()  # every directory some member lies under
+    total = 0
+    for member in tar:
+        parts = member.name.split("/")
+        above = {"/".join(parts[:i]) for i in range(1, len(parts))}
+        problem = member_problem(member)
+        if problem is None and member.name in kinds:
+            problem = "is in the archive twice"
+        if problem is None and any(kinds.get(p) is False for p in above):
+            problem = "lies under a file of the archive"
+        if problem is None and not member.isdir() and (member.name in below or any(
+                top == member.name or top.startswith(f"{member.name}/") for top in COPIED)):
+            problem = "is a file where a directory belongs"
+        total += max(member.size, 0)
+        if problem is None and (len(members) >= MAX_MEMBERS or total > MAX_BYTES):
+            problem = f"goes past {MAX_MEMBERS} members or {MAX_BYTES >> 30} GiB"
+        if problem:
+            raise Refused(f"the archive's member {member.name[:200]!r} {problem}: nothing "
+                          "was extracted")
+        kinds[member.name] = member.isdir()
+        below |= above
+        members.append(member)
+    return members
+
+
+def manifest_of(tar: tarfile.TarFile, members: list[tarfile.TarInfo]) -> dict[str, Any]:
+    """The archive's ``MANIFEST.json`` (Refused when it has none or it is not JSON)."""
+    found = [m for m in members if m.name == MANIFEST]
+    data = tar.extractfile(found[0]) if found and found[0].size <= 1 << 20 else None
+    if data is None:
+        raise Refused(f"the archive has no {MANIFEST} (at most 1 MiB)")
+    try:
+        manifest = json.loads(data.read())
+    except ValueError:
+        manifest = None
+    if not isinstance(manifest, dict):
+        raise Refused(f"the archive's {MANIFEST} is not a JSON object")
+    return manifest
+
+
+def sha256_of(stream: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    while chunk := stream.read(CHUNK):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def open_below(fd: int, path: str) -> int | None:
+    """``path`` (relative) opened below ``fd`` one real directory at a time; None if missing."""
+    current = os.dup(fd)
+    try:
+        for part in path.split("/"):
+            parent, current = current, os.open(part, DIRECTORY, dir_fd=current)
+            os.close(parent)
+    except OSError as exc:
+        os.close(current)
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            return None
+        raise
+    return current
