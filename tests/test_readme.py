@@ -10,7 +10,7 @@ from typing import TypeGuard
 
 from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.hostconfig.spec import declared
-from sglang_fleet.hostconfig.table import between, table
+from sglang_fleet.hostconfig.table import in_readme, table
 from tests.conftest import ROOT
 
 SRC = ROOT / "src" / "sglang_fleet"
@@ -50,8 +50,8 @@ def host_data_reads(path: Path) -> list[str]:
 def test_the_readme_table_is_the_declared_one() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme.split("\n## Host data\n", 1)[1].split("\n## ", 1)[0]
-    assert between(section) is not None, "the Host data section has lost its table's markers"
-    assert between(section) == table(), (
+    assert in_readme(section) is not None, "the Host data section has lost its table's markers"
+    assert in_readme(section) == table(), (
         "README.md's host-data table is not the one src/sglang_fleet/hostconfig/keys.py "
         f"declares; regenerate it: {REGENERATE}")
 

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sglang_fleet.hostconfig.table import spliced, table
+from sglang_fleet.hostconfig.table import table, with_table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(table())
         return 0
     try:
-        args.write.write_text(spliced(args.write.read_text()))
+        args.write.write_text(with_table(args.write.read_text()))
     except (OSError, ValueError) as err:
         print(f"error: {args.write}: {err}", file=sys.stderr)
         return 1

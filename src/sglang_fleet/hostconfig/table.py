@@ -2,7 +2,7 @@
 declaration order, between two markers in the README's "Host data" section.
 
     print(table())                                    # python -m sglang_fleet.hostconfig
-    Path("README.md").write_text(spliced(Path("README.md").read_text()))
+    Path("README.md").write_text(with_table(Path("README.md").read_text()))
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 from sglang_fleet.hostconfig.keys import HostConfig
 from sglang_fleet.hostconfig.spec import declared, default_of
 
-BEGIN = "<!-- host-data:begin (python -m sglang_fleet.hostconfig --write README.md) -->"
+BEGIN = "<!-- host-data:begin -->"  # as config/docs.py marks the profile keys' table
 END = "<!-- host-data:end -->"
 HEAD = "| host data | default | meaning |\n| --- | --- | --- |\n"
 
@@ -48,16 +48,16 @@ def table() -> str:
     return HEAD + "".join(f"| {' | '.join(_cell(c) for c in row)} |\n" for row in rows())
 
 
-def between(text: str) -> str | None:
+def in_readme(text: str) -> str | None:
     """What ``text`` holds between the markers (None: no markers)."""
     if BEGIN not in text or END not in text:
         return None
     return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
 
 
-def spliced(text: str) -> str:
+def with_table(text: str) -> str:
     """``text`` with the table between the markers replaced by the generated one."""
-    if between(text) is None:
+    if in_readme(text) is None:
         raise ValueError(f"no {BEGIN} ... {END} markers")
     head, rest = text.split(BEGIN, 1)
     return f"{head}{BEGIN}\n{table()}{END}{rest.split(END, 1)[1]}"
