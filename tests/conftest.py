@@ -10,6 +10,11 @@ import httpx
 import pytest
 
 from sglang_fleet.config.profile import Profile, load
+from tests import noconnect
+
+# No test reaches the example inventory's hosts (inventories/b200.py): refused in this process,
+# and processes tests start with it use noconnect.env() (tests/test_examples.py checks).
+noconnect.refuse_example_hosts()
 
 # pyinfra_cli patches the whole process with gevent when it is imported (planning.load imports
 # it to read an inventory, in some tests in-process): the test workers' own threads (pytest-xdist's

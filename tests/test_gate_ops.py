@@ -14,6 +14,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from sglang_fleet import ops
 from sglang_fleet.config.render import Launch, render
 from sglang_fleet.ops.host_programs import program
+from sglang_fleet.ops.live import LiveCommand
 from sglang_fleet.paths import (
     AWS_CREDENTIALS,
     CURRENT,
@@ -249,7 +250,8 @@ def test_staged_runs_the_downloader_unless_the_manifest_is_there(
     assert commands(weights.staged, "s3://m/q", dest, None, None) == []
     use(Host({"FindInFile": manifest_of(dest, None)}))
     [command] = commands(weights.staged, "s3://m/q", dest, "http://s3:9000", None)
-    assert shlex.split(command) == [
+    assert isinstance(command, LiveCommand)  # its progress lines shown as they come
+    assert shlex.split(str(command)) == [
         f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS}",
         *program(weights.TOOLS_PYTHON, "download_model", "s3://m/q", dest, "--endpoint-url",
                  "http://s3:9000")]
@@ -263,7 +265,7 @@ def test_staged_again_when_the_manifest_records_another_source(
     use(Host({"FindInFile": manifest_of(dest, "hf://org/model@v1")}))
     [command] = commands(weights.staged, "s3://org/model/v1", dest, None, None,
                          "/var/lib/sglang/models/old")
-    assert shlex.split(command)[1:] == program(
+    assert shlex.split(str(command))[1:] == program(
         weights.TOOLS_PYTHON, "download_model", "s3://org/model/v1", dest, "--reuse",
         "/var/lib/sglang/models/old")
 

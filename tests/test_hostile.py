@@ -126,9 +126,10 @@ def fake_host(monkeypatch: pytest.MonkeyPatch) -> FakeHost:
     return fake
 
 
-def words(command: str) -> list[str]:
-    """How a POSIX shell splits ``command`` into words (``&&`` and ``;`` stay words)."""
-    return shlex.split(command)
+def words(command: object) -> list[str]:
+    """How a POSIX shell splits ``command`` into words (``&&`` and ``;`` stay words); a
+    command object (the weights' ``LiveCommand``) by its text."""
+    return shlex.split(str(command))
 
 
 @pytest.mark.parametrize("text", [t for t in HOSTILE if t and "\x00" not in t])

@@ -17,6 +17,7 @@ from sglang_fleet.rollout import cutover, fleet, planning, roll
 from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.stages import compiled_exchange
+from tests import noconnect
 from tests.conftest import ROOT
 
 URLS = {name: [f"http://{name}:30000"] for name in ("h1", "h2", "h3")}
@@ -177,7 +178,7 @@ def test_bad_input_is_named() -> None:
             planning.plan("inventories/b200.py", [], 1, batch_instances=bad)
 
 
-def test_batch_instances_larger_than_a_hosts_servers_is_named() -> None:
+def test_batch_instances_larger_than_a_hosts_servers_is_named(tmp_path: Path) -> None:
     after = {"h1": ["http://h1:30000", "http://h1:30001"], "h2": ["http://h2:30000"]}
     planning._fits(None, after)
     planning._fits(1, after)
@@ -185,22 +186,25 @@ def test_batch_instances_larger_than_a_hosts_servers_is_named() -> None:
                        r"servers: h2 runs 1 server\n    fix: give at most 1"):
         planning._fits(2, after)
     # through the command, before any host is touched (a process of its own: see below)
+    log = tmp_path / "connections"
     result = subprocess.run(["sglang-fleet", "roll", "inventories/b200.py",
                              "--batch-instances", "9"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=60, env=noconnect.env(log))
     assert result.returncode == 1 and "roll:" not in result.stdout
+    assert noconnect.attempts(log) == []  # the example's hosts are never reached
     # instances: auto on the example's gpu_count 8
     assert result.stderr.startswith("error: --batch-instances: 9 is more than a host's "
                                     "servers: b200-01 runs 8 servers, b200-02 runs 8 servers\n")
 
 
-def test_every_hosts_change_is_checked_before_any_host_is_touched() -> None:
+def test_every_hosts_change_is_checked_before_any_host_is_touched(tmp_path: Path) -> None:
     # In a process of its own: loading an inventory imports pyinfra_cli, which patches the
     # process with gevent.
+    log = tmp_path / "connections"
     result = subprocess.run(["sglang-fleet", "roll", "inventories/b200.py", "--data",
                              "sglang.speculative.num_draft_tokens=7"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1
+                            capture_output=True, text=True, timeout=60, env=noconnect.env(log))
+    assert result.returncode == 1 and noconnect.attempts(log) == []
     # every host has the problem: said once, naming them all
     assert "error: pyinfra data of b200-01, b200-02: speculative.num_draft_tokens:" in \
         result.stderr

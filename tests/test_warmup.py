@@ -48,9 +48,11 @@ class WarmHost(Host):
         super().__init__(facts)
         self.result = result or {"mode": "compile", "seconds": 120.5, "ok": True}
         self.ran: list[str] = []
+        self.printed: list[bool] = []
 
     def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
         self.ran.append(command)
+        self.printed.append(kwargs.get("print_output", False))
         lines = ["warm-up: Compiling DeepGEMM", f"WARMUP {json.dumps(self.result)}"]
         return bool(self.result["ok"]), CommandOutput([OutputLine("stdout", x) for x in lines])
 
@@ -101,6 +103,16 @@ def test_a_new_release_is_compiled_on_a_spare_gpu_then_marked(use: Callable[...,
     assert tail[tail.index("--") + 1:] == list(LAUNCH.argv[3:])
     assert not any("api" in w.lower() and "key" in w.lower() for w in words)
     assert any("120.5 s while sglang.service served" in s for s in fake.said)
+
+
+def test_the_warm_up_says_its_progress_as_it_comes(use: Callable[..., Any]) -> None:
+    """Every 10 s a line from the host program (--progress), printed by pyinfra as it comes."""
+    fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
+    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    words = shlex.split(fake.ran[0])
+    assert words[words.index("--progress") + 1] == "10" and fake.printed == [True]
+    assert any("warm-up (compile) of sglang-0.5.23" in s and "up to 1800 s" in s
+               for s in fake.said)
 
 
 @pytest.mark.parametrize("given, noop", [

@@ -15,9 +15,14 @@ sglang_overrides = {
     "memory": {"max_mamba_cache_size": 240},
 }
 
-# Driver stage: NVIDIA's repository and the 580 branch; the deploy may reboot these hosts.
+# Driver stage: NVIDIA's repository and the 580 branch.
 nvidia_driver_branch = "580"
-allow_reboot = True
+# Off: the deploy never reboots a host by itself. A new or changed driver is loaded only by a
+# reboot, so with False the driver stage stops with "reboot needed: loaded X, installed Y" (and
+# refuses a version change before installing anything); reboot the host yourself, or turn this
+# on for a host that serves nothing yet (its first deploy) or in a maintenance window, e.g.
+# `--data allow_reboot=True --limit b200-02`.
+allow_reboot = False
 engine_cuda = "13.0"
 
 # Weights from S3 (boto3 on the host; credentials land in /etc/sglang/aws-credentials, 0600).
@@ -38,6 +43,10 @@ secrets = {name: (_secrets / name).read_text().strip()
            if (_secrets / name).exists()}
 # Optional: only these networks reach the servers and routers (the hosts themselves always do).
 # sglang_allowed_clients = ["10.0.0.0/8"]
+
+# Prometheus' targets (every server, router and DCGM exporter), written on this machine by each
+# deploy; examples/prometheus/prometheus.yml reads this file, examples/grafana/ shows it.
+# prometheus_file_sd = "/etc/prometheus/file_sd/sglang-fleet.json"
 
 # Capacity report: how long would the job take at the measured speed?
 job_estimate = "900000,1000"  # completions, output tokens each

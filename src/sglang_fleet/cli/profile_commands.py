@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from sglang_fleet.config import docs, preflight, profile, releases, sizing
+from sglang_fleet.config import docs, preflight, profile, releases, sizing, validators
 from sglang_fleet.config.render import Launch, render
 from sglang_fleet.errors import InputError
 
@@ -49,6 +50,10 @@ def cmd_check(args: argparse.Namespace) -> int:
         raise InputError.one(str(source), "architectures", wrong,
                              "check the model's config.json, or pin a release that serves it")
     preflight.require(prof, launch, arch)
+    moves = validators.revision_warning(prof.model.source)
+    if moves:  # valid, but not the same weights on every host: said, not refused
+        print(f"warning: {prof.source_of('model.source')}: model.source: {moves}\n"
+              f"    fix: {validators.REVISION_FIX}", file=sys.stderr)
     print(f"{args.profile}: ok for SGLang {launch.version}"
           + (f" ({arch})" if arch else " (no architecture known: hybrid-model rules skipped)"))
     return 0

@@ -138,7 +138,8 @@ def model_source_problem(value: str) -> str | None:
         if len(parts) != 2 or not all(_HF_PART.fullmatch(p) for p in parts):
             return f"{value!r}: the repository must be ORG/NAME (letters, digits, . _ -)"
         if not at:
-            return f"{value!r} has no pinned revision (@main, @v1.0 or a commit)"
+            return (f"{value!r} has no pinned revision (a commit, @ and its 40 hex digits; a "
+                    "branch such as @main or a tag works, but moves)")
         if not _HF_REVISION.fullmatch(revision) or ".." in revision:
             return (f"{value!r}: the revision must be a branch, tag or commit "
                     "(letters, digits, . _ -)")
@@ -155,6 +156,35 @@ def model_source_problem(value: str) -> str | None:
         wrong = _segments_problem(value[1:].rstrip("/"))
         return f"{value!r}: {wrong}" if wrong else None
     return f"{value!r} is not {SOURCE_FORMS}"
+
+
+_COMMIT = re.compile(r"[0-9a-fA-F]{40}")
+
+
+def revision_warning(value: str) -> str | None:
+    """Why an ``hf://`` source's revision may not name the same weights tomorrow, or None: a
+    branch (``@main``) or a tag moves, and each host keeps what it staged first, so hosts
+    staged on different days would serve different weights under one name. A commit (40 hex
+    digits) does not move. (Not an error: a source that is valid stays valid.)
+
+    >>> revision_warning("hf://Qwen/Qwen3.6-27B@main")[:52]
+    "'hf://Qwen/Qwen3.6-27B@main' names a branch or a tag"
+    >>> revision_warning("hf://org/m@" + "ab12" * 10) is None
+    True
+    """
+    if not value.startswith("hf://"):
+        return None
+    revision = value.partition("@")[2]
+    if _COMMIT.fullmatch(revision):
+        return None
+    return (f"{value!r} names a branch or a tag ({revision!r}), not a commit: it moves, and "
+            "each host keeps the weights it staged first, so hosts staged at different times "
+            "serve different weights")
+
+
+REVISION_FIX = ("pin the commit: hf://ORG/NAME@ and the commit's 40 hex digits (the hub's "
+                "history of the model, or `git ls-remote https://huggingface.co/ORG/NAME "
+                "REVISION`)")
 
 
 _LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")

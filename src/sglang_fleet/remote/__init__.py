@@ -10,6 +10,8 @@ is uploaded alone. ``sglang_fleet.ops.host_programs`` puts it on a host as the p
   rank) and ``capacity_figures`` (the server's figures);
 - ``download_model``: stages model weights onto the host's disk (the tools venv: boto3,
   huggingface_hub);
+- ``progress``: the progress lines of long work (used by ``download_model`` and
+  ``warm_caches``);
 - ``prune_caches``: removes the per-version caches no release keeps, through descriptors (system
   python, as root, in a tree the service user writes);
 - ``start_server``: starts SGLang with its keys in-process (the engine release's python);

@@ -13,6 +13,10 @@ source makes re-runs free; one recording another source is staged again. ``--reu
 the files of OLD (an earlier name of DEST) instead of downloading them, when OLD's manifest
 records the same source.
 
+While it downloads it prints a line every ``--progress-seconds`` (10): bytes staged of the
+total, the rate over the last half minute and the time left (``progress.py``); the weights
+stage shows each line as it comes, prefixed with the host.
+
 Exit 0 when DEST is complete; anything else prints one line per failure (what failed, which
 object, the endpoint, why) on stderr and exits 1, never a traceback.
 
@@ -36,6 +40,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+from .progress import EVERY, Meter, Reporter, say  # uploaded to the host with this module
+from .progress import size as in_units
 
 MANIFEST = ".sglang-fleet-manifest.json"
 
@@ -152,7 +159,33 @@ def _download(url: str, where: str, dir_fd: int, base: str, size: int, etag: str
     os.replace(tmp, base, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
-def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> dict[str, Any]:
+def bytes_under(root: Path) -> int:
+    """Bytes written under ``root`` so far (regular files, links not followed; a sparse file
+    counts what it holds), for a download that reports nothing itself."""
+    total = 0
+    for where, _, names in os.walk(root):
+        for name in names:
+            if name == MANIFEST:
+                continue
+            try:
+                st = os.lstat(os.path.join(where, name))
+            except FileNotFoundError:  # renamed into place meanwhile: counted next time
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += min(st.st_size, st.st_blocks * 512)
+    return total
+
+
+def announce(source: str, files: int, total: int, already: int, emit: Callable[[str], None],
+             commit: str | None = None) -> None:
+    """The first line: what is staged, how much, and how much an earlier run left here."""
+    at = f" at commit {commit}" if commit else ""
+    kept = f" ({in_units(already)} of it staged by an earlier run)" if already else ""
+    emit(f"weights: {source}{at}: {files} files, {in_units(total)}{kept}")
+
+
+def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int,
+             every: float = EVERY, emit: Callable[[str], None] = say) -> dict[str, Any]:
     import boto3
     from boto3.s3.transfer import TransferConfig
     from botocore.config import Config
@@ -182,6 +215,11 @@ def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> 
     done: dict[str, Any] = progress.get("files", {}) if progress.get("source") == source else {}
     config = TransferConfig(multipart_threshold=8 << 20, multipart_chunksize=8 << 20,
                             max_concurrency=workers)
+    total = sum(size for _, size, _ in objects)
+    already = sum(size for name, size, etag in objects
+                  if done.get(name) == {"size": size, "etag": etag})
+    announce(source, len(objects), total, already, emit)
+    meter = Meter(total, already)  # boto3 calls back with each chunk's bytes, from its threads
 
     def fetch(item: tuple[str, int, str]) -> tuple[str, dict[str, Any]]:
         name, size, etag = item
@@ -192,13 +230,15 @@ def stage_s3(source: str, partial: Path, endpoint: str | None, workers: int) -> 
                 return name, done[name]
             url = f"s3://{bucket}/{prefix}{name}"
             _download(url, where, dir_fd, base, size, etag,
-                      lambda f: s3.download_fileobj(bucket, prefix + name, f, Config=config))
+                      lambda f: s3.download_fileobj(bucket, prefix + name, f, Config=config,
+                                                    Callback=meter.add))
         finally:
             os.close(dir_fd)
         return name, {"size": size, "etag": etag}
 
     failures = []
-    with concurrent.futures.ThreadPoolExecutor(max(1, workers // 4)) as pool:
+    with Reporter(lambda: "weights: " + meter.line(), every, emit), \
+            concurrent.futures.ThreadPoolExecutor(max(1, workers // 4)) as pool:
         futures = [pool.submit(fetch, item) for item in objects]
         for future in futures:  # in order, as pool.map; a failure cancels what has not begun
             try:
@@ -224,7 +264,8 @@ class StageFailed(Exception):
         super().__init__("\n".join(dict.fromkeys(str(f) for f in failures)))
 
 
-def stage_hf(source: str, partial: Path, token_file: str | None) -> dict[str, Any]:
+def stage_hf(source: str, partial: Path, token_file: str | None, every: float = EVERY,
+             emit: Callable[[str], None] = say) -> dict[str, Any]:
     from huggingface_hub import HfApi, constants, snapshot_download
 
     repo, _, revision = source[len("hf://"):].partition("@")
@@ -235,10 +276,15 @@ def stage_hf(source: str, partial: Path, token_file: str | None) -> dict[str, An
         raise StageError("listing", source, constants.ENDPOINT, reason(exc)) from None
     siblings = info.siblings or []
     check_names(source, [sibling.rfilename for sibling in siblings], partial, constants.ENDPOINT)
+    total = sum(sibling.size or 0 for sibling in siblings)
+    announce(source, len(siblings), total, 0, emit, info.sha)
+    # huggingface_hub says nothing a deploy can show: the bytes under the directory tell.
+    meter = Meter(total, measure=lambda: bytes_under(partial))
     try:
         # The commit whose file names were checked, not whatever the revision names by now.
-        snapshot_download(repo_id=repo, revision=info.sha or revision, local_dir=str(partial),
-                          token=token)
+        with Reporter(lambda: "weights: " + meter.line(), every, emit):
+            snapshot_download(repo_id=repo, revision=info.sha or revision,
+                              local_dir=str(partial), token=token)
     except Exception as exc:
         raise StageError("download", source, constants.ENDPOINT, reason(exc)) from None
     files = {}
@@ -312,6 +358,8 @@ def stage() -> int:
     ap.add_argument("--token-file")
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--reuse", type=Path, help="an earlier directory of the same source")
+    ap.add_argument("--progress-seconds", type=float, default=EVERY,
+                    help="seconds between two progress lines (0: none)")
     args = ap.parse_args()
     dest: Path = args.dest
     source = normalized(args.source)
@@ -321,9 +369,10 @@ def stage() -> int:
     partial.mkdir(parents=True, exist_ok=True)
     tic = time.monotonic()
     if source.startswith("s3://"):
-        manifest = stage_s3(source, partial, args.endpoint_url, args.workers)
+        manifest = stage_s3(source, partial, args.endpoint_url, args.workers,
+                            args.progress_seconds)
     elif source.startswith("hf://"):
-        manifest = stage_hf(source, partial, args.token_file)
+        manifest = stage_hf(source, partial, args.token_file, args.progress_seconds)
     else:
         raise StageError("staging", source, "-", "not an s3:// or hf:// source")
     if not (partial / "config.json").is_file():

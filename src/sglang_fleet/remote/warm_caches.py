@@ -12,7 +12,10 @@ run as the service user on GPUs no server uses, with the service's cache environ
         --module sglang.compile_deep_gemm --port 31000 --timeout 1800 -- --model-path ... --tp 1
 
 Prints the child's output prefixed ``warm-up:``, then one line ``WARMUP <json>``; exit 0 when
-the caches were filled.
+the caches were filled. With ``--progress SECONDS`` (the warm-up stage's 10) it prints instead,
+every SECONDS, one line saying how long it has run of its budget and the child's last line (a
+compile's progress bar, say): the stage shows those as they come, and the child's last lines
+only when it fails.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,7 +31,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from typing import IO, Any
+
+from .progress import Reporter, duration  # uploaded to the host with this module
 
 TAIL = 20  # lines of the child's output shown when it fails
 PROMPT = "What is 2+2? Answer with the number only."
@@ -42,12 +49,30 @@ def child_argv(args: argparse.Namespace) -> list[str]:
     return [args.python, "-m", args.module, *flags]
 
 
-def _relay(stream: IO[str], tail: list[str]) -> None:
-    for line in stream:
-        line = line.rstrip("\n")
+def lines(stream: IO[bytes]) -> Iterator[str]:
+    """The child's lines as they come, a carriage return ending one too: a progress bar
+    (tqdm's, on a pipe) redraws itself with ``\\r`` and would be one line until it ends."""
+    pending = b""
+    while chunk := os.read(stream.fileno(), 65536):
+        *done, pending = re.split(rb"\r\n|\r|\n", pending + chunk)
+        yield from (line.decode(errors="replace") for line in done if line.strip())
+    if pending.strip():
+        yield pending.decode(errors="replace")
+
+
+def _relay(stream: IO[bytes], tail: list[str], quiet: bool) -> None:
+    for line in lines(stream):
         tail.append(line)
         del tail[:-TAIL]
-        print(f"warm-up: {line[:240]}", flush=True)
+        if not quiet:
+            print(f"warm-up: {line[:240]}", flush=True)
+
+
+def progress_line(args: argparse.Namespace, elapsed: float, tail: list[str]) -> str:
+    """``warm-up (compile): 2 min 10 s of at most 30 min 0 s; last: DeepGEMM ... 450/1000``."""
+    last = f"; last: {tail[-1].strip()[:160]}" if tail else "; nothing printed yet"
+    return (f"warm-up ({args.mode}): {duration(elapsed)} of at most {duration(args.timeout)}"
+            f"{last}")
 
 
 def _get(url: str, timeout: float) -> int:
@@ -66,7 +91,7 @@ def _generate(base: str) -> None:
         resp.read()
 
 
-def serve_once(proc: subprocess.Popen[str], port: int, deadline: float) -> str | None:
+def serve_once(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str | None:
     """Full warm-up: wait for the server to answer /health_generate, generate once, stop it.
     Returns what went wrong, or None."""
     base = f"http://127.0.0.1:{port}"
@@ -83,7 +108,7 @@ def serve_once(proc: subprocess.Popen[str], port: int, deadline: float) -> str |
     return "the warm-up server was not ready within the budget"
 
 
-def stop(proc: subprocess.Popen[str], grace: float = 60) -> None:
+def stop(proc: subprocess.Popen[bytes], grace: float = 60) -> None:
     """SIGTERM to the whole process group (SGLang's schedulers too), SIGKILL after ``grace``."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
         if proc.poll() is not None:
@@ -102,23 +127,27 @@ def warm(args: argparse.Namespace) -> dict[str, Any]:
     argv = child_argv(args)
     tic = time.monotonic()
     deadline = tic + args.timeout
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     tail: list[str] = []
     assert proc.stdout is not None
-    relay = threading.Thread(target=_relay, args=(proc.stdout, tail), daemon=True)
+    quiet = args.progress > 0
+    relay = threading.Thread(target=_relay, args=(proc.stdout, tail, quiet), daemon=True)
     relay.start()
+    reporter = Reporter(lambda: progress_line(args, time.monotonic() - tic, tail),
+                        args.progress if quiet else 0)
     try:
-        if args.mode == "full":
-            error = serve_once(proc, args.port, deadline)
-        else:
-            try:
-                code = proc.wait(max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                code = None
-            error = None if code == 0 else (
-                "the precompile did not finish within the budget" if code is None
-                else f"the precompile exited with status {code}")
+        with reporter:
+            if args.mode == "full":
+                error = serve_once(proc, args.port, deadline)
+            else:
+                try:
+                    code = proc.wait(max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    code = None
+                error = None if code == 0 else (
+                    "the precompile did not finish within the budget" if code is None
+                    else f"the precompile exited with status {code}")
     finally:
         stop(proc)
         relay.join(5)
@@ -137,6 +166,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--module", required=True, help="the entry point, run as python -m MODULE")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--timeout", type=int, default=3600)
+    p.add_argument("--progress", type=float, default=0, metavar="SECONDS",
+                   help="a progress line every SECONDS instead of the child's output")
     p.add_argument("flags", nargs=argparse.REMAINDER, help="-- then the server's flags")
     args = p.parse_args(argv)
     args.flags = args.flags[1:] if args.flags[:1] == ["--"] else args.flags

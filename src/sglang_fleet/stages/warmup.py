@@ -9,7 +9,8 @@ still serves, so the restart pays only loading and graph capture (profile ``warm
 
 It runs on GPUs no server of the profile uses (``parallel.instances`` x tp x dp from GPU 0 up),
 as the service user with the service's cache environment; a host without such GPUs is said so
-and the restart pays the compile.
+and the restart pays the compile. While it runs, the host says every 10 s how long it has
+compiled of its budget and the compile's last line (shown as it comes).
 
     from sglang_fleet.stages.warmup import warm_caches
     warm_caches(profile=profile, launches=launches, release=release)   # before the service
@@ -44,6 +45,7 @@ PROGRAM = "warm_caches"
 PRECOMPILE = caches.PRECOMPILE_MODULE.rpartition(".")[2]  # beside the launcher's module
 PORT_OFFSET = 1000  # warm-up servers listen on the server's port + this (+ a few if taken)
 MARKS = paths.WARM_MARKS
+PROGRESS_SECONDS = 10  # between two of the program's progress lines, shown as they come
 
 
 def spare_gpus(profile: Profile, gpu_count: int) -> list[int]:
@@ -106,7 +108,8 @@ def warm_command(profile: Profile, launch: Launch, release: Release, gpus: list[
            *(f"--setenv={k}={v}" for k, v in sorted(env.items()))]
     words = program("/usr/bin/python3", PROGRAM, "--mode", profile.warmup, "--python",
                     release.python_bin, "--module", module, "--port", str(port),
-                    "--timeout", str(budget), "--", *launch.argv[3:])
+                    "--timeout", str(budget), "--progress", str(PROGRESS_SECONDS), "--",
+                    *launch.argv[3:])
     return shlex.join([*run, *words])
 
 
@@ -163,7 +166,11 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
     port = free_port(launch.port + PORT_OFFSET)
     where = f"GPU {','.join(map(str, gpus))}, port {port}"
     # The warm-up itself, not a read of state: it runs here so its outcome decides what follows.
-    _, output = run(warm_command(profile, launch, release, gpus, port, module, budget))
+    # Its progress lines are shown as they come (pyinfra's print_output, for this command).
+    logger.info(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on {where}, "
+                f"up to {budget} s")
+    _, output = run(warm_command(profile, launch, release, gpus, port, module, budget),
+                    print_output=True)
     result = _report(list(output.stdout_lines))
     if not result.get("ok"):
         for line in result.get("tail") or []:
@@ -182,7 +189,7 @@ def warm_caches(profile: Profile, launches: list[Launch], release: Release, budg
     """Each server's caches, warmed before the service stage restarts it."""
     if profile.warmup == "off":
         return
-    upload(PROGRAM)
+    upload(PROGRAM)  # and progress, which it imports
     for launch in launches:
         caches_warmed(name=f"Warm caches of {launch.unit} ({profile.warmup})", profile=profile,
                       launch=launch, release=release, budget=budget)

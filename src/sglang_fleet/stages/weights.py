@@ -1,7 +1,8 @@
 """Weights stage: the model staged once onto the host's local disk (S3 with boto3 on the host,
 the Hugging Face hub at a pinned revision, or a path already on the host), verified, renamed
 into place when complete, by the host program ``download_model`` in the tools venv;
-credentials only in root-owned 0600 files.
+credentials only in root-owned 0600 files. The downloader's lines (what it stages, then every
+10 s the bytes done of the total, the rate and the time left) are shown as they come.
 
     from sglang_fleet.stages.weights import stage_weights
     stage_weights(profile)        # in a pyinfra deploy
@@ -16,6 +17,7 @@ import shlex
 from importlib import resources
 from pathlib import Path
 
+from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
 from pyinfra.context import host
@@ -25,9 +27,11 @@ from pyinfra.operations import files
 from sglang_fleet import hostconfig, paths
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import legacy_staging_dir, model_path, normalized_source
+from sglang_fleet.config.validators import REVISION_FIX, revision_warning
 from sglang_fleet.facts.python import PythonImports
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.ops.live import LiveCommand
 from sglang_fleet.ops.secretfile import secret_file, secrets_directory
 from sglang_fleet.paths import AWS_CREDENTIALS, HF_TOKEN, MODELS, TOOLS, UV_CACHE
 from sglang_fleet.remote.download_model import MANIFEST
@@ -94,6 +98,8 @@ def staged(source: str, dest: str, endpoint: str | None, token_file: str | None,
     + token_file: a root-only file holding the Hugging Face token (None: anonymous)
     + reuse: where an earlier release staged SOURCE (linked, not downloaded, if it holds it)
 
+    The downloader's output is shown while it runs (``LiveCommand``): its progress lines.
+
         staged(name="Stage s3://m/q", source="s3://m/q", dest="/var/lib/sglang/models/q-…",
                endpoint=None, token_file=None)
     """
@@ -106,7 +112,7 @@ def staged(source: str, dest: str, endpoint: str | None, token_file: str | None,
                    *(["--endpoint-url", endpoint] if endpoint else []),
                    *(["--token-file", token_file] if token_file else []),
                    *(["--reuse", reuse] if reuse and reuse != dest else []))
-    yield f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS} {shlex.join(argv)}"
+    yield LiveCommand(f"AWS_SHARED_CREDENTIALS_FILE={AWS_CREDENTIALS} {shlex.join(argv)}")
 
 
 def served_model(profile: Profile) -> str | None:
@@ -152,6 +158,9 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
     if source.startswith("/"):
         present(name=f"Model at {dest}", path=dest)
         return []
+    moves = revision_warning(source)
+    if moves:  # valid, but hosts staged on different days would serve different weights
+        logger.warning(f"{host.print_prefix}model.source: {moves}; {REVISION_FIX}")
     secrets_directory()
     cfg = hostconfig.of(host)  # the credentials' form: checked with the rest of the host's data
     if cfg.aws_access_key_id:
@@ -166,7 +175,7 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
     files.directory(name="Models directory (root's; the service only reads it)",
                     path=str(Path(dest).parent), user="root", group="root", mode="755")
     install_tools()
-    upload(DOWNLOADER)
+    upload(DOWNLOADER)  # and progress, which it imports
     source = normalized_source(source)
     return [staged(name=stage_name(source, dest, served_model(profile)), source=source,
                    dest=dest, endpoint=cfg.s3_endpoint_url, token_file=token_file,
