@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pyinfra.api.command import FunctionCommand
 
+from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.rollout import cutover, fleet
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.stages import driver, last_good, service
@@ -219,7 +220,8 @@ def test_a_restore_that_restarts_leaves_first(roll_dir: cutover.RollDirectory,
 
 def test_a_driver_change_leaves_first_and_a_held_driver_stays(
         roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = driver.DriverConfig.from_data({"nvidia_driver_version": "580.95.05"}, "h1")
+    cfg = driver.DriverConfig.of(HostConfig.from_data({"nvidia_driver_version": "580.95.05"},
+                                                           "h1"))
     monkeypatch.setattr(driver, "state", SimpleNamespace(is_executing=True))
     monkeypatch.setattr(driver, "host", driver_host(["580.95.05-1"], "580.82.07-1", []))
     found = commands(driver.driver_packages, cfg)

@@ -29,6 +29,7 @@ from sglang_fleet import ops, paths
 from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import Gpu, LoadedModule, SmiReport
 from sglang_fleet.facts.ports import Listener
+from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.ops import packages, secretfile
 from sglang_fleet.rollout import cutover
 from sglang_fleet.stages import driver, last_good, resize, service
@@ -218,8 +219,8 @@ def launch() -> Launch:
     return render(field_profile(gpus=1))  # one server: sglang.service
 
 
-CFG = driver.DriverConfig.from_data({"nvidia_driver_version": "580.95.05",
-                                     "allow_reboot": True}, "h1")
+CFG = driver.DriverConfig.of(HostConfig.from_data({"nvidia_driver_version": "580.95.05",
+                                                   "allow_reboot": True}, "h1"))
 INSTALLED = {"nvidia-driver-580-open": ["580.95.05-1"]}
 
 

@@ -14,11 +14,11 @@ from sglang_fleet import paths
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.nvidia import LoadedModule
 from sglang_fleet.facts.systemd import parse_show, parse_version
+from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.remote import gate_soak
 from sglang_fleet.report import summary
 from sglang_fleet.rollout import planning
 from sglang_fleet.stages.driver import DriverConfig, change_refused
-from sglang_fleet.stages.gate import soak_requests
 from sglang_fleet.stages.service import CRASH_RESTARTS, found_down, restart_policy, start_command
 
 
@@ -83,15 +83,15 @@ def test_soak_size() -> None:
     assert gate_soak.soak_count(0, 48) == 0
     assert gate_soak.soak_count(10, 48) == 10
     assert gate_soak.soak_count(None, None) == 2 * gate_soak.SOAK_DEFAULT_BATCH
-    assert soak_requests({}, "h") is None
-    assert soak_requests({"gate_soak_requests": 0}, "h") == 0
+    assert HostConfig.from_data({}, "h").gate_soak_requests is None
+    assert HostConfig.from_data({"gate_soak_requests": 0}, "h").gate_soak_requests == 0
     for bad in (-1, "many", True, 2.5):
         with pytest.raises(InputError, match=r"pyinfra data of h: gate_soak_requests"):
-            soak_requests({"gate_soak_requests": bad}, "h")
+            HostConfig.from_data({"gate_soak_requests": bad}, "h")
 
 
 def driver(**data: object) -> DriverConfig:
-    return DriverConfig.from_data(data, "h")
+    return DriverConfig.of(HostConfig.from_data(data, "h"))
 
 
 def test_driver_change_without_reboot_is_refused_before_install() -> None:

@@ -11,7 +11,8 @@ import pytest
 
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts import gpuhealth
-from sglang_fleet.stages.gpu_preflight import ignored, problems, warnings
+from sglang_fleet.hostconfig import HostConfig
+from sglang_fleet.stages.gpu_preflight import problems, warnings
 
 Q_H200 = (Path(__file__).parent / "data" / "nvidia-smi-q-h200-580.159.04.txt").read_text()
 M = gpuhealth.MARK
@@ -143,10 +144,13 @@ def test_preflight_refuses_fatal_and_lets_ignored_through() -> None:
 
 
 def test_gpu_health_ignore_is_checked() -> None:
-    assert ignored({"gpu_health_ignore": ["xid-94", "remap-pending"]}, "h") == \
-        ["xid-94", "remap-pending"]
-    assert ignored({}, "h") == []
+    def ignored(data: dict[str, object]) -> tuple[str, ...]:
+        return HostConfig.from_data(data, "h").gpu_health_ignore
+
+    assert ignored({"gpu_health_ignore": ["xid-94", "remap-pending"]}) == \
+        ("xid-94", "remap-pending")
+    assert ignored({}) == ()
     for bad in ("xid-94", ["xid 94; rm -rf /"], [94]):
         with pytest.raises(InputError) as err:
-            ignored({"gpu_health_ignore": bad}, "h")
+            ignored({"gpu_health_ignore": bad})
         assert err.value.problems[0].key == "gpu_health_ignore"

@@ -8,6 +8,9 @@ from pyinfra.api.inventory import Inventory
 from sglang_fleet import hostconfig as hostdata
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
+from sglang_fleet.hostconfig import HostConfig, table
+from sglang_fleet.hostconfig.__main__ import main as hostconfig_main
+from sglang_fleet.hostconfig.spec import declared
 from tests.conftest import FIELD_PROFILE
 
 
@@ -109,3 +112,65 @@ def test_a_key_in_place_of_a_secret_name_is_masked(key: str) -> None:
     message = str(err.value)
     assert f"{key}: the value is not the NAME of a secret" in message
     assert pasted not in message
+
+
+def test_every_problem_of_a_host_is_listed_at_once() -> None:
+    inv = inventory(gpu_count=0, router_port=443, purge="engine,models",
+                    nvidia_driver_version="570.1.1", startup_budget_seconds="ten")
+    with pytest.raises(InputError) as err:
+        hostdata.profile_for(inv.get_host("b200-1"))
+    found = {p.key: p.message for p in err.value.problems}
+    assert found == {
+        "gpu_count": "must be a positive integer, got 0",
+        "startup_budget_seconds": "must be a whole number of seconds from 1 to 86400, got 'ten'",
+        "purge": "unknown 'models'",
+        "router_port": "must be a port from 1024 to 65535, got 443",
+        "nvidia_driver_version": "570.1.1 is not on branch 580",
+    }
+    assert all(p.source == "pyinfra data of b200-1" and p.fix for p in err.value.problems)
+
+
+def test_a_host_config_is_built_once_typed_with_its_defaults() -> None:
+    host = inventory(router_port=31000, nvidia_driver_branch=590).get_host("b200-1")
+    cfg = hostdata.of(host)
+    assert hostdata.of(host) is cfg  # built and checked once per host
+    assert (cfg.gpu_count, cfg.router_port, cfg.nvidia_driver_branch, cfg.drain_budget_seconds,
+            cfg.sglang_overrides) == (8, 31000, "590", 600, {"memory.max_running_requests": 64,
+                                                              "memory.page_size": 64})
+    assert hostdata.of(inventory().get_host("b200-2")).address == "b200-2"
+
+
+def test_secret_values_stay_out_of_the_config_and_its_errors() -> None:
+    key = "Sk-Live-0123456789abcdef"
+    cfg = HostConfig.from_data({"secrets": {"sglang-api-key": key}, "hf_token": "hf_" + key,
+                                "aws_access_key_id": "AK" + key,
+                                "aws_secret_access_key": "S" + key}, "h")
+    assert key not in repr(cfg) and cfg.secrets["sglang-api-key"] == key
+    with pytest.raises(InputError) as err:
+        HostConfig.from_data({"secrets": {"a": key + " "}, "hf_token": key + "\n",
+                              "router_admin_api_key_secret": key}, "h")
+    assert key not in str(err.value) and len(err.value.problems) == 3
+
+
+@pytest.mark.parametrize("bad", [object(), -1, "not this; id", True, ["x y"], {"a": 1}],
+                         ids=["object", "-1", "words", "True", "list", "mapping"])
+def test_every_check_says_what_is_wrong_and_how_to_fix_it(bad: object) -> None:
+    for f, spec in declared(HostConfig):
+        if spec.check is None:
+            continue
+        try:
+            HostConfig.from_data({f.name: bad}, "h")
+        except InputError as err:
+            for p in err.problems:
+                assert p.source == "pyinfra data of h" and p.message and p.fix, (f.name, p)
+
+
+def test_the_table_is_printed_and_written(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert hostconfig_main([]) == 0
+    assert capsys.readouterr().out == table.table()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{table.BEGIN}\nold\n{table.END}\n\nafter\n")
+    assert hostconfig_main(["--write", str(readme)]) == 0
+    assert readme.read_text() == f"# x\n\n{table.BEGIN}\n{table.table()}{table.END}\n\nafter\n"
+    assert hostconfig_main(["--write", str(tmp_path / "none.md")]) == 1

@@ -14,6 +14,7 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sglang_fleet import ops, paths
+from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.ops import packages, secretfile
 from sglang_fleet.paths import CURRENT, PREVIOUS, RELEASES
 from sglang_fleet.stages import driver, engine, service
@@ -195,7 +196,8 @@ def driver_host(offered: list[str], installed: str | None, held: list[str]) -> H
 
 def test_driver_packages_installs_the_wanted_version_and_holds_it(
         use: Callable[[Host], Host], monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = driver.DriverConfig.from_data({"nvidia_driver_version": "580.95.05"}, "h1")
+    cfg = driver.DriverConfig.of(HostConfig.from_data({"nvidia_driver_version": "580.95.05"},
+                                                           "h1"))
     monkeypatch.setattr(driver, "state", type("S", (), {"is_executing": True}))
     use(driver_host(["580.105.08-1", "580.95.05-1"], "580.82.07-1", []))
     found = commands(driver.driver_packages, cfg)
@@ -212,7 +214,7 @@ def test_driver_packages_installs_the_wanted_version_and_holds_it(
 
 def test_driver_packages_refuses_a_version_the_repository_lacks(
         use: Callable[[Host], Host], monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = driver.DriverConfig.from_data({"nvidia_driver_version": "580.1.1"}, "h1")
+    cfg = driver.DriverConfig.of(HostConfig.from_data({"nvidia_driver_version": "580.1.1"}, "h1"))
     monkeypatch.setattr(driver, "state", type("S", (), {"is_executing": True}))
     use(driver_host(["580.95.05-1"], None, []))
     [command] = commands(driver.driver_packages, cfg)

@@ -15,6 +15,7 @@ import pytest
 
 from sglang_fleet import ops
 from sglang_fleet.config.render import Launch, render, render_all
+from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.stages import (
     compiled_records,
     driver,
@@ -33,8 +34,9 @@ from tests.test_operations import RELEASE, Host, commands
 
 PROFILE = field_profile({"memory.target_running_requests": 48}, gpus=1)
 LAUNCH: Launch = render(PROFILE)  # sglang.service
-REBOOTING = driver.DriverConfig.from_data({"allow_reboot": True, "gpu_count": 8}, "h1")
-HELD = driver.DriverConfig.from_data({"nvidia_driver_version": "580.95.05"}, "h1")
+REBOOTING = driver.DriverConfig.of(HostConfig.from_data({"allow_reboot": True, "gpu_count": 8},
+                                                        "h1"))
+HELD = driver.DriverConfig.of(HostConfig.from_data({"nvidia_driver_version": "580.95.05"}, "h1"))
 GATE = ("the gate of sglang.service will run: health (within 1800 s), arguments, smoke "
         "generation, soak, capacity, max running requests against the target 48; if it passes, "
         "its unit and environment are kept as the last good release")

@@ -12,6 +12,7 @@ import pytest
 from pyinfra.api.inventory import Inventory
 
 from sglang_fleet.errors import InputError
+from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.remote import start_router
 from sglang_fleet.rollout import fleet
 from sglang_fleet.rollout import router_api as routerctl
@@ -88,11 +89,14 @@ def test_no_routers_group_means_no_router() -> None:
 
 
 def test_purge_names() -> None:
-    assert Purge.from_data({}, "h") == Purge()
-    assert Purge.from_data({"purge": "engine,weights"}, "h") == Purge(engine=True, weights=True)
-    assert Purge.from_data({"purge": ["engine", "weights", "driver"]}, "h").everything
+    def purge(data: dict[str, Any]) -> Purge:
+        return Purge.of(HostConfig.from_data(data, "h"))
+
+    assert purge({}) == Purge()
+    assert purge({"purge": "engine,weights"}) == Purge(engine=True, weights=True)
+    assert purge({"purge": ["engine", "weights", "driver"]}).everything
     with pytest.raises(InputError, match=r"purge: unknown 'models'.*\n.*fix: a comma-separated"):
-        Purge.from_data({"purge": "engine,models"}, "h")
+        purge({"purge": "engine,models"})
 
 
 METRICS = """# HELP sglang:num_running_reqs The number of running requests.

@@ -46,6 +46,6 @@ def test_missing_or_malformed_secret_names_the_data_key() -> None:
         secret_values(launch, "b200-01", {})
     for bad in ("short", "has space in it 0123456789", "new\nline0123456789abcdef", "$(id)" * 5):
         with pytest.raises(InputError, match=r"secrets\.sglang-api-key: must be 16 to 512"):
-            secret_values(launch, "b200-01", {"secrets": {"sglang-api-key": bad}})
-    assert secret_values(launch, "b200-01", {"secrets": {"sglang-api-key": "s" * 16}}) == \
+            secret_values(launch, "b200-01", {"sglang-api-key": bad})
+    assert secret_values(launch, "b200-01", {"sglang-api-key": "s" * 16}) == \
         {"SGLANG_API_KEY": "s" * 16}
