@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sglang_fleet.cli import output
-from sglang_fleet.config import checking, profile, validators
+from sglang_fleet.config import checking, profile
 from sglang_fleet.config.checks import AUTO
 from sglang_fleet.errors import InputError, Problem
 
@@ -108,33 +108,38 @@ def serving_host(host: Host) -> checking.Report:
 
 
 def _rest_of(report: checking.Report, host: Host) -> None:
-    """The phases of the host's profile that the deploy's reading did not reach."""
-    from sglang_fleet import hostconfig as hostdata
+    """The phases of the host's profile that the deploy's reading did not reach, read with
+    the host's data as far as it is right (a refused key at its default: said above)."""
+    from sglang_fleet import hostconfig
 
-    source = f"pyinfra data of {host.name}"
-    path = host.data.get(hostdata.PROFILE_KEY)
-    if not isinstance(path, str) or not path.strip() or validators.text_problem(path):
+    cfg, refused = hostconfig.lenient(host)
+    if "sglang_overrides" in refused:
+        report.note(cfg.source, "sglang_profile", "the profile was not checked: it is read "
+                    "with the host data's overrides, which must be right first (above)")
+        return
+    if not cfg.sglang_profile:
         return  # said: no profile to read
     try:
-        loaded = profile.load_all(path, hostdata.overrides(host), source,
-                                  allow_insecure_urls=hostdata.allow_insecure_urls(host))
+        loaded = profile.load_all(cfg.sglang_profile, cfg.sglang_overrides, cfg.source,
+                                  allow_insecure_urls=cfg.allow_insecure_urls)
     except InputError as err:
         report.add(err.problems)
         return
     report.add(loaded.problems)
     checking.check_loaded(report, loaded.profile, set(loaded.refused),
-                          _sized_for(report, host, source))
+                          _sized_for(report, cfg.gpu_count, cfg.source))
 
 
-def _sized_for(report: checking.Report, host: Host, source: str) -> Callable[[Any], Any]:
-    """``parallel.instances: auto`` for the host's gpu_count; without a usable one (said by
-    the deploy's reading) the host's first server stands for them all."""
+def _sized_for(report: checking.Report, gpus: int | None,
+               source: str) -> Callable[[Any], Any]:
+    """``parallel.instances: auto`` for the host's gpu_count; without one (said by the
+    deploy's reading) the host's first server stands for them all."""
     def resolve(prof: profile.Profile) -> profile.Profile:
         if prof.parallel.instances != AUTO:
             return prof
-        count = host.data.get("gpu_count")
-        if isinstance(count, int) and not isinstance(count, bool) and 1 <= count <= 1024:
-            return prof.for_gpus(count, f"{host.name} (host data gpu_count)")
+        if gpus is not None:
+            return prof.for_gpus(gpus, f"{source.removeprefix('pyinfra data of ')} "
+                                       "(host data gpu_count)")
         report.note(source, "parallel.instances", "auto, and no usable gpu_count (above): "
                     "the rules were applied to one server")
         return checking.with_defaults(prof, ["parallel.instances"])

@@ -14,7 +14,7 @@ the README's table (``python -m sglang_fleet.hostconfig``).
 
 from __future__ import annotations
 
-from sglang_fleet.hostconfig.access import check_host, is_serving, of
+from sglang_fleet.hostconfig.access import check_host, is_serving, lenient, of
 from sglang_fleet.hostconfig.keys import (
     DRIVER_FLOOR,
     PURGEABLE,
@@ -30,4 +30,4 @@ from sglang_fleet.hostconfig.serving import PROFILE_KEY, gpu_count, profile_for
 
 __all__ = ["DRIVER_FLOOR", "PROFILE_KEY", "PURGEABLE", "REBOOT_TIMEOUT", "ROUTERS_GROUP",
            "ROUTER_METRICS_PORT", "ROUTER_PACKAGE", "ROUTER_PACKAGES", "ROUTER_PORT",
-           "HostConfig", "check_host", "gpu_count", "is_serving", "of", "profile_for"]
+           "HostConfig", "check_host", "gpu_count", "is_serving", "lenient", "of", "profile_for"]

@@ -35,6 +35,16 @@ def of(host: Host) -> HostConfig:
     return built
 
 
+def lenient(host: Host) -> tuple[HostConfig, list[str]]:
+    """``host``'s data with each refused key at its default, and the refused keys: what
+    ``check --inventory`` reads to go on checking a host's profile past its data's problems
+    (``of`` says them).
+
+        lenient(host)[1]     # ['gpu_count']
+    """
+    return HostConfig.from_data_all(host.data, host.name, getattr(host, "groups", ()))
+
+
 def check_host(host: Host) -> None:
     """Stop before any host changes when ``host``'s data is wrong (InputError listing all)."""
     of(host)

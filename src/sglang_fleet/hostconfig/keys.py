@@ -39,7 +39,7 @@ from sglang_fleet.hostconfig.checks import (
     url,
     whole,
 )
-from sglang_fleet.hostconfig.spec import Raw, checked, key
+from sglang_fleet.hostconfig.spec import Raw, checked, checked_all, key
 from sglang_fleet.ops.secretfile import SECRET_NAME
 from sglang_fleet.ops.unitfile import networks
 from sglang_fleet.stages.repository import KEYRING, NVIDIA_REPOS
@@ -268,6 +268,17 @@ class HostConfig:
             HostConfig.from_data({"purge": "engine"}, "h").purge     # ('engine',)
         """
         return cls(name=host, **checked(cls, Raw(data, host, tuple(groups))))
+
+    @classmethod
+    def from_data_all(cls, data: Mapping[str, Any] | Any, host: str,
+                      groups: Iterable[str] = ()) -> tuple[HostConfig, list[str]]:
+        """As ``from_data``, with each refused key at its default instead of an error; the
+        refused keys (their problems are ``from_data``'s to say).
+
+            HostConfig.from_data_all({"gpu_count": 0}, "h")[1]     # ['gpu_count']
+        """
+        values, _, refused = checked_all(cls, Raw(data, host, tuple(groups)))
+        return cls(name=host, **values), refused
 
     @property
     def source(self) -> str:

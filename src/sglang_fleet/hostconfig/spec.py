@@ -137,11 +137,24 @@ def checked(fields: type, raw: Raw) -> dict[str, Any]:
         checked(HostConfig, Raw({"gpu_count": 0}, "h"))
         # InputError: pyinfra data of h: gpu_count: must be a positive integer, got 0 ...
     """
-    values: dict[str, Any] = {}
-    problems: list[Problem] = []
-    for f, spec in declared(fields):
-        values[f.name], found = _value(f, spec, raw)
-        problems += found
+    values, problems, _ = checked_all(fields, raw)
     if problems:
         raise InputError(problems)
     return values
+
+
+def checked_all(fields: type, raw: Raw) -> tuple[dict[str, Any], list[Problem], list[str]]:
+    """Every key, with a refused one at its default; the problems; the refused keys (what
+    ``check --inventory`` reads to go on checking a host's profile past its data).
+
+        checked_all(HostConfig, Raw({"gpu_count": 0}, "h"))[2]     # ['gpu_count']
+    """
+    values: dict[str, Any] = {}
+    problems: list[Problem] = []
+    refused: list[str] = []
+    for f, spec in declared(fields):
+        value, found = _value(f, spec, raw)
+        values[f.name] = default_of(f) if found else value
+        problems += found
+        refused += [f.name] if found else []
+    return values, problems, refused
