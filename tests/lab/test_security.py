@@ -16,7 +16,7 @@ import pytest
 
 from sglang_fleet.ops.unitfile import env_line, systemd_word
 from tests.lab.conftest import booted_lab, pyinfra, ssh
-from tests.test_hostile import CONTROL, HOSTILE
+from tests.unit.test_hostile import CONTROL, HOSTILE
 
 pytestmark = pytest.mark.lab
 KEYS = Path("/var/lib/sglang-fleet-lab/ssh")

@@ -7,8 +7,9 @@ Rules are read from each release's ``sglang/srt/server_args.py`` (0.5.10 - 0.5.1
 ``sglang/srt/arg_groups/{overrides,mamba_hook,model_hook}.py`` (0.5.15 - 0.5.23), in the order
 the release applies them; messages quote SGLang's own where it has one, and every fix is spelled
 for the release at hand. ``check_server_args`` is what the release's ``ServerArgs`` refuses
-(proven against the real code by tests/test_serverargs_oracle.py); ``check`` adds the checks
-SGLang makes later, while sizing the memory pools (``LATER_CHECKS``, cited by file and line).
+(proven against the real code by tests/unit/config/test_preflight_oracle.py); ``check`` adds
+the checks SGLang makes later, while sizing the memory pools (``LATER_CHECKS``, cited by file
+and line).
 """
 
 from __future__ import annotations
@@ -359,8 +360,8 @@ def resolve_architecture(profile: Profile, model_config_path: str | None = None)
 
 def check_server_args(profile: Profile, launch: Launch,
                       architecture: str | None) -> list[Problem]:
-    """The rules the release's ``ServerArgs`` enforces (what tests/test_serverargs_oracle.py
-    compares with the real code)."""
+    """The rules the release's ``ServerArgs`` enforces (what
+    tests/unit/config/test_preflight_oracle.py compares with the real code)."""
     c = _Ctx(profile, launch, flags.load(launch.version), architecture)
     return [*_speculative(c), *_spec_v2(c), *_hybrid(c)]
 

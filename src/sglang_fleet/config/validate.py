@@ -24,7 +24,8 @@ from sglang_fleet.config.keys import REQUIRED, Declared, Located, declared, part
 from sglang_fleet.errors import InputError, Problem
 
 # The speculative keys that only mean something with speculative.algorithm set (named so that
-# tests/test_readme.py, which reads *_KEYS tuples as host-data keys, does not take them for some).
+# tests/unit/test_readme.py, which reads *_KEYS tuples as host-data keys, does not take them
+# for some).
 NEED_ALGORITHM = ("num_steps", "eagle_topk", "num_draft_tokens")
 
 
@@ -105,7 +106,7 @@ def _type_fix(value: Any, spec: Declared, name: str, from_data: bool) -> str:
 def _validate_key(raw: Any, name: str, spec: Declared, located: Located,
                   problems: list[Problem]) -> Any:
     """The value of key ``name`` as its dataclass holds it, or None after adding a problem.
-    A default is the declaration's own and is taken as it is (tests/test_profile_keys.py checks
+    A default is the declaration's own and is taken as it is (tests/unit/config/test_keys.py checks
     every default against its key)."""
     if raw is REQUIRED:
         if spec.default is not REQUIRED:
