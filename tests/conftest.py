@@ -29,7 +29,7 @@ def lab_slot(environ: MutableMapping[str, str]) -> None:
 lab_slot(os.environ)
 
 # No test reaches the example inventory's hosts (inventories/b200.py): refused in this process,
-# and processes tests start with it use noconnect.env() (tests/test_examples.py checks).
+# and processes tests start with it use noconnect.env() (tests/examples/test_examples.py checks).
 noconnect.refuse_example_hosts()
 
 # pyinfra_cli patches the whole process with gevent when it is imported (planning.load imports
@@ -38,6 +38,7 @@ noconnect.refuse_example_hosts()
 gevent.monkey.patch_all = lambda *args, **kwargs: True
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
 PROFILES = sorted((ROOT / "src" / "sglang_fleet" / "profiles").glob("*.yaml"))
 FIELD_PROFILE = ROOT / "src" / "sglang_fleet" / "profiles" / "qwen3.6-27b-mtp.yaml"
 

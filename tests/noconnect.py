@@ -6,8 +6,8 @@ private addresses, 10.0.0.11 and 10.0.0.12): what a test may do with it, and the
 - In a process a test starts: ``env(log)`` as its environment refuses every connection outside
   this machine (``noconnect_site/sitecustomize.py``) and records each in ``log``;
   ``attempts(log)`` reads them back (a test asserts there were none).
-- ``tests/test_examples.py`` scans tests/, bench/, scripts/ and lab/: a function (or module)
-  that names the example inventory starts no process without ``env=noconnect.env(...)``.
+- ``tests/examples/test_examples.py`` scans tests/, bench/, scripts/ and lab/: a function (or
+  module) that names the example inventory starts no process without ``env=noconnect.env(...)``.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from typing import cast
 from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host, inventory
 
-from sglang_fleet import hostconfig as hostdata
+from sglang_fleet import hostconfig
 from sglang_fleet.config import preflight
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
@@ -39,12 +39,12 @@ def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
     before it has a driver) and its launches; ``check`` (a deploy): with the mamba cache size
     remembered for ``memory.target_running_requests``, preflighted before any change."""
     smi = host.get_fact(NvidiaSmi)
-    profile = hostdata.profile_for(host, smi)
+    profile = hostconfig.profile_for(host, smi)
     if check:
         profile = with_remembered_size(profile)
     launches = render_all(profile)
     if check:
-        preflight.require_host(profile, launches, host.name, hostdata.gpu_count(host, smi))
+        preflight.require_host(profile, launches, host.name, hostconfig.gpu_count(host, smi))
     return profile, launches
 
 
@@ -59,9 +59,9 @@ def serve() -> None:
     require_free_ports(launches)
     require_gpu_health()
     # The fleet's Prometheus targets, on this machine, once a run (prometheus_file_sd).
-    targets = host.data.get(metrics_targets.TARGETS_KEY)
+    targets = hostconfig.of(host).prometheus_file_sd
     if targets and host.name == fleet.serving_hosts(inventory)[0].name:
-        metrics_targets.write_targets(inventory, str(targets))
+        metrics_targets.write_targets(inventory, targets)
     install_driver()
     # pyinfra types a @deploy call as returning an OperationMeta; these return what they built.
     release = cast(Release, install_engine(profile=profile))
@@ -86,15 +86,14 @@ def prepare() -> None:
 
 def driver() -> None:
     """The driver stage alone."""
-    hostdata.check_host(host)  # bad host data stops the run before any host changes
+    hostconfig.check_host(host)  # bad host data stops the run before any host changes
     require_gpu_health()
     install_driver()
 
 
 def router() -> None:
     """The router on the hosts of the group ``routers``; removed from any other host."""
-    hostdata.check_host(host)
-    if fleet.ROUTERS_GROUP in host.groups:
+    if hostconfig.of(host).routers:  # bad host data stops the run before any host changes
         install_router(config=fleet.RouterConfig.from_host(host),
                        worker_urls=fleet.all_worker_urls(inventory))
     else:
@@ -124,6 +123,7 @@ def smoke() -> None:
 
 def take_down() -> None:
     """Out of the routers, the router, the units; what ``purge`` names besides."""
+    cfg = hostconfig.of(host)
     urls = fleet.worker_urls(host) if fleet.is_serving(host) else []
-    teardown(purge=Purge.from_data(host.data, host.name), urls=urls,
-             routers=fleet.routers(inventory), is_router=fleet.ROUTERS_GROUP in host.groups)
+    teardown(purge=Purge.of(cfg), urls=urls, routers=fleet.routers(inventory),
+             is_router=cfg.routers)

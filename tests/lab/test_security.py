@@ -15,7 +15,7 @@ import pytest
 
 from sglang_fleet.ops.unitfile import env_line, systemd_word
 from tests.lab.conftest import ROUTER, SSH_DIR, booted_lab, pyinfra, ssh, url
-from tests.test_hostile import CONTROL, HOSTILE
+from tests.unit.test_hostile import CONTROL, HOSTILE
 
 pytestmark = pytest.mark.lab
 AUDITOR = "runuser -u auditor -- "

@@ -8,15 +8,76 @@ through its router, or read.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from sglang_fleet.cli import output, usage
+from sglang_fleet.errors import InputError
+
+if TYPE_CHECKING:
+    from sglang_fleet.report.status import Fleet
+    from sglang_fleet.rollout.roll import Roll
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
     """Rolling redeploy through the router (see sglang_fleet.rollout.roll)."""
     from sglang_fleet.rollout import roll
+    from sglang_fleet.rollout.planning import plan
 
-    return roll.main(args.inventory, args.data, args.batch, args.drain_timeout,
-                     args.health_timeout, args.batch_instances)
+    if not args.json:
+        return roll.main(args.inventory, args.data, args.batch, args.drain_timeout,
+                         args.health_timeout, args.batch_instances)
+    made = roll.Roll(plan(args.inventory, args.data, args.batch, args.batch_instances),
+                     args.drain_timeout, args.health_timeout)
+    ok, document = roll_as_json(made)
+    print(json.dumps(document, indent=2))
+    return 0 if ok else 1
+
+
+def roll_as_json(made: Roll) -> tuple[bool, dict[str, Any]]:
+    """The roll as ``roll.main`` runs it, its lines (the runs' output, the table, the fleet)
+    on stderr, and what it did as one JSON object: ``ok``, each host's outcome, the fleet as
+    ``status --json`` sums it, the warnings, and ``errors`` (empty: an input problem stops a
+    roll before it starts, and is printed instead of this)."""
+    from sglang_fleet.rollout import roll
+    from sglang_fleet.rollout.outcome import fleet_lines
+    from sglang_fleet.rollout.planning import data_warning
+    from sglang_fleet.rollout.router_api import RouterError
+
+    warning = data_warning(made.plan.data)
+    fleet: Fleet | None = None
+    with contextlib.redirect_stdout(sys.stderr):
+        if warning:
+            roll.say(warning)
+        try:
+            ok = made()
+        except RouterError as err:
+            roll.say(f"stopped: {err}")
+            ok = False
+        print(made.report(), flush=True)
+        try:
+            fleet = made.read_fleet()
+            unread = None
+        except InputError as err:
+            unread = err
+        print("\n".join(fleet.lines() if fleet is not None
+                        else fleet_lines(lambda: _raise(unread))))
+    return ok, {
+        "ok": ok,
+        "hosts": [asdict(outcome) for outcome in made.outcomes.values()],
+        "fleet": fleet.as_json()[-1] if fleet is not None
+        else {"kind": "fleet", "not_read": output.as_json(unread.problems if unread else [])},
+        "warnings": [{"source": "--data", "key": "", "problem": warning.removeprefix(
+            "warning: "), "fix": ""}] if warning else [],
+        "errors": []}
+
+
+def _raise(error: InputError | None) -> Fleet:
+    assert error is not None
+    raise error
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -33,24 +94,52 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The fleet commands' parsers, in the order ``--help`` lists them."""
-    p = sub.add_parser("roll", help="rolling redeploy through the router, stopping at the "
-                       "first failure and putting that host's last good release back")
-    p.add_argument("inventory", help="a pyinfra inventory, e.g. inventories/b200.py")
-    p.add_argument("--batch", type=int, default=1, help="hosts at a time (default 1)")
-    p.add_argument("--batch-instances", type=int, default=None, metavar="K",
+    inventory_help = "a pyinfra inventory, e.g. inventories/b200.py"
+    p = usage.command(
+        sub, "roll", help="rolling redeploy through the router, stopping at the first failure "
+        "and putting that host's last good release back",
+        description="Redeploy the serving hosts of an inventory --batch at a time through "
+        "its router: each batch leaves the router only for its restart and gate, and goes "
+        "back before the next one leaves. The first failure stops the roll and puts that "
+        "batch's last good release back; later hosts are not touched. Every host's change is "
+        "checked before the first one is touched. Exit status: 0 every host converged, 1 an "
+        "input problem or a failure, 2 a usage error. With --json, the runs' output goes to "
+        "stderr and stdout is one JSON object (or the errors: {\"errors\": [...]}).",
+        examples=["sglang-fleet roll inventories/b200.py",
+                  "sglang-fleet roll inventories/b200.py --batch 2 "
+                  "--data sglang.memory.max_running_requests=48",
+                  "sglang-fleet roll inventories/b200.py --batch-instances 2 --json"])
+    usage.files(p.add_argument("inventory", help=inventory_help))
+    p.add_argument("--batch", type=usage.count(1, "--batch 1"), default=1,
+                   help="hosts at a time (default 1)")
+    p.add_argument("--batch-instances", type=usage.count(1, "--batch-instances 2"),
+                   default=None, metavar="K",
                    help="a host's servers restarted K at a time (after the first, alone), "
                    "only those out of the router, so the host keeps serving (default: the "
                    "host leaves the router whole)")
     p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   type=usage.data_pair,
                    help="pyinfra data for the deploy, e.g. sglang.memory.page_size=64")
-    p.add_argument("--drain-timeout", type=float, default=600,
-                   help="seconds to wait for a host's requests in flight (default 600)")
-    p.add_argument("--health-timeout", type=float, default=300,
-                   help="seconds for the router to see a host healthy again (default 300)")
+    p.add_argument("--drain-timeout", type=usage.seconds(0, 86400, "--drain-timeout 600"),
+                   default=600, help="seconds to wait for a host's requests in flight "
+                   "(0 to 86400, default 600)")
+    p.add_argument("--health-timeout", type=usage.seconds(0, 86400, "--health-timeout 300"),
+                   default=300, help="seconds for the router to see a host healthy again "
+                   "(0 to 86400, default 300)")
+    p.add_argument("--json", action="store_true", help="print what the roll did as JSON "
+                   "(the runs' output goes to stderr)")
     p.set_defaults(func=cmd_roll)
 
-    p = sub.add_parser("status", help="one row per server and router of an inventory: unit, "
-                       "release, health, load, GPU memory and health, router (read-only)")
-    p.add_argument("inventory", help="a pyinfra inventory, e.g. inventories/b200.py")
+    p = usage.command(
+        sub, "status", help="one row per server and router of an inventory: unit, "
+        "release, health, load, GPU memory and health, router (read-only)",
+        description="Read every host of an inventory at once (SSH, as the deploy connects) "
+        "and its servers and routers (HTTP): one row per server instance and router, then "
+        "the fleet's capacity, throughput and job time. Changes nothing. Exit status: 0, 1 an "
+        "input problem (the inventory or its data), 2 a usage error. With --json: the rows as "
+        "a list of objects, the last of kind fleet (or the errors: {\"errors\": [...]}).",
+        examples=["sglang-fleet status inventories/b200.py",
+                  "sglang-fleet status inventories/b200.py --json"])
+    usage.files(p.add_argument("inventory", help=inventory_help))
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_status)

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from sglang_fleet.cli import usage
 from sglang_fleet.cli.server_commands import api_key_from
 
 
@@ -79,22 +80,38 @@ def _worker(text: str) -> tuple[int, int]:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The job commands' parsers, in the order ``--help`` lists them."""
-    p = sub.add_parser("generate", help="resumable batch generation through a router or server")
-    p.add_argument("input", help="JSONL of chat requests or OpenAI Batch lines: a path, "
-                   "s3://bucket/key, or - for standard input")
-    p.add_argument("output", help="a directory or s3://bucket/prefix/ for shards and manifest")
-    p.add_argument("--url", required=True, help="the router or server, e.g. http://10.0.0.10:30080")
-    p.add_argument("--api-key-file", help="a file holding the API key")
+    s3_help = "S3 endpoint URL (default: boto3's, AWS_ENDPOINT_URL)"
+    s3_url = usage.url("https://s3.example.com")
+    p = usage.command(
+        sub, "generate", help="resumable batch generation through a router or server",
+        description="A batch generation job through a router (or one server): JSONL of chat "
+        "requests or OpenAI Batch lines in, records in shards and a manifest out, locally or "
+        "on S3. Run the same command again to resume. Exit status: 0 every line has a "
+        "record, 100 + the failed lines (at most 255), 1 an error, 2 a usage error, 130 or "
+        "143 when Ctrl-C or SIGTERM stopped it (it says how to resume).",
+        examples=["sglang-fleet generate in.jsonl out/ --url http://10.0.0.10:30080",
+                  "sglang-fleet generate s3://data/in.jsonl s3://data/run-1/ --url "
+                  "http://10.0.0.10:30080 --api-key-file key.txt --worker 0/4 --json"])
+    usage.files(p.add_argument("input", help="JSONL of chat requests or OpenAI Batch lines: "
+                               "a path, s3://bucket/key, or - for standard input"))
+    usage.files(p.add_argument("output", help="a directory or s3://bucket/prefix/ for shards "
+                               "and manifest"))
+    p.add_argument("--url", required=True, type=usage.url("http://10.0.0.10:30080"),
+                   help="the router or server, e.g. http://10.0.0.10:30080")
+    usage.files(p.add_argument("--api-key-file", help="a file holding the API key"))
     p.add_argument("--model", help="model name to send (default: the server's /v1/models)")
-    p.add_argument("--concurrency", type=int, default=64,
+    p.add_argument("--concurrency", type=usage.count(1, "--concurrency 64"), default=64,
                    help="requests in flight when the fleet cannot be sized (default 64)")
-    p.add_argument("--shard-size", type=int, default=1000, help="lines per shard (default 1000)")
-    p.add_argument("--retries", type=int, default=8,
+    p.add_argument("--shard-size", type=usage.count(1, "--shard-size 1000"), default=1000,
+                   help="lines per shard (default 1000)")
+    p.add_argument("--retries", type=usage.count(0, "--retries 8"), default=8,
                    help="retries on connection errors, 429, 502, 503, 504 (default 8)")
-    p.add_argument("--timeout", type=float, default=3600, help="seconds per request (3600)")
-    p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: boto3's, AWS_ENDPOINT_URL)")
-    p.add_argument("--ca-bundle", metavar="PATH", help="PEM file of the CAs that an https:// "
-                   "--url is checked against (default: SSL_CERT_FILE, else certifi's)")
+    p.add_argument("--timeout", type=usage.seconds(1, None, "--timeout 3600"), default=3600,
+                   help="seconds per request (3600)")
+    p.add_argument("--s3-endpoint", type=s3_url, help=s3_help)
+    usage.files(p.add_argument("--ca-bundle", metavar="PATH", help="PEM file of the CAs that "
+                               "an https:// --url is checked against (default: SSL_CERT_FILE, "
+                               "else certifi's)"))
     p.add_argument("--json", action="store_true", help="JSON status lines instead of a bar")
     p.add_argument("--retry-failures", action="store_true",
                    help="on a finished job: send its failed lines again (a new retry-RRR shard)")
@@ -109,11 +126,18 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                    "release, sampling and speculative settings) differs from the job's records'")
     p.set_defaults(func=cmd_generate)
 
-    p = sub.add_parser("results", help="a generate job's final records, each id once, as JSONL "
-                       "(read-only)", description="Exit status: 0 every record printed, 1 an "
-                       "error (or a job not complete yet: its committed records are printed).")
-    p.add_argument("output", help="the generate job's directory or s3://bucket/prefix/")
+    p = usage.command(
+        sub, "results", help="a generate job's final records, each id once, as JSONL "
+        "(read-only)",
+        description="A generate job's final records, each id once, as JSONL on standard "
+        "output (or, with --failed, the input lines still without a record). Exit status: 0 "
+        "every record printed, 1 an error (or a job not complete yet: its committed records "
+        "are printed), 2 a usage error.",
+        examples=["sglang-fleet results out/ > records.jsonl",
+                  "sglang-fleet results s3://data/run-1/ --failed > failed.jsonl"])
+    usage.files(p.add_argument("output", help="the generate job's directory or "
+                               "s3://bucket/prefix/"))
     p.add_argument("--failed", action="store_true",
                    help="print the lines still without a record instead")
-    p.add_argument("--s3-endpoint", help="S3 endpoint URL (default: boto3's, AWS_ENDPOINT_URL)")
+    p.add_argument("--s3-endpoint", type=s3_url, help=s3_help)
     p.set_defaults(func=cmd_results)

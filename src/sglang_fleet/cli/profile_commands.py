@@ -13,17 +13,11 @@ import argparse
 import json
 import sys
 
-from sglang_fleet.config import docs, preflight, profile, releases, sizing, validators
-from sglang_fleet.config.render import Launch, render
+from sglang_fleet.cli import output, usage
+from sglang_fleet.config import checking, docs, releases
 from sglang_fleet.errors import InputError
 
-
-def _load(args: argparse.Namespace) -> tuple[profile.Profile, Launch]:
-    """The profile and its first server's launch as a first start on a host of ``--gpus`` runs
-    it (a target's size is the host's)."""
-    prof = profile.load(args.profile, allow_insecure_urls=args.allow_insecure_urls)
-    prof = sizing.apply(prof.for_gpus(args.gpus, f"a host of --gpus {args.gpus}"), None)
-    return prof, render(prof, args.sglang_version)
+DEFAULT_GPUS = 8  # a B200 host
 
 
 def _gpus(text: str) -> int:
@@ -32,31 +26,71 @@ def _gpus(text: str) -> int:
     return int(text)
 
 
+def _check(args: argparse.Namespace) -> checking.Report:
+    """Every phase of ``check`` on the profile: what render refuses, check refuses."""
+    return checking.check_profile(args.profile, version=args.sglang_version,
+                                  config=args.model_config, gpus=args.gpus or DEFAULT_GPUS,
+                                  allow_insecure_urls=args.allow_insecure_urls)
+
+
 def cmd_render(args: argparse.Namespace) -> int:
-    _, launch = _load(args)
+    """The launch, once the profile passes every check ``check`` makes (its warnings and
+    notes on stderr: standard output is the launch alone)."""
+    report = _check(args)
+    output.show(report.errors, "error", sys.stderr)
+    output.show(report.warnings, "warning", sys.stderr)
+    if not report.ok or report.launch is None:
+        output.show(report.notes, "note", sys.stderr)
+        return 1
     if args.format == "json":
-        print(json.dumps(launch.as_json(), indent=2))
+        print(json.dumps(report.launch.as_json(), indent=2))
     else:
-        print(launch.as_shell())
+        print(report.launch.as_shell())
     return 0
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    prof, launch = _load(args)
-    arch = preflight.resolve_architecture(prof, args.model_config)
-    source = args.model_config or prof.model.config  # the profile's architecture: by render
-    wrong = releases.architecture_problem(arch, launch.version) if arch and source else None
-    if wrong and not any(w.startswith("--model-impl") for w in prof.extra_args):
-        raise InputError.one(str(source), "architectures", wrong,
-                             "check the model's config.json, or pin a release that serves it")
-    preflight.require(prof, launch, arch)
-    moves = validators.revision_warning(prof.model.source)
-    if moves:  # valid, but not the same weights on every host: said, not refused
-        print(f"warning: {prof.source_of('model.source')}: model.source: {moves}\n"
-              f"    fix: {validators.REVISION_FIX}", file=sys.stderr)
-    print(f"{args.profile}: ok for SGLang {launch.version}"
+    """Every problem of every phase, on standard error; warnings, notes and the verdict on
+    standard output (or all of it as one JSON object)."""
+    _usage(args)
+    if args.inventory is not None:
+        from sglang_fleet.cli import fleet_check
+
+        return fleet_check.main(args.inventory, args.data, args.json)
+    report = _check(args)
+    if args.json:
+        print(json.dumps({"profile": args.profile, **checking.as_json(report)}, indent=2))
+        return 0 if report.ok else 1
+    output.show(report.errors, "error", sys.stderr)
+    output.show(report.warnings, "warning", sys.stdout)
+    output.show(report.notes, "note", sys.stdout)
+    if not report.ok or report.launch is None:
+        return 1
+    arch = report.architecture
+    print(f"{args.profile}: ok for SGLang {report.launch.version}"
           + (f" ({arch})" if arch else " (no architecture known: hybrid-model rules skipped)"))
     return 0
+
+
+def _usage(args: argparse.Namespace) -> None:
+    """A profile, or --inventory with the options that go with it: else a usage error."""
+    error = args.parser.error
+    if args.inventory is None:
+        if args.profile is None:
+            error("give a profile (a file or a shipped profile's name), or --inventory "
+                  "INVENTORY")
+        if args.data:
+            error("--data goes with --inventory (a profile's keys: write them in it)")
+        return
+    if args.profile is not None:
+        error("give a profile or --inventory, not both")
+    given = [option for option, value in (
+        ("--sglang-version", args.sglang_version), ("--model-config", args.model_config),
+        ("--gpus", args.gpus), ("--allow-insecure-urls", args.allow_insecure_urls)) if value]
+    if given:
+        error(f"{', '.join(given)}: for one profile; with --inventory each host's data "
+              "decides (engine.version, model.config, gpu_count, allow_insecure_urls: "
+              "--data sets them for a check)")
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -81,25 +115,62 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                  "(default 8, a B200 host); the first server's launch is shown")
     version_help = f"SGLang release to render for (default: the profile's pin; known: " \
                    f"{releases.supported()[0]} … {releases.supported()[-1]})"
+    profile_help = "a profile YAML file, or a shipped profile's name, e.g. qwen3.6-27b-mtp"
+    config_help = ("the model's config.json (or its directory): its architectures[0] picks "
+                   "the hybrid-model rules (default: the profile's model.config, else "
+                   "model.architecture)")
 
-    p = sub.add_parser("render", help="print the launch command and environment of a profile")
-    p.add_argument("profile", help="a profile YAML file, or a shipped profile's name, e.g. "
-                   "qwen3.6-27b-mtp")
-    p.add_argument("--sglang-version", help=version_help)
+    p = usage.command(
+        sub, "render", help="print the launch command and environment of a profile",
+        description="Print the command line and environment SGLang is started with for a "
+        "profile: its first server on a host of --gpus GPUs, for the profile's release (or "
+        "--sglang-version). It runs every check that check runs first, and prints nothing "
+        "for a profile that fails one. Nothing is contacted. Exit status: 0 printed, 1 a "
+        "problem in the profile, 2 a usage error.",
+        examples=["sglang-fleet render qwen3.6-27b-mtp",
+                  "sglang-fleet render my-profile.yaml --sglang-version 0.5.12 --format json"])
+    usage.files(p.add_argument("profile", help=profile_help))
+    p.add_argument("--sglang-version", type=usage.release, help=version_help)
     p.add_argument("--format", choices=["shell", "json"], default="shell")
     p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
-    p.add_argument("--gpus", type=_gpus, default=8, help=gpus_help)
+    usage.files(p.add_argument("--model-config", help=config_help))
+    p.add_argument("--gpus", type=_gpus, help=gpus_help)
     p.set_defaults(func=cmd_render)
 
-    p = sub.add_parser("check", help="validate a profile and apply SGLang's startup rules")
-    p.add_argument("profile", help="a profile YAML file, or a shipped profile's name")
-    p.add_argument("--sglang-version", help=version_help)
+    p = usage.command(
+        sub, "check", help="validate a profile (or an inventory's) and apply SGLang's "
+        "startup rules",
+        description="Validate a profile and apply the startup rules of its SGLang release "
+        "(for hybrid models with speculative decoding) without contacting anything: every "
+        "problem of every phase in one run (errors on stderr, each with its fix; warnings, "
+        "notes on what could not be checked, and the verdict on stdout). With --inventory, "
+        "every host's profile and host data as a deploy or a roll reads them (without "
+        "connecting), each problem once with the hosts that share it. Exit status: 0 fine "
+        "(warnings allowed), 1 a problem, 2 a usage error; --json prints one JSON object "
+        "(errors, warnings, notes) with the same status.",
+        examples=["sglang-fleet check qwen3.6-27b-mtp",
+                  "sglang-fleet check my-profile.yaml --model-config /models/m/config.json",
+                  "sglang-fleet check --inventory inventories/b200.py "
+                  "--data sglang.engine.version=0.5.23 --json"])
+    usage.files(p.add_argument("profile", nargs="?", help=profile_help))
+    usage.files(p.add_argument("--inventory", metavar="INVENTORY",
+                               help="check every host of a pyinfra inventory instead"))
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   type=usage.data_pair, help="with --inventory: pyinfra data as a deploy "
+                   "or roll --data gives it, e.g. sglang.memory.page_size=64")
+    p.add_argument("--sglang-version", type=usage.release, help=version_help)
     p.add_argument("--allow-insecure-urls", action="store_true", help=insecure_help)
-    p.add_argument("--model-config", help="the model's config.json (or its directory)")
-    p.add_argument("--gpus", type=_gpus, default=8, help=gpus_help)
-    p.set_defaults(func=cmd_check)
+    usage.files(p.add_argument("--model-config", help=config_help))
+    p.add_argument("--gpus", type=_gpus, help=gpus_help)
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=cmd_check, parser=p)
 
-    p = sub.add_parser("keys", help="every profile key (type, default, SGLang flag, meaning), "
-                       "or the named ones")
+    p = usage.command(
+        sub, "keys", help="every profile key (type, default, SGLang flag, meaning), "
+        "or the named ones",
+        description="Print every profile key as a Markdown table (type, default, SGLang "
+        "flag, meaning), or each named key's help. Exit status: 0, or 1 for a name that is "
+        "not a profile key.",
+        examples=["sglang-fleet keys", "sglang-fleet keys memory.page_size parallel.tp"])
     p.add_argument("keys", nargs="*", metavar="KEY", help="a key, dotted, e.g. memory.page_size")
     p.set_defaults(func=cmd_keys)

@@ -11,7 +11,8 @@ import argparse
 import json
 import sys
 
-from sglang_fleet.config import releases, safeyaml, validators
+from sglang_fleet.cli import usage
+from sglang_fleet.config import safeyaml, validators
 from sglang_fleet.errors import InputError
 
 MAX_KEY_FILE_BYTES = 4096
@@ -28,10 +29,7 @@ def cmd_capacity(args: argparse.Namespace) -> int:
 
     from sglang_fleet.remote import capacity
 
-    version = args.sglang_version
-    if version is not None and (problem := releases.version_problem(version)):
-        raise InputError.one("--sglang-version", "", problem, "give the release that wrote "
-                             "the log, or leave the option out")
+    version = args.sglang_version  # a supported release: usage.release
     try:
         text = sys.stdin.read() if args.log == "-" else \
             Path(args.log).read_text(errors="replace")
@@ -73,19 +71,6 @@ def api_key_from(path: str) -> str:
     return key
 
 
-def smoke_url(url: str) -> str:
-    """The base URL of a server or router, without a trailing slash (InputError if unusable)."""
-    wrong = validators.url_problem(url, allow_http=True)
-    if wrong:
-        example = "http://10.0.0.11:30000"
-        if wrong.startswith("is ") or "://" not in url:
-            fix = f"give the server's base URL with its scheme, e.g. {example}"
-        else:
-            fix = f"e.g. {example}"
-        raise InputError.one("smoke", "URL", wrong, fix)
-    return url.rstrip("/")
-
-
 def _served_model(url: str, key: str | None) -> str:
     """The first model ``url`` serves, from /v1/models; GateError saying what it answered."""
     from sglang_fleet.remote import check_server
@@ -118,7 +103,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     """The gate's smoke generation against a running server (or router); changes nothing."""
     from sglang_fleet.remote import check_server
 
-    url = smoke_url(args.url)
+    url = args.url.rstrip("/")  # a URL: usage.url
     key = api_key_from(args.api_key_file) if args.api_key_file is not None else None
     report: dict[str, object] = {"url": url, "ok": False}
     try:
@@ -138,17 +123,31 @@ def cmd_smoke(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The server commands' parsers, in the order ``--help`` lists them."""
-    p = sub.add_parser("capacity", help="capacity report and advice from an SGLang startup log",
-                       description="Exit status: 0 a complete report, 4 a partial one (the log "
-                       "ends before the server was up), 1 not an SGLang startup log.")
-    p.add_argument("log", help="a log file (journal text or plain log), or - for standard input")
-    p.add_argument("--sglang-version", help="the release that wrote the log (lets the report "
-                   "infer a mamba cap that releases before 0.5.17 do not log)")
+    p = usage.command(
+        sub, "capacity", help="capacity report and advice from an SGLang startup log",
+        description="The capacity report and advice from a server's startup log (journal "
+        "text or a plain log): weights, KV cache and mamba pools, the requests it can run, "
+        "and what to change. Exit status: 0 a complete report, 4 a partial one (the log "
+        "ends before the server was up), 1 not an SGLang startup log, 2 a usage error.",
+        examples=["journalctl -u sglang -o cat | sglang-fleet capacity -",
+                  "sglang-fleet capacity server.log --sglang-version 0.5.12 --json"])
+    usage.files(p.add_argument("log", help="a log file (journal text or plain log), or - for "
+                               "standard input"))
+    p.add_argument("--sglang-version", type=usage.release,
+                   help="the release that wrote the log (lets the report infer a mamba cap "
+                   "that releases before 0.5.17 do not log)")
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.set_defaults(func=cmd_capacity)
 
-    p = sub.add_parser("smoke", help="a smoke generation against a running server or router")
-    p.add_argument("url", help="e.g. http://10.0.0.11:30000")
-    p.add_argument("--api-key-file", help="a file holding the API key")
+    p = usage.command(
+        sub, "smoke", help="a smoke generation against a running server or router",
+        description="One smoke generation, as the deploy's gate makes it, against a running "
+        "server or router (the first model its /v1/models lists); changes nothing. Exit "
+        "status: 0 a sane answer, 1 anything else, 2 a usage error (a URL that is not one).",
+        examples=["sglang-fleet smoke http://10.0.0.11:30000",
+                  "sglang-fleet smoke http://10.0.0.10:30080 --api-key-file key.txt --json"])
+    p.add_argument("url", type=usage.url("http://10.0.0.11:30000"), metavar="URL",
+                   help="the server's or router's base URL, e.g. http://10.0.0.11:30000")
+    usage.files(p.add_argument("--api-key-file", help="a file holding the API key"))
     p.add_argument("--json", action="store_true", help="print a JSON report")
     p.set_defaults(func=cmd_smoke)

@@ -7,7 +7,7 @@ table, and one key's help.
 
 ``sglang-fleet keys [KEY ...]`` prints the first two as well.
 
-The README holds the table between ``BEGIN`` and ``END``; tests/test_profile_docs.py fails when
+The README holds the table between ``BEGIN`` and ``END``; tests/unit/config/test_docs.py fails when
 it is not what the declarations make, and names the command that makes it.
 """
 

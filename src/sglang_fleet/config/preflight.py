@@ -7,8 +7,9 @@ Rules are read from each release's ``sglang/srt/server_args.py`` (0.5.10 - 0.5.1
 ``sglang/srt/arg_groups/{overrides,mamba_hook,model_hook}.py`` (0.5.15 - 0.5.23), in the order
 the release applies them; messages quote SGLang's own where it has one, and every fix is spelled
 for the release at hand. ``check_server_args`` is what the release's ``ServerArgs`` refuses
-(proven against the real code by tests/test_serverargs_oracle.py); ``check`` adds the checks
-SGLang makes later, while sizing the memory pools (``LATER_CHECKS``, cited by file and line).
+(proven against the real code by tests/unit/config/test_preflight_oracle.py); ``check`` adds
+the checks SGLang makes later, while sizing the memory pools (``LATER_CHECKS``, cited by file
+and line).
 """
 
 from __future__ import annotations
@@ -320,6 +321,35 @@ def later_checks(c: _Ctx) -> Iterator[Problem]:
                     f"set scheduler.overlap_schedule: true or use {c.strategy_flag} extra_buffer")
 
 
+def architecture_rules(version: str) -> list[str]:
+    """The rules ``check`` applies to ``version``'s launch only when it knows the model's
+    class (``_hybrid``, ``later_checks``): what a check without an architecture skipped.
+
+        architecture_rules("0.5.12")[0]   # 'mamba.strategy extra_buffer: only for ...'
+    """
+    if not at_least(version, NEW_MAMBA_RULES_FROM):
+        rules = ["mamba.strategy extra_buffer: only for the model classes that support it, "
+                 "and not with the radix cache off",
+                 "speculative decoding with the radix cache: needs mamba.strategy "
+                 "extra_buffer"]
+    else:
+        rules = ["mamba.strategy extra_buffer (auto picks it): only for the model classes "
+                 "that support it, with scheduler.linear_attn_backend triton",
+                 "mamba.strategy no_buffer: memory.page_size 1, no overlap schedule, no "
+                 "trtllm_mha attention"]
+    if at_least(version, "0.5.13") and not at_least(version, "0.5.17"):
+        rules.append("mamba.strategy extra_buffer_lazy: not with speculative decoding")
+    rules += ["mamba.track_interval: at least speculative.num_draft_tokens, a multiple of "
+              "memory.page_size",
+              f"memory.page_size: a divisor or multiple of the FLA chunk ({FLA_CHUNK_SIZE})"]
+    if at_least(version, "0.5.21"):
+        rules.append("mamba.strategy extra_buffer on a model without mamba layers: refused")
+    if version in LATER_CHECKS:
+        rules.append("mamba.strategy extra_buffer_lazy: needs the overlap schedule (asserted "
+                     "at startup)")
+    return rules
+
+
 def resolve_architecture(profile: Profile, model_config_path: str | None = None) -> str | None:
     """The model's config.json wins over the profile's ``model.architecture``."""
     path = model_config_path or profile.model.config
@@ -330,8 +360,8 @@ def resolve_architecture(profile: Profile, model_config_path: str | None = None)
 
 def check_server_args(profile: Profile, launch: Launch,
                       architecture: str | None) -> list[Problem]:
-    """The rules the release's ``ServerArgs`` enforces (what tests/test_serverargs_oracle.py
-    compares with the real code)."""
+    """The rules the release's ``ServerArgs`` enforces (what
+    tests/unit/config/test_preflight_oracle.py compares with the real code)."""
     c = _Ctx(profile, launch, flags.load(launch.version), architecture)
     return [*_speculative(c), *_spec_v2(c), *_hybrid(c)]
 

@@ -23,8 +23,8 @@ from typing import Any
 from sglang_fleet.config import checks, profile_yaml, releases, validators
 from sglang_fleet.config.checks import AUTO, MAMBA_STRATEGIES, MAX_INSTANCES
 from sglang_fleet.config.keys import Located, key, top_level
-from sglang_fleet.config.validate import validate
-from sglang_fleet.errors import InputError
+from sglang_fleet.config.validate import validate_all
+from sglang_fleet.errors import InputError, Problem
 
 BACKEND = "a backend the release accepts, e.g. triton"
 
@@ -323,16 +323,43 @@ class Profile:
         return replace(self, parallel=replace(parallel, instances=servers))
 
 
+# What a refused required key stands at while the checks after validation run on the rest
+# (``load_all``): no rule reads them, and nothing rendered with them is ever used.
+STAND_INS = {"model.source": "/models/stand-in", "model.served_name": "stand-in"}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A profile as ``load_all`` reads it: every problem in it, the keys they refuse, and
+    the profile with each refused key at its default (or ``STAND_INS``)."""
+
+    profile: Profile
+    problems: list[Problem]
+    refused: frozenset[str]
+
+
+def load_all(path: str | Path, overrides: Mapping[str, Any] | None = None,
+             overrides_source: str = "host data",
+             allow_insecure_urls: bool = False) -> Loaded:
+    """``load`` without stopping at the values: InputError only when the file cannot be
+    read as a mapping; otherwise every problem, and a profile to check the rest with."""
+    path = profile_yaml.locate(path)
+    data = profile_yaml.read(path, top_level(Profile))
+    located = Located(str(path))
+    if overrides:
+        profile_yaml.merge(data, overrides, overrides_source, located)
+    checked = validate_all(Profile, data, located, allow_insecure_urls, STAND_INS)
+    return Loaded(Profile(path=located.default_source, origin=located, **checked.values),
+                  checked.problems, checked.refused)
+
+
 def load(path: str | Path, overrides: Mapping[str, Any] | None = None,
          overrides_source: str = "host data", allow_insecure_urls: bool = False) -> Profile:
     """Read, merge and validate a profile. Raises InputError naming file, key and fix.
 
     ``allow_insecure_urls`` lets ``engine.index_url`` be plain http (host data
     ``allow_insecure_urls``, or ``--allow-insecure-urls`` for check and render)."""
-    path = profile_yaml.locate(path)
-    data = profile_yaml.read(path, top_level(Profile))
-    located = Located(str(path))
-    if overrides:
-        profile_yaml.merge(data, overrides, overrides_source, located)
-    values = validate(Profile, data, located, allow_insecure_urls)
-    return Profile(path=located.default_source, origin=located, **values)
+    loaded = load_all(path, overrides, overrides_source, allow_insecure_urls)
+    if loaded.problems:
+        raise InputError(loaded.problems)
+    return loaded.profile

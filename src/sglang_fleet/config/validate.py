@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import difflib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 from sglang_fleet.config import safeyaml, validators
@@ -23,7 +24,8 @@ from sglang_fleet.config.keys import REQUIRED, Declared, Located, declared, part
 from sglang_fleet.errors import InputError, Problem
 
 # The speculative keys that only mean something with speculative.algorithm set (named so that
-# tests/test_readme.py, which reads *_KEYS tuples as host-data keys, does not take them for some).
+# tests/unit/test_readme.py, which reads *_KEYS tuples as host-data keys, does not take them
+# for some).
 NEED_ALGORITHM = ("num_steps", "eagle_topk", "num_draft_tokens")
 
 
@@ -104,7 +106,7 @@ def _type_fix(value: Any, spec: Declared, name: str, from_data: bool) -> str:
 def _validate_key(raw: Any, name: str, spec: Declared, located: Located,
                   problems: list[Problem]) -> Any:
     """The value of key ``name`` as its dataclass holds it, or None after adding a problem.
-    A default is the declaration's own and is taken as it is (tests/test_profile_keys.py checks
+    A default is the declaration's own and is taken as it is (tests/unit/config/test_keys.py checks
     every default against its key)."""
     if raw is REQUIRED:
         if spec.default is not REQUIRED:
@@ -152,9 +154,10 @@ def _unknown_names(raw: Mapping[Any, Any], known: list[str], where: str, located
 
 
 def _section(cls: type, name: str, raw: Any, located: Located,
-             problems: list[Problem]) -> dict[str, Any] | None:
-    """A section's keys, validated (None when it is not even a mapping). A section holds keys
-    only: a profile is two levels deep."""
+             problems: list[Problem], refused: set[str]) -> dict[str, Any] | None:
+    """A section's keys, validated (None when it is not even a mapping); the keys whose values
+    are refused are added to ``refused``. A section holds keys only: a profile is two levels
+    deep."""
     keys = declared(cls)
     if raw is None:
         raw = {}
@@ -162,30 +165,85 @@ def _section(cls: type, name: str, raw: Any, located: Located,
         problems.append(Problem(located.of(name), name, f"must be a mapping, got "
                                 f"{type(raw).__name__}",
                                 f"write keys under it: {', '.join(k.name for k in keys)}"))
+        refused.update(f"{name}.{k.name}" for k in keys)
         return None
     _unknown_names(raw, [k.name for k in keys], name, located, problems)
-    return {k.name: _validate_key(raw.get(k.name, REQUIRED), f"{name}.{k.name}", k, located,
-                                  problems)
+    return {k.name: _checked(raw.get(k.name, REQUIRED), f"{name}.{k.name}", k, located,
+                             problems, refused)
             for k in keys}
+
+
+def _checked(raw: Any, name: str, spec: Declared, located: Located, problems: list[Problem],
+             refused: set[str]) -> Any:
+    """``_validate_key``, noting in ``refused`` a key whose value it refused."""
+    before = len(problems)
+    value = _validate_key(raw, name, spec, located, problems)
+    if len(problems) > before:
+        refused.add(name)
+    return value
+
+
+@dataclass(frozen=True)
+class Checked:
+    """Every problem of a profile's data, the keys they refuse, and the values with each
+    refused key at its default (a required one at its stand-in), for the checks after
+    validation to run on what is valid."""
+
+    values: dict[str, Any]
+    problems: list[Problem]
+    refused: frozenset[str]
 
 
 def validate(root: type, data: Mapping[Any, Any], located: Located,
              allow_insecure_urls: bool = False) -> dict[str, Any]:
     """Check ``data`` against the keys ``root`` declares: its sections built as their
     dataclasses, its own keys as values; raise InputError listing every problem."""
+    checked = validate_all(root, data, located, allow_insecure_urls)
+    if checked.problems:
+        raise InputError(checked.problems)
+    return checked.values
+
+
+def validate_all(root: type, data: Mapping[Any, Any], located: Located,
+                 allow_insecure_urls: bool = False,
+                 stand_ins: Mapping[str, Any] | None = None) -> Checked:
+    """``validate`` without raising: every problem, and values to go on with, each refused
+    key at its default or, for a required one, at ``stand_ins[key]`` (None without one)."""
     problems: list[Problem] = []
+    refused: set[str] = set()
     _unknown_names(data, top_level(root), "", located, problems)
     raw: dict[str, Any] = {}  # each part as validated, for the rules between keys
     for name, part in parts(root):
         if isinstance(part, Declared):
-            raw[name] = _validate_key(data.get(name, REQUIRED), name, part, located, problems)
+            raw[name] = _checked(data.get(name, REQUIRED), name, part, located, problems,
+                                 refused)
         else:
-            raw[name] = _section(part, name, data.get(name, {}), located, problems)
+            raw[name] = _section(part, name, data.get(name, {}), located, problems, refused)
+    before = len(problems)
     _consistency(raw, located, allow_insecure_urls, problems)
-    if problems:
-        raise InputError(problems)
-    return {name: part(**raw[name]) if isinstance(part, type) else raw[name]
-            for name, part in parts(root)}
+    refused.update(p.key for p in problems[before:])  # the rules between keys refuse them
+    return Checked(_with_defaults(root, raw, refused, stand_ins or {}), problems,
+                   frozenset(refused))
+
+
+def _with_defaults(root: type, raw: dict[str, Any], refused: set[str],
+                   stand_ins: Mapping[str, Any]) -> dict[str, Any]:
+    """The validated values, each refused key at its default (or stand-in)."""
+    def default(spec: Declared, name: str) -> Any:
+        if spec.default is REQUIRED:
+            return stand_ins.get(name)
+        return spec.read(spec.default)
+
+    values: dict[str, Any] = {}
+    for name, part in parts(root):
+        if isinstance(part, Declared):
+            values[name] = default(part, name) if name in refused else raw[name]
+            continue
+        given = raw[name] or {}
+        values[name] = part(**{
+            k.name: default(k, f"{name}.{k.name}") if f"{name}.{k.name}" in refused
+            else given[k.name] for k in declared(part)})
+    return values
 
 
 def _consistency(values: dict[str, Any], located: Located, allow_insecure_urls: bool,

@@ -19,7 +19,7 @@ from typing import Any
 
 from pyinfra.api.host import Host
 
-from sglang_fleet import hostconfig as hostdata
+from sglang_fleet import hostconfig
 from sglang_fleet.config.render import render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.rollout import fleet
@@ -42,7 +42,7 @@ def targets(hosts: Iterable[Host]) -> list[dict[str, Any]]:
     groups: list[dict[str, Any]] = []
     hosts = list(hosts)
     for host in fleet.serving_hosts(hosts):
-        profile = hostdata.profile_for(host)
+        profile = hostconfig.profile_for(host)
         launches = render_all(profile)
         if not profile.server.metrics:
             continue  # no --enable-metrics: nothing to scrape
@@ -52,13 +52,14 @@ def targets(hosts: Iterable[Host]) -> list[dict[str, Any]]:
                                       "instance_index": str(launch.instance),
                                       "model": profile.model.served_name or ""}})
     for host in hosts:
-        if fleet.ROUTERS_GROUP in host.groups:
+        cfg = hostconfig.of(host)
+        if cfg.routers:
             config = fleet.RouterConfig.from_host(host)
-            where = fleet.address(host) if config.bind in fleet.ANY_ADDRESS else config.bind
+            where = cfg.address if config.bind in fleet.ANY_ADDRESS else config.bind
             groups.append({"targets": [f"{where}:{config.metrics_port}"],
                            "labels": {"job": "sglang-router", "host": host.name}})
-        if host.data.get("install_dcgm"):
-            groups.append({"targets": [f"{fleet.address(host)}:{DCGM_EXPORTER_PORT}"],
+        if cfg.install_dcgm:
+            groups.append({"targets": [f"{cfg.address}:{DCGM_EXPORTER_PORT}"],
                            "labels": {"job": "dcgm", "host": host.name}})
     return groups
 

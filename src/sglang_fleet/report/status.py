@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 from pyinfra.api.host import Host
 
-from sglang_fleet import hostconfig as hostdata
+from sglang_fleet import hostconfig
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
@@ -36,7 +36,7 @@ from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitSt
 from sglang_fleet.remote import eta
 from sglang_fleet.rollout import fleet
 from sglang_fleet.rollout.router_api import Router, RouterError
-from sglang_fleet.stages.gpu_preflight import ignored, merged
+from sglang_fleet.stages.gpu_preflight import merged
 
 GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queued",
           "sglang:gen_throughput": "tokens_per_s", "sglang:spec_accept_length": "accept_length"}
@@ -143,7 +143,7 @@ def _span(gpus: list[int]) -> str:
 
 def server_rows(host: Host) -> list[Row]:
     """A row per instance of ``host``'s profile, before anything is read."""
-    profile = hostdata.profile_for(host)
+    profile = hostconfig.profile_for(host)
     launches = render_all(profile)
     rows = []
     for launch, url in zip(launches, fleet.urls(host, profile, launches), strict=True):
@@ -215,7 +215,7 @@ def read_host(host: Host, rows: list[Row]) -> None:
         _fill_unit(row, units.get(row.unit))
         if row.restarts or row.state.startswith("failed"):
             row.last_crash = _last_crash(host, row.unit)
-    _fill_gpus(rows, health, ignored(host.data, host.name))
+    _fill_gpus(rows, health, list(hostconfig.of(host).gpu_health_ignore))
     try:
         records = host.get_fact(GateRecords, units=[r.unit for r in rows]) or {}
     except Exception as exc:  # as read_host: the row says it, the rest go on
@@ -312,12 +312,12 @@ class Fleet:
 
 
 def fleet_job(hosts: list[Host]) -> tuple[tuple[int, int] | None, str]:
-    """The job of the serving hosts' ``job_estimate`` (checked by ``hostdata``), and a note
+    """The job of the serving hosts' ``job_estimate`` (checked by ``hostconfig``), and a note
     when they name different jobs (then there is no one job for the fleet).
 
         fleet_job(hosts)   # ((900000, 1000), "")
     """
-    named = {h.name: str(v) for h in hosts if (v := h.data.get("job_estimate"))}
+    named = {h.name: v for h in hosts if (v := hostconfig.of(h).job_estimate)}
     if len(set(named.values())) > 1:
         return None, ("no job time: job_estimate differs between hosts (" + "; ".join(
             f"{name}: {value}" for name, value in named.items()) + ")")

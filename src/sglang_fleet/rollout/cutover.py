@@ -19,7 +19,8 @@ unit each belongs to, the drain and health bounds, ``batch_instances``, the roll
 ``OutOfRouters``).
 
 Every command that disturbs a host's servers goes through ``disrupt``, which puts the leave
-right before it; no stage calls ``leave_routers`` itself (tests/test_disruption.py checks both).
+right before it; no stage calls ``leave_routers`` itself (tests/unit/stages/test_disruption.py
+checks both).
 
     turn(name="This host's turn in a roll")      # an operation: waits in a roll only
     yield from disrupt(reboot_and_wait(900))     # in an operation: the host leaves, then reboots
@@ -265,7 +266,7 @@ def disrupt(*commands: Command | Iterable[Command], units: list[str] | None = No
         yield from disrupt(reboot_and_wait(900))      # the whole host leaves, then reboots
     """
     # The one place a leave is yielded: a disruptive command a stage yields without this
-    # helper fails tests/test_disruption.py, so none can slip past the cutover.
+    # helper fails tests/unit/stages/test_disruption.py, so none can slip past the cutover.
     yield from leave_routers(units)
     for command in commands:
         if isinstance(command, (str, PyinfraCommand)):

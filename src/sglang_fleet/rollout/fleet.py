@@ -12,37 +12,31 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 
-from sglang_fleet import hostconfig as hostdata
+from sglang_fleet import hostconfig
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
-from sglang_fleet.ops.secretfile import SECRET_NAME, api_key
+from sglang_fleet.hostconfig import HostConfig
+from sglang_fleet.ops.secretfile import api_key
 from sglang_fleet.rollout.router_api import Router
 
-ROUTERS_GROUP = "routers"
-# The gateway by package, with its pinned release: smg (the Shepherd Model Gateway, which
-# SGLang's own releases depend on) by default; sglang-router 0.3.2, the last release under
-# that name, when host data ``router_package`` asks for it.
-ROUTER_PACKAGES = {"smg": "1.13.0", "sglang-router": "0.3.2"}
-ROUTER_PACKAGE = "smg"
-ROUTER_PORT = 30080
-ROUTER_METRICS_PORT = 29000  # both packages' default --prometheus-port
+ROUTERS_GROUP = hostconfig.ROUTERS_GROUP  # the hosts that run the router
+ROUTER_PACKAGES = hostconfig.ROUTER_PACKAGES  # each gateway's pinned release
 ANY_ADDRESS = ("0.0.0.0", "::", "")
 
 
 def address(host: Host) -> str:
     """How other machines reach the host: its SSH address unless data says otherwise."""
-    return str(host.data.get("sglang_address") or host.data.get("ssh_hostname") or host.name)
+    return hostconfig.of(host).address
 
 
 def is_serving(host: Host) -> bool:
     """Whether the host runs SGLang servers (router-only hosts set no profile)."""
-    return bool(host.data.get(hostdata.PROFILE_KEY))
+    return hostconfig.is_serving(host)
 
 
 def serving_hosts(inventory: Iterable[Host]) -> list[Host]:
@@ -59,7 +53,7 @@ def urls(host: Host, profile: Profile, launches: list[Launch]) -> list[str]:
 
 def unit_urls(host: Host) -> dict[str, str]:
     """The URL of each server unit on ``host``, from the profile it serves."""
-    profile = hostdata.profile_for(host)
+    profile = hostconfig.profile_for(host)
     launches = render_all(profile)
     return dict(zip((launch.unit for launch in launches), urls(host, profile, launches),
                     strict=True))
@@ -70,39 +64,24 @@ def worker_urls(host: Host) -> list[str]:
     return list(unit_urls(host).values())
 
 
-def _int(data: Any, source: str, key: str, default: int) -> int:
-    value = data.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise InputError.one(source, key, f"must be a positive integer, got {value!r}",
-                             f"remove it (default {default}) or set a number")
-    return value
-
-
-def _router_keys(data: Any, source: str) -> tuple[str | None, str | None]:
+def _router_keys(cfg: HostConfig) -> tuple[str | None, str | None]:
     """The client key and the /workers admin key, from the secrets the data names; both are
     required (fail closed) unless ``router_allow_no_key`` is set."""
-    available = data.get("secrets") or {}
     keys: list[str | None] = []
-    for key, default in (("router_api_key_secret", "sglang-api-key"),
-                         ("router_admin_api_key_secret", "sglang-router-admin-key")):
-        name = data.get(key, default)
-        if not isinstance(name, str) or not SECRET_NAME.fullmatch(name):
-            # It may be the key itself, pasted where its name belongs: never shown.
-            raise InputError.one(source, key, "the value is not the NAME of a secret (lower-case "
-                                 "letters, digits, . _ -; not shown: it may be the key itself)",
-                                 f"name the secret, e.g. {default}, and give the key in secrets")
-        value = available.get(name)
-        if not value and not data.get("router_allow_no_key"):
-            raise InputError.one(source, f"secrets.{name}",
+    for key, name in (("router_api_key_secret", cfg.router_api_key_secret),
+                      ("router_admin_api_key_secret", cfg.router_admin_api_key_secret)):
+        value = cfg.secrets.get(name)
+        if not value and not cfg.router_allow_no_key:
+            raise InputError.one(cfg.source, f"secrets.{name}",
                                  f"the router needs the secret {name!r} ({key}) and host data "
                                  "has no value for it: without it anyone who reaches the router "
                                  "could use it" + (" or change its workers"
                                                    if "admin" in key else ""),
                                  f"set secrets = {{'{name}': ...}} (read from a root-only file), "
                                  "or router_allow_no_key = True to run an open router")
-        keys.append(api_key(value, source, name) if value else None)
+        keys.append(api_key(value, cfg.source, name) if value else None)
     if keys[0] and keys[0] == keys[1]:
-        raise InputError.one(source, "router_admin_api_key_secret",
+        raise InputError.one(cfg.source, "router_admin_api_key_secret",
                              "the router's admin key is the client key: every client could "
                              "register a worker and receive other users' prompts",
                              "give the admin key a secret of its own")
@@ -136,33 +115,25 @@ class RouterConfig:
 
     @classmethod
     def from_host(cls, host: Host) -> RouterConfig:
-        data, source = host.data, f"pyinfra data of {host.name}"
-        policy = str(data.get("router_policy", "cache_aware"))
-        policies = ("cache_aware", "round_robin", "power_of_two", "random")
-        if policy not in policies:
-            raise InputError.one(source, "router_policy", f"unknown policy {policy!r}",
-                                 f"one of {', '.join(policies)}")
-        package = data.get("router_package", ROUTER_PACKAGE)
-        if package not in ROUTER_PACKAGES:
-            raise InputError.one(source, "router_package", f"unknown router {package!r}",
-                                 f"one of {', '.join(ROUTER_PACKAGES)} (default {ROUTER_PACKAGE})")
-        key, admin_key = _router_keys(data, source)
-        bind = str(data.get("router_host", "0.0.0.0"))
-        port = _int(data, source, "router_port", ROUTER_PORT)
-        where = address(host) if bind in ANY_ADDRESS else bind
-        return cls(package=package,
-                   version=str(data.get("router_version", ROUTER_PACKAGES[package])),
-                   index_url=data.get("router_index_url"),
-                   find_links=data.get("router_find_links"),
-                   bind=bind, port=port,
-                   metrics_port=_int(data, source, "router_metrics_port", ROUTER_METRICS_PORT),
-                   url=str(data.get("router_url", f"http://{where}:{port}")),
-                   policy=policy,
-                   health_interval=_int(data, source, "router_health_check_interval_secs", 5),
-                   health_failures=_int(data, source, "router_health_failure_threshold", 3),
-                   health_successes=_int(data, source, "router_health_success_threshold", 2),
-                   breaker_failures=_int(data, source, "router_breaker_failures", 3),
-                   breaker_timeout=_int(data, source, "router_breaker_timeout_secs", 10),
+        """The router ``host`` runs, from its data (``hostconfig``: ``router_*`` keys).
+
+            RouterConfig.from_host(host).url     # 'http://10.0.0.9:30080'
+        """
+        cfg = hostconfig.of(host)
+        key, admin_key = _router_keys(cfg)
+        where = cfg.address if cfg.router_host in ANY_ADDRESS else cfg.router_host
+        return cls(package=cfg.router_package,
+                   version=cfg.router_version or ROUTER_PACKAGES[cfg.router_package],
+                   index_url=cfg.router_index_url, find_links=cfg.router_find_links,
+                   bind=cfg.router_host, port=cfg.router_port,
+                   metrics_port=cfg.router_metrics_port,
+                   url=cfg.router_url or f"http://{where}:{cfg.router_port}",
+                   policy=cfg.router_policy,
+                   health_interval=cfg.router_health_check_interval_secs,
+                   health_failures=cfg.router_health_failure_threshold,
+                   health_successes=cfg.router_health_success_threshold,
+                   breaker_failures=cfg.router_breaker_failures,
+                   breaker_timeout=cfg.router_breaker_timeout_secs,
                    api_key=key, admin_key=admin_key)
 
 

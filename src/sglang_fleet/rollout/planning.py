@@ -21,7 +21,7 @@ from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
-from sglang_fleet import hostconfig as hostdata
+from sglang_fleet import hostconfig
 from sglang_fleet.config import preflight, validators
 from sglang_fleet.config.render import render_all
 from sglang_fleet.errors import InputError, Problem
@@ -156,9 +156,9 @@ def plan(inventory: str, data: Sequence[str], batch: int,
     after, units, errors = {}, {}, {}
     for host in hosts:  # every host's change is checked before the first one is touched
         try:
-            profile = hostdata.profile_for(host)
+            profile = hostconfig.profile_for(host)
             launches = render_all(profile)
-            preflight.require_host(profile, launches, host.name, hostdata.gpu_count(host))
+            preflight.require_host(profile, launches, host.name, hostconfig.gpu_count(host))
             after[host.name] = fleet.urls(host, profile, launches)
             units[host.name] = {launch.unit: [url] for launch, url in
                                 zip(launches, after[host.name], strict=True)}

@@ -9,10 +9,8 @@ NVSwitch hosts, DCGM when host data asks (``dcgm``), and a verification with nvi
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
@@ -23,8 +21,7 @@ from pyinfra.facts.server import KernelVersion
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 from pyinfra.operations import apt, files
 
-from sglang_fleet import paths
-from sglang_fleet.errors import InputError
+from sglang_fleet import hostconfig, paths
 from sglang_fleet.facts.nvidia import (
     AptVersions,
     HeldPackages,
@@ -33,23 +30,14 @@ from sglang_fleet.facts.nvidia import (
     NvidiaModule,
     NvidiaSmi,
 )
+from sglang_fleet.hostconfig import DRIVER_FLOOR, REBOOT_TIMEOUT, HostConfig
 from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.report import summary
 from sglang_fleet.rollout.cutover import disrupt
 from sglang_fleet.stages.dcgm import DCGM_EXPORTER_DROP_IN, DCGM_PACKAGES, dcgm_running
 from sglang_fleet.stages.reboot import reboot_and_wait
-from sglang_fleet.stages.repository import (
-    APT_NO_UPGRADE,
-    KEYRING,
-    NVIDIA_REPOS,
-    nvidia_repository,
-    repository_url,
-)
-
-# Minimum driver for each CUDA release (NVIDIA's CUDA toolkit release notes).
-DRIVER_FLOOR = {"12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
-REBOOT_TIMEOUT = 900  # an HGX board's firmware takes minutes; host data may say otherwise
+from sglang_fleet.stages.repository import APT_NO_UPGRADE, nvidia_repository, repository_url
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -58,7 +46,7 @@ def _version_key(version: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class DriverConfig:
-    """The driver stage's host data, validated."""
+    """The driver stage's host data, checked (``hostconfig``)."""
 
     repo_base_url: str
     keyring_sha256: str | None
@@ -72,46 +60,17 @@ class DriverConfig:
     reboot_timeout: int = REBOOT_TIMEOUT
 
     @classmethod
-    def from_data(cls, data: Any, host_name: str) -> DriverConfig:
-        source = f"pyinfra data of {host_name}"
-        flavour = data.get("nvidia_driver_flavour", "open")
-        if flavour != "open":
-            raise InputError.one(
-                source, "nvidia_driver_flavour",
-                f"{flavour!r} refused: B200 (Blackwell) runs only on NVIDIA's open kernel "
-                "modules; the proprietary flavour loads, then fails (RmInitAdapter failed) and "
-                "nvidia-smi finds no devices", "remove nvidia_driver_flavour or set it to 'open'")
-        branch = str(data.get("nvidia_driver_branch", "580"))
-        version = data.get("nvidia_driver_version")
-        if version is not None and not str(version).startswith(f"{branch}."):
-            raise InputError.one(source, "nvidia_driver_version",
-                                 f"{version} is not on branch {branch}",
-                                 f"use a {branch}.x version or change nvidia_driver_branch")
-        cuda = str(data.get("engine_cuda", "13.0"))
-        if cuda not in DRIVER_FLOOR:
-            raise InputError.one(source, "engine_cuda", f"unknown CUDA release {cuda}",
-                                 f"one of {', '.join(DRIVER_FLOOR)}")
-        timeout = data.get("reboot_timeout_seconds", REBOOT_TIMEOUT)
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 10:
-            raise InputError.one(source, "reboot_timeout_seconds",
-                                 f"must be a whole number of seconds, at least 10, got "
-                                 f"{timeout!r}", "how long to wait for a host to come back "
-                                 f"from a reboot, e.g. {REBOOT_TIMEOUT}")
-        count = data.get("gpu_count")
-        if count is not None and (not isinstance(count, int) or count < 1):
-            raise InputError.one(source, "gpu_count", f"must be a positive integer, got {count!r}",
-                                 "the number of GPUs the host must show, e.g. 8")
-        base = str(data.get("nvidia_repo_base_url", NVIDIA_REPOS))  # https: hostdata.check_host
-        digest = data.get("nvidia_keyring_sha256")
-        if digest is not None and not re.fullmatch(r"[0-9a-f]{64}", str(digest)):
-            raise InputError.one(source, "nvidia_keyring_sha256",
-                                 f"{digest!r} is not a sha256 (64 lower-case hex digits)",
-                                 f"sha256sum {KEYRING} after checking the package")
-        return cls(repo_base_url=base.rstrip("/"), keyring_sha256=digest, branch=branch,
-                   version=str(version) if version else None, gpu_count=count,
-                   allow_reboot=bool(data.get("allow_reboot", False)), engine_cuda=cuda,
-                   cuda_toolkit=data.get("cuda_toolkit"), dcgm=bool(data.get("install_dcgm")),
-                   reboot_timeout=timeout)
+    def of(cls, cfg: HostConfig) -> DriverConfig:
+        """The driver stage's part of the host's data (checked with the rest of it).
+
+            DriverConfig.of(hostconfig.of(host)).packages   # ['nvidia-open-580', ...]
+        """
+        return cls(repo_base_url=cfg.nvidia_repo_base_url.rstrip("/"),
+                   keyring_sha256=cfg.nvidia_keyring_sha256, branch=cfg.nvidia_driver_branch,
+                   version=cfg.nvidia_driver_version, gpu_count=cfg.gpu_count,
+                   allow_reboot=cfg.allow_reboot, engine_cuda=cfg.engine_cuda,
+                   cuda_toolkit=cfg.cuda_toolkit, dcgm=cfg.install_dcgm,
+                   reboot_timeout=cfg.reboot_timeout_seconds)
 
     @property
     def extras(self) -> list[str]:
@@ -152,7 +111,7 @@ def driver_change_allowed(cfg: DriverConfig) -> Ops:
     """Stop before anything is installed when changing the driver version would need a reboot
     that host data does not allow.
 
-    + cfg: the driver stage's validated host data (``DriverConfig.from_data``)
+    + cfg: the driver stage's checked host data (``DriverConfig.of``)
 
         driver_change_allowed(name="Driver change allowed", cfg=cfg)
     """
@@ -359,7 +318,7 @@ def verify(cfg: DriverConfig) -> Ops:
 @deploy("NVIDIA driver")
 def install_driver() -> None:
     """Converge the host's NVIDIA stack; read the configuration from the host's data."""
-    cfg = DriverConfig.from_data(host.data, host.name)
+    cfg = DriverConfig.of(hostconfig.of(host))
     summary.failed_hosts_at_exit()
     url = repository_url(cfg.repo_base_url)
     driver_change_allowed(name="A driver change needs no reboot, or may reboot", cfg=cfg)
@@ -382,7 +341,7 @@ def install_driver() -> None:
 def remove_driver() -> None:
     """Take away what install_driver put on the host (teardown with purge=driver); the loaded
     module stays in the kernel until the next reboot."""
-    cfg = DriverConfig.from_data(host.data, host.name)
+    cfg = DriverConfig.of(hostconfig.of(host))
     purged = packages_purged(name="Driver stack", owned=[
         *cfg.packages, "nvidia-fabricmanager", f"nvidia-driver-pinning-{cfg.branch}", "nvlsm",
         *cfg.extras, "cuda-keyring"], shared=[f"linux-headers-{host.get_fact(KernelVersion)}"])

@@ -23,7 +23,7 @@ from pyinfra.context import host
 from pyinfra.facts.files import Directory, File, FindDirectories, FindFiles, Link
 from pyinfra.operations import apt, files, server
 
-from sglang_fleet import paths
+from sglang_fleet import hostconfig, paths
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.ops import Ops
 from sglang_fleet.ops.host_programs import program, upload
@@ -224,7 +224,7 @@ def switch_release(release: Release) -> None:
 def install_engine(profile: Profile) -> Release:
     """The release installed beside the one serving (``current`` is left as it is)."""
     # engine_find_links and engine.index_url were checked (https) with the host's data.
-    release = release_for(profile, host.data.get("engine_find_links"))
+    release = release_for(profile, hostconfig.of(host).engine_find_links)
     server.user(name="Service user", user=paths.USER, system=True, home=paths.STATE,
                 shell="/usr/sbin/nologin", create_home=False)
     uv_ready()

@@ -20,9 +20,9 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import File
 
+from sglang_fleet import hostconfig
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import MAMBA_STRATEGY_DESTS, Launch
-from sglang_fleet.errors import InputError
 from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.host_programs import module_file, upload
 from sglang_fleet.paths import gate_record
@@ -47,23 +47,6 @@ def expectations(launch: Launch) -> dict[str, Any]:
     if args.get("max_running_requests") is not None:
         expect["max_running_requests"] = args["max_running_requests"]
     return expect
-
-
-def soak_requests(data: Any, host_name: str) -> int | None:
-    """``gate_soak_requests`` from host data: None (twice max running requests), 0 (no soak)
-    or a number of concurrent requests.
-
-        soak_requests({"gate_soak_requests": 64}, "b200-01")    # 64
-    """
-    value = data.get("gate_soak_requests")
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError.one(f"pyinfra data of {host_name}", "gate_soak_requests",
-                             f"must be a whole number of requests, 0 or more, got {value!r}",
-                             "e.g. gate_soak_requests = 64, or 0 to skip the soak; leave it "
-                             "out for twice max running requests")
-    return value
 
 
 @dataclass
@@ -282,23 +265,24 @@ def run_gate(profile: Profile, launches: list[Launch], release: Release) -> None
     log shows fewer; rollback on failure. The programs it runs are on the host already
     (``gate_programs``)."""
     summary.failed_hosts_at_exit()
-    job = host.data.get("job_estimate") or ""  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
-    soak = soak_requests(host.data, host.name)
+    cfg = hostconfig.of(host)
+    job = cfg.job_estimate or ""  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
+    soak = cfg.gate_soak_requests
     results = []
     target = profile.memory.target_running_requests
     for launch in launches:
         result = GateResult()
         results.append(result)
         gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, soak, capacity",
-             profile=profile, launch=launch, budget=startup_budget(), job=str(job),
+             profile=profile, launch=launch, budget=startup_budget(), job=job,
              result=result, soak=soak, final=target is None)
         if target is not None:
-            _sized_restart(profile, launch, release, result, target, str(job), soak)
+            _sized_restart(profile, launch, release, result, target, job, soak)
         last_good.restore_unit(name=f"Back to the last good {launch.unit} (only if the gate "
                                "failed)", unit=launch.unit, _if=result.failed)
     host_capacity(name=f"Capacity of the host ({len(launches)} server"
                   f"{'s' if len(launches) > 1 else ''}): summed from the gates",
-                  units=[launch.unit for launch in launches], results=results, job=str(job))
+                  units=[launch.unit for launch in launches], results=results, job=job)
     # Every server is gated (and a failed one put back) before a verdict fails the host: a
     # first server's failure must not leave the others on a release nobody checked.
     for launch, result in zip(launches, results, strict=True):

@@ -11,33 +11,12 @@ operator has dealt with them: a GPU reset leaves its Xid in this boot's kernel l
 
 from __future__ import annotations
 
-import re
-from typing import Any
-
 from pyinfra import logger
 from pyinfra.context import host
 
+from sglang_fleet import hostconfig
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
-
-IGNORE_KEY = "gpu_health_ignore"
-_ID = re.compile(r"[a-z][a-z0-9-]{1,40}")
-
-
-def ignored(data: Any, host_name: str) -> list[str]:
-    """Host data ``gpu_health_ignore``: finding ids such as ``xid-94`` (InputError if not)."""
-    raw = data.get(IGNORE_KEY) or []
-    source = f"pyinfra data of {host_name}"
-    if isinstance(raw, str) or not isinstance(raw, list | tuple):
-        raise InputError.one(source, IGNORE_KEY, f"must be a list of finding ids, got {raw!r}",
-                             "e.g. gpu_health_ignore = ['xid-94']")
-    wrong = [v for v in raw if not isinstance(v, str) or not _ID.fullmatch(v)]
-    if wrong:
-        shown = repr(wrong[0])[:60]
-        raise InputError.one(source, IGNORE_KEY, f"{shown} is not a finding id",
-                             "ids as the deploy names them: xid-79, ecc-uncorrectable, "
-                             "remap-pending, remap-failure, fabric, ...")
-    return [str(v) for v in raw]
 
 
 def merged(findings: list[Finding]) -> list[tuple[Finding, list[str]]]:
@@ -80,7 +59,7 @@ def warnings(health: Health | None, ignore: list[str]) -> list[str]:
 
 def require_gpu_health() -> None:
     """Preflight: refuse the current host before any change when a GPU is unfit to serve."""
-    ignore = ignored(host.data, host.name)
+    ignore = list(hostconfig.of(host).gpu_health_ignore)
     health: Health | None = host.get_fact(GpuHealth)
     for line in warnings(health, ignore):
         logger.warning(f"{host.print_prefix}GPU health: {line}")

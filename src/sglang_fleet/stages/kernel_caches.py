@@ -12,7 +12,8 @@ directory per release, so a release never loads what another release built.
     cache_env("0.5.23")["SGLANG_CACHE_DIR"]         # '/var/cache/sglang/release/0.5.23/sglang'
 
 Each variable below was read from the source of the wheels named in ``read_by`` (file and line
-of the version checked); tests/test_caches.py greps those wheels again, so a wrong claim fails.
+of the version checked); tests/unit/stages/test_kernel_caches.py greps those wheels again, so a
+wrong claim fails.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ anything starts; a gate that reads fewer running requests from the log computes 
 (``sizing.size``), the unit is rendered again with it and restarted once, gated again, and the
 size is remembered once that gate passes.
 
-    profile = with_remembered_size(hostdata.profile_for(host))   # converge, before rendering
+    profile = with_remembered_size(hostconfig.profile_for(host))   # converge, before rendering
     # gate.run_gate: gate → sized_restart → gate (final) → remember_size, each only if needed
 """
 
@@ -52,7 +52,7 @@ def with_remembered_size(profile: Profile) -> Profile:
     the cache on the first start and the gate sizes it from that start's log. A profile
     without ``memory.target_running_requests`` is returned as it is.
 
-        profile = with_remembered_size(hostdata.profile_for(host))
+        profile = with_remembered_size(hostconfig.profile_for(host))
     """
     if profile.memory.target_running_requests is None:
         return profile

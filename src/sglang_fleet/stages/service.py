@@ -11,6 +11,7 @@ environment, the release or the weights changed. A host's servers restart in wav
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pyinfra import logger
@@ -20,7 +21,7 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindFiles
 from pyinfra.operations import files, systemd
 
-from sglang_fleet import paths
+from sglang_fleet import hostconfig, paths
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
 from sglang_fleet.errors import InputError, Problem
@@ -29,7 +30,7 @@ from sglang_fleet.facts.systemd import SystemdVersion, UnitCondition
 from sglang_fleet.ops import Ops, preview
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.ops.secretfile import api_key, secret_file, secrets_directory
-from sglang_fleet.ops.unitfile import UnsafeValue, env_line, networks, systemd_word, unit_text
+from sglang_fleet.ops.unitfile import UnsafeValue, env_line, systemd_word, unit_text
 from sglang_fleet.rollout import cutover, fleet
 from sglang_fleet.rollout.cutover import disrupt, rejoin, turn
 from sglang_fleet.stages.compiled import receive_kernels
@@ -68,35 +69,27 @@ def exec_start(launch: Launch, release: Release) -> str:
     return " ".join(systemd_word(w) for w in words)
 
 
-def secret_values(launch: Launch, host_name: str, data: Any) -> dict[str, str]:
-    """Values of the secrets the launch refers to, from host data (``secrets`` mapping)."""
-    available = data.get("secrets") or {}
+def secret_values(launch: Launch, host_name: str, secrets: Mapping[str, str]) -> dict[str, str]:
+    """Values of the secrets the launch refers to, from host data's ``secrets``.
+
+        secret_values(launch, "b200-01", {"sglang-api-key": key})  # {"SGLANG_API_KEY": key}
+    """
     values = {}
     for var, name in launch.secrets.items():
-        if name not in available:
+        if name not in secrets:
             raise InputError.one(f"pyinfra data of {host_name}", f"secrets.{name}",
                                  f"the profile needs the secret {name!r} ({var}) but host data "
                                  "has no value for it",
                                  f"set secrets = {{'{name}': ...}} in group data, read from a "
                                  "file or the environment, never committed")
-        values[var] = api_key(available[name], f"pyinfra data of {host_name}", name)
+        values[var] = api_key(secrets[name], f"pyinfra data of {host_name}", name)
     return values
 
 
-def allowed_clients(data: Any = None) -> list[str]:
+def allowed_clients() -> list[str]:
     """``sglang_allowed_clients`` (host data): the networks a server or router answers, besides
     the host itself; empty means any."""
-    data = host.data if data is None else data
-    raw = data.get("sglang_allowed_clients") or []
-    if isinstance(raw, str) or not isinstance(raw, (list, tuple)):
-        raise InputError.one(f"pyinfra data of {host.name}", "sglang_allowed_clients",
-                             f"must be a list of CIDR networks, got {raw!r}",
-                             "e.g. sglang_allowed_clients = ['10.0.0.0/8']")
-    try:
-        return networks([str(v) for v in raw])
-    except UnsafeValue as err:
-        raise InputError.one(f"pyinfra data of {host.name}", "sglang_allowed_clients", str(err),
-                             "list networks such as 10.0.0.0/8 or 192.0.2.7") from None
+    return list(hostconfig.of(host).sglang_allowed_clients)
 
 
 OWN_UNIT = re.compile(paths.SERVER_UNIT_PATTERN)
@@ -114,7 +107,7 @@ def foreign_listeners(launch: Launch) -> list[Listener]:
 def require_free_ports(launches: list[Launch]) -> None:
     """Preflight: stop before any change when something else holds a server's port, unless host
     data ``replace_stale_servers`` lets the deploy stop it."""
-    if host.data.get("replace_stale_servers"):
+    if hostconfig.of(host).replace_stale_servers:
         return
     problems = [Problem(f"host {host.name}", f"port {launch.port}",
                         f"held by {p.describe()}, not by {launch.unit}",
@@ -151,12 +144,12 @@ def stale_servers_stopped(launch: Launch, budget: int) -> Ops:
 
 def drain_budget() -> int:
     """Seconds a stopping server may take to finish its requests (host data, 10 minutes)."""
-    return int(host.data.get("drain_budget_seconds", 600))
+    return hostconfig.of(host).drain_budget_seconds
 
 
 def startup_budget() -> int:
     """Seconds a server may take to load and warm up (host data, default 30 minutes)."""
-    return int(host.data.get("startup_budget_seconds", 1800))
+    return hostconfig.of(host).startup_budget_seconds
 
 
 def _removal(unit: str) -> str:
@@ -355,7 +348,8 @@ def unit_file(profile: Profile, launch: Launch, release: Release) -> dict[str, A
 def _unit(profile: Profile, launch: Launch, release: Release, launcher: OperationMeta,
           restart_if: list[OperationMeta], waves: Waves) -> None:
     unit_name = launch.unit
-    secrets = secret_values(launch, host.name, host.data)
+    cfg = hostconfig.of(host)
+    secrets = secret_values(launch, host.name, cfg.secrets)
     try:
         env_text, values = environment(launch, secrets), unit_file(profile, launch, release)
     except UnsafeValue as err:
@@ -366,7 +360,7 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
                       dest=paths.env_file(unit_name), content=env_text, _if=waves.going)
     unit = files.template(name=f"Unit {unit_name}", _if=waves.going, **values)
     systemd.daemon_reload(name="Reload systemd", _if=[waves.going, unit.did_change])
-    if host.data.get("replace_stale_servers"):
+    if cfg.replace_stale_servers:
         stale_servers_stopped(name=f"Nothing else on port {launch.port}", launch=launch,
                               budget=drain_budget(), _if=waves.going)
     unit_running(name=f"Enable and start {unit_name} (restarted when its definition changed)",

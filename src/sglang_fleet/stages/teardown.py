@@ -3,13 +3,12 @@ environment files; engine releases, staged weights and the driver only when aske
 them; packages only if the product installed them (``packages.py``).
 
     from sglang_fleet.stages.teardown import teardown
-    teardown(Purge.from_data(host.data, host.name), urls, routers, is_router)
+    teardown(Purge.of(hostconfig.of(host)), urls, routers, is_router)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
@@ -18,7 +17,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 
 from sglang_fleet import paths
-from sglang_fleet.errors import InputError
+from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.ops import Ops, preview
 from sglang_fleet.ops.packages import remove_baseline
 from sglang_fleet.ops.secretfile import secrets_absent
@@ -29,8 +28,6 @@ from sglang_fleet.stages.engine import remove_engine
 from sglang_fleet.stages.router import remove_router
 from sglang_fleet.stages.service import remove_service
 from sglang_fleet.stages.weights import remove_weights
-
-PURGEABLE = ("engine", "weights", "driver")
 
 
 def _deregister(state: object, host: object, routers: list[RouterConfig],
@@ -75,17 +72,12 @@ class Purge:
     driver: bool = False
 
     @classmethod
-    def from_data(cls, data: Any, host_name: str) -> Purge:
-        raw = data.get("purge", "") or ""
-        words = raw if isinstance(raw, (list, tuple)) else str(raw).split(",")
-        names = {str(w).strip() for w in words if str(w).strip()}
-        unknown = sorted(names - set(PURGEABLE))
-        if unknown:
-            raise InputError.one(f"pyinfra data of {host_name}", "purge",
-                                 f"unknown {', '.join(map(repr, unknown))}",
-                                 f"a comma-separated subset of {','.join(PURGEABLE)}, e.g. "
-                                 "--data purge=engine,weights")
-        return cls(**{name: True for name in names})
+    def of(cls, cfg: HostConfig) -> Purge:
+        """What the host's data ``purge`` names (checked with the rest of it).
+
+            Purge.of(HostConfig.from_data({"purge": "engine,weights"}, "h")).weights   # True
+        """
+        return cls(**{name: True for name in cfg.purge})
 
     @property
     def everything(self) -> bool:

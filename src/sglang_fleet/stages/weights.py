@@ -16,7 +16,6 @@ import re
 import shlex
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
@@ -25,11 +24,10 @@ from pyinfra.context import host
 from pyinfra.facts.files import File, FindInFile, Sha256File
 from pyinfra.operations import files
 
-from sglang_fleet import paths
+from sglang_fleet import hostconfig, paths
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import legacy_staging_dir, model_path, normalized_source
 from sglang_fleet.config.validators import REVISION_FIX, revision_warning
-from sglang_fleet.errors import InputError
 from sglang_fleet.facts.python import PythonImports
 from sglang_fleet.ops import Ops, fail
 from sglang_fleet.ops.host_programs import program, upload
@@ -47,21 +45,6 @@ TOOLS_PACKAGES = ["boto3", "huggingface_hub"]
 TOOLS_LOCK = Path(str(resources.files("sglang_fleet") / "data" / "host-tools.lock.txt"))
 HOST_TOOLS_LOCK = f"{TOOLS}/host-tools.lock.txt"
 HOST_TOOLS_INSTALLED = f"{TOOLS}/host-tools.installed.txt"  # the lock the venv was synced to
-
-
-# What AWS access keys and Hugging Face tokens are made of: one line, nothing an INI file or a
-# shell reads specially.
-_CREDENTIAL = re.compile(r"[A-Za-z0-9/+=_.-]{8,256}")
-
-
-def credential(data: Any, key: str) -> str:
-    """A credential from host data, checked before it is written to a root-only file."""
-    value = data.get(key)
-    if not isinstance(value, str) or not _CREDENTIAL.fullmatch(value):
-        raise InputError.one(f"pyinfra data of {host.name}", key,
-                             "must be one line of 8 to 256 letters, digits or / + = _ . -",
-                             f"set {key} to the credential exactly as issued")
-    return value
 
 
 def tools_lock_sha256() -> str:
@@ -179,16 +162,15 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
     if moves:  # valid, but hosts staged on different days would serve different weights
         logger.warning(f"{host.print_prefix}model.source: {moves}; {REVISION_FIX}")
     secrets_directory()
-    data = host.data
-    if data.get("aws_access_key_id"):
-        key_id = credential(data, "aws_access_key_id")
-        secret = credential(data, "aws_secret_access_key")
+    cfg = hostconfig.of(host)  # the credentials' form: checked with the rest of the host's data
+    if cfg.aws_access_key_id:
         secret_file(name="AWS credentials (root only)", dest=AWS_CREDENTIALS, content=
-                f"[default]\naws_access_key_id = {key_id}\naws_secret_access_key = {secret}\n")
+                    f"[default]\naws_access_key_id = {cfg.aws_access_key_id}\n"
+                    f"aws_secret_access_key = {cfg.aws_secret_access_key}\n")
     token_file = None
-    if data.get("hf_token"):
+    if cfg.hf_token:
         secret_file(name="Hugging Face token (root only)", dest=HF_TOKEN,
-                    content=credential(data, "hf_token") + "\n")
+                    content=cfg.hf_token + "\n")
         token_file = HF_TOKEN
     files.directory(name="Models directory (root's; the service only reads it)",
                     path=str(Path(dest).parent), user="root", group="root", mode="755")
@@ -196,7 +178,7 @@ def stage_weights(profile: Profile) -> list[OperationMeta]:
     upload(DOWNLOADER)  # and progress, which it imports
     source = normalized_source(source)
     return [staged(name=stage_name(source, dest, served_model(profile)), source=source,
-                   dest=dest, endpoint=data.get("s3_endpoint_url"), token_file=token_file,
+                   dest=dest, endpoint=cfg.s3_endpoint_url, token_file=token_file,
                    reuse=legacy_staging_dir(source))]
 
 

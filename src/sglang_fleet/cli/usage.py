@@ -1,0 +1,160 @@
+"""The command line's conventions: every command's help (a description and examples), usage
+errors (exit 2, ``usage:`` and the problem), and the ``type=`` of each option whose value can be
+judged from its text alone.
+
+    p = command(sub, "roll", help="...", description="...", examples=["sglang-fleet roll I"])
+    p.add_argument("--batch", type=count("hosts converged at a time", "--batch 1"), default=1)
+
+What an option names (a profile, an inventory, a key file, a log) is read by the command, and a
+problem in it is an input problem (exit 1, ``error: SOURCE: KEY: ...`` and ``fix:``); a value that
+is wrong as written (a count below 1, a release that is not supported, a URL without a scheme, a
+``--data`` pair without ``=``) is a usage error: exit 2 before anything is read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import textwrap
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from sglang_fleet.config import releases, validators
+from sglang_fleet.errors import Problem
+
+USAGE_ERROR = 2
+HELP_WIDTH = 88
+# shtab's completion of a file name argument (its shtab.FILE), without importing shtab here.
+FILE = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
+
+
+class UsageError(Exception):
+    """A command line argparse refuses: the parser that refused it, and why."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+    def problem(self) -> Problem:
+        """The refusal as a problem: source the command, key the argument it names.
+
+            UsageError(p, "argument --batch: must be at least 1, got 0").problem().key
+            # '--batch'
+        """
+        key, message = "", self.message
+        if message.startswith("argument ") and ": " in message:
+            key, _, message = message.removeprefix("argument ").partition(": ")
+        return Problem(self.parser.prog, key, message,
+                       f"see {self.parser.prog} --help for its usage")
+
+    def report(self) -> int:
+        """argparse's own report: the usage, then ``PROG: error: PROBLEM``."""
+        self.parser.print_usage(sys.stderr)
+        print(f"{self.parser.prog}: error: {self.message}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are raised (``UsageError``), not exits: the command
+    decides how to say them (argparse's lines, or JSON under ``--json``) and returns 2.
+    ``commands``: the subcommands' parsers by name (on the top parser)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
+
+
+def command(sub: argparse._SubParsersAction[Any], name: str, *,
+            help: str, description: str, examples: list[str]) -> argparse.ArgumentParser:
+    """A subcommand whose ``--help`` says what it does (wrapped here: the examples below it are
+    shown as written) and shows how it is run."""
+    epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, description=textwrap.fill(description, HELP_WIDTH), epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    return parser
+
+
+def files(action: argparse.Action) -> argparse.Action:
+    """Mark an argument as a file name for shell completion."""
+    action.complete = FILE  # type: ignore[attr-defined]  # read by shtab
+    return action
+
+
+def _typed(name: str, check: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``check`` as an argparse type that argparse names ``name`` in its own messages."""
+    check.__name__ = name
+    return check
+
+
+def count(low: int, example: str) -> Callable[[str], int]:
+    """A whole number of at least ``low``: ``count(1, "--batch 1")("0")`` is refused with
+    'must be at least 1, got 0 (e.g. --batch 1)'."""
+    def read(text: str) -> int:
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r} "
+                                             f"(e.g. {example})") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value} "
+                                             f"(e.g. {example})")
+        return value
+
+    return _typed("count", read)
+
+
+def seconds(low: float, high: float | None, example: str) -> Callable[[str], float]:
+    """Seconds from ``low`` to ``high`` (no bound when None), finite."""
+    span = f"from {low:g} to {high:g}" if high is not None else f"of at least {low:g}"
+
+    def read(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be seconds {span}, got {text!r} "
+                                             f"(e.g. {example})")
+        return value
+
+    return _typed("seconds", read)
+
+
+def release(text: str) -> str:
+    """A supported SGLang release (``releases.json``)."""
+    wrong = releases.version_problem(text)
+    if wrong:
+        raise argparse.ArgumentTypeError(wrong)
+    return text
+
+
+def url(example: str) -> Callable[[str], str]:
+    """An http(s) URL with a host (never echoed whole: it may hold user:password@)."""
+    def read(text: str) -> str:
+        wrong = validators.url_problem(text, allow_http=True)
+        if wrong:
+            raise argparse.ArgumentTypeError(f"{wrong}; e.g. {example}")
+        return text
+
+    return _typed("url", read)
+
+
+def data_pair(text: str) -> str:
+    """A ``--data KEY=VALUE`` pair as pyinfra reads it (the key's own rules come later, with
+    the host's data: a value its key refuses is an input problem)."""
+    from sglang_fleet.errors import InputError
+    from sglang_fleet.rollout.planning import parse_data
+
+    try:
+        parse_data([text])
+    except InputError as err:
+        problem = err.problems[0]
+        raise argparse.ArgumentTypeError(f"{problem.key}: {problem.message} "
+                                         f"({problem.fix})") from None
+    return text

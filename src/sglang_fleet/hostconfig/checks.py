@@ -1,0 +1,257 @@
+"""The checks host-data keys declare (``keys.py``): each takes the value the data gives (never
+None) and the host's data, and says what is wrong (a message, or ``Wrong`` with its own fix),
+or None.
+
+    whole(1, 1024, "must be a positive integer")(0, raw)   # 'must be a positive integer, got 0'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Mapping
+from typing import Any
+
+from sglang_fleet.config import profile_yaml, validators
+from sglang_fleet.hostconfig.spec import Check, Found, Raw, Wrong
+from sglang_fleet.ops.unitfile import UnsafeValue, networks
+
+INSECURE_KEY = "allow_insecure_urls"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int in Python
+
+
+def whole(low: int, high: int | None, must: str) -> Check:
+    """A whole number from ``low`` to ``high`` (None: no limit); ``must`` says so."""
+    def check(value: Any, raw: Raw) -> Found:
+        fits = _is_int(value) and low <= value and (high is None or value <= high)
+        return None if fits else f"{must}, got {value!r}"
+    return check
+
+
+def profile_fix() -> str:
+    return (f"set sglang_profile = 'path/to/profile.yaml' (or a shipped profile's name: "
+            f"{', '.join(profile_yaml.shipped())}) in group data")
+
+
+def profile_path(value: Any, raw: Raw) -> Found:
+    """The serving profile: a YAML file's path or a shipped profile's name; none (a falsy
+    value) on a host that only routes."""
+    if not value:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        return Wrong(f"no serving profile for this host ({value!r} is not a path)", profile_fix())
+    return validators.text_problem(value)
+
+
+def port(value: Any, raw: Raw) -> Found:
+    """A port a service may bind without privileges."""
+    if not _is_int(value) or value < 1:
+        return f"must be a positive integer, a port from 1024 to 65535, got {value!r}"
+    return None if 1024 <= value <= 65535 else \
+        f"must be a port from 1024 to 65535, got {value!r}"
+
+
+def flag(value: Any, raw: Raw) -> Found:
+    return None if isinstance(value, bool) else f"must be True or False, got {value!r}"
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def form(pattern: re.Pattern[str] | str, example: str, masked: bool = False) -> Check:
+    """A value that ends up in package names, paths or commands: its strict form. ``example``
+    is "WHAT, e.g. VALUE" (the fix); ``masked``: never print the value (a secret's NAME, where
+    the secret itself may have been pasted).
+
+        form(r"[0-9]{3,4}", "a driver branch, e.g. 580")("580; id", raw)
+        # "'580; id' is not a driver branch"
+    """
+    compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
+    what = example.partition(", e.g.")[0]
+    kinds: tuple[type, ...] = (str,) if masked else (int, str)  # a branch may be 580, a name not
+
+    def check(value: Any, raw: Raw) -> Found:
+        if isinstance(value, bool):
+            return Wrong(f"must be {what}, got {value!r}", example)
+        text = str(value) if isinstance(value, kinds) else None
+        if text is not None and compiled.fullmatch(text):
+            return None
+        return Wrong(f"{'the value' if masked else _shown(value)} is not {what}", example)
+    return check
+
+
+def url(value: Any, raw: Raw) -> Found:
+    """A repository, index or endpoint the hosts fetch from as root: https, unless host data
+    ``allow_insecure_urls`` is True."""
+    if not isinstance(value, str):
+        return Wrong(f"must be a URL string, got {type(value).__name__} {value!r}",
+                     "write https://HOST[:PORT]/PATH")
+    wrong = validators.url_problem(value, raw.get(INSECURE_KEY) is True)
+    if wrong is None:
+        return None
+    fix = (f"use https://, or set {INSECURE_KEY} = True in host data where plain http is "
+           "intended (a lab)" if wrong.endswith("tampered with")
+           else "write https://HOST[:PORT]/PATH")
+    return Wrong(wrong, fix)
+
+
+def http_url(value: Any, raw: Raw) -> Found:
+    """A URL this machine reaches (the router's): http or https."""
+    if not isinstance(value, str):
+        return f"must be a URL string, got {type(value).__name__}"
+    return validators.url_problem(value, allow_http=True)
+
+
+def address(value: Any, raw: Raw) -> Found:
+    if isinstance(value, str) and not validators.host_problem(value):
+        return None
+    return f"{value!r} is neither an IP address nor a host name"
+
+
+def one_of(choices: Collection[str], what: str, fix_default: str = "") -> Check:
+    """One of ``choices``: ``unknown WHAT 'VALUE'``, with the list as the fix."""
+    def check(value: Any, raw: Raw) -> Found:
+        if isinstance(value, str | int) and str(value) in choices:
+            return None
+        name = str(value) if isinstance(value, str | int) else value
+        return Wrong(f"unknown {what} {name!r}", f"one of {', '.join(choices)}{fix_default}")
+    return check
+
+
+def secret_value(value: Any, raw: Raw) -> Found:
+    """Secrets go into root-only files one per line and into HTTP headers: one line of
+    printable ASCII, without surrounding spaces (a trailing newline is a copy-paste slip)."""
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not value.strip():
+        return "is empty"
+    wrong = validators.control_char(value)
+    if wrong:
+        return wrong + " (strip the value read from its file)"
+    if not value.isascii() or value != value.strip():
+        return "must be printable ASCII without surrounding spaces"
+    return None
+
+
+# What AWS access keys and Hugging Face tokens are made of: one line, nothing an INI file or a
+# shell reads specially.
+_CREDENTIAL = re.compile(r"[A-Za-z0-9/+=_.-]{8,256}")
+CREDENTIAL_FORM = "must be one line of 8 to 256 letters, digits or / + = _ . -"
+
+
+def credential(name: str, needs: str | None = None) -> Check:
+    """A credential written to a root-only file (an INI file for AWS): a secret value made of
+    the characters credentials are made of; ``needs``: the key that must come with it (an
+    AWS key id needs its secret)."""
+    def check(value: Any, raw: Raw) -> Found:
+        wrong = secret_value(value, raw)
+        if wrong is None and not _CREDENTIAL.fullmatch(value):
+            return Wrong(CREDENTIAL_FORM, f"set {name} to the credential exactly as issued")
+        if wrong is None and needs and raw.get(needs) is None:
+            return Wrong(CREDENTIAL_FORM, f"set {needs} to the credential exactly as issued",
+                         key=needs)
+        return wrong
+    return check
+
+
+def secret_map(value: Any, raw: Raw) -> Found:
+    """``secrets``: names to values, each a secret value (never printed)."""
+    if not isinstance(value, Mapping):
+        return f"must be a mapping of secret names to values, got {type(value).__name__}"
+    found = []
+    for name, secret in value.items():
+        wrong = secret_value(secret, raw)
+        if wrong:
+            found.append(Wrong(str(wrong), "one line: the value itself, read from a file, "
+                               "never committed", key=f"secrets.{name}"))
+    return found
+
+
+def networks_list(value: Any, raw: Raw) -> Found:
+    """CIDR networks (or addresses) a server or router answers; none (a falsy value): any."""
+    if not value:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        return f"must be a list of CIDR networks, got {value!r}"
+    try:
+        networks([str(v) for v in value])
+    except UnsafeValue as err:
+        return Wrong(str(err), "list networks such as 10.0.0.0/8 or 192.0.2.7")
+    return None
+
+
+_FINDING = re.compile(r"[a-z][a-z0-9-]{1,40}")
+
+
+def finding_ids(value: Any, raw: Raw) -> Found:
+    """GPU health finding ids such as ``xid-94``; none (a falsy value): none ignored."""
+    if not value:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        return f"must be a list of finding ids, got {value!r}"
+    wrong = [v for v in value if not isinstance(v, str) or not _FINDING.fullmatch(v)]
+    if wrong:
+        return Wrong(f"{repr(wrong[0])[:60]} is not a finding id", "ids as the deploy names "
+                     "them: xid-79, ecc-uncorrectable, remap-pending, remap-failure, fabric, ...")
+    return None
+
+
+def names(value: Any) -> list[str]:
+    """A comma-separated text, or a list, as the names it holds (``purge``).
+
+        names("engine, weights")     # ['engine', 'weights']
+    """
+    if not value:
+        return []
+    words = value if isinstance(value, list | tuple) else str(value).split(",")
+    return [str(w).strip() for w in words if str(w).strip()]
+
+
+def subset_of(choices: tuple[str, ...]) -> Check:
+    def check(value: Any, raw: Raw) -> Found:
+        unknown = sorted(set(names(value)) - set(choices))
+        return f"unknown {', '.join(map(repr, unknown))}" if unknown else None
+    return check
+
+
+def both(first: Check, then: Check) -> Check:
+    """``first``, and ``then`` once ``first`` is satisfied (a form, then a list of releases)."""
+    def check(value: Any, raw: Raw) -> Found:
+        return first(value, raw) or then(value, raw)
+    return check
+
+
+def listed(choices: Collection[str], what: str) -> Check:
+    """One of ``choices`` (already in its form): ``unknown WHAT VALUE``, the list as the fix."""
+    def check(value: Any, raw: Raw) -> Found:
+        return None if str(value) in choices else \
+            Wrong(f"unknown {what} {value}", f"one of {', '.join(choices)}")
+    return check
+
+
+def on_branch(branch_key: str, default: str) -> Check:
+    """An exact driver version on the branch host data asks for (``580.95.05`` on ``580``)."""
+    def check(value: Any, raw: Raw) -> Found:
+        branch = str(raw.get(branch_key) or default)
+        return None if str(value).startswith(f"{branch}.") else Wrong(
+            f"{value} is not on branch {branch}",
+            f"use a {branch}.x version or change {branch_key}")
+    return check
+
+
+def open_flavour(value: Any, raw: Raw) -> Found:
+    if value == "open":
+        return None
+    return (f"{value!r} refused: B200 (Blackwell) runs only on NVIDIA's open kernel modules; "
+            "the proprietary flavour loads, then fails (RmInitAdapter failed) and nvidia-smi "
+            "finds no devices")
+
+
+def sha256(value: Any, raw: Raw) -> Found:
+    if re.fullmatch(r"[0-9a-f]{64}", str(value)):
+        return None
+    return f"{value!r} is not a sha256 (64 lower-case hex digits)"

@@ -1,0 +1,291 @@
+"""Every key the product reads from pyinfra's host and group data, declared once: a field of
+``HostConfig`` is a key (its name), its type (the annotation) and, in ``key(...)``, its
+default, its check, the fix an error gives, and its line in the README's table.
+
+    cfg = HostConfig.from_data({"gpu_count": 8, "router_port": 31000}, "b200-01")
+    cfg.gpu_count, cfg.router_port, cfg.drain_budget_seconds     # (8, 31000, 600)
+
+To add a key: add a field here (in the section it belongs to), read it as ``hostconfig.of(host)
+.KEY``, and regenerate the README's table (``python -m sglang_fleet.hostconfig --write
+README.md``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sglang_fleet.hostconfig import overrides
+from sglang_fleet.hostconfig.checks import (
+    address,
+    both,
+    credential,
+    finding_ids,
+    flag,
+    form,
+    http_url,
+    listed,
+    names,
+    networks_list,
+    on_branch,
+    one_of,
+    open_flavour,
+    port,
+    profile_path,
+    secret_map,
+    sha256,
+    subset_of,
+    url,
+    whole,
+)
+from sglang_fleet.hostconfig.spec import Raw, checked, checked_all, key
+from sglang_fleet.ops.secretfile import SECRET_NAME
+from sglang_fleet.ops.unitfile import networks
+from sglang_fleet.stages.repository import KEYRING, NVIDIA_REPOS
+
+ROUTERS_GROUP = "routers"
+# The gateway by package, with its pinned release: smg (the Shepherd Model Gateway, which
+# SGLang's own releases depend on) by default; sglang-router 0.3.2, the last release under
+# that name, when host data ``router_package`` asks for it.
+ROUTER_PACKAGES = {"smg": "1.13.0", "sglang-router": "0.3.2"}
+ROUTER_PACKAGE = "smg"
+ROUTER_PORT = 30080
+ROUTER_METRICS_PORT = 29000  # both packages' default --prometheus-port
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+# Minimum driver for each CUDA release the engine may need (NVIDIA's CUDA toolkit release notes).
+DRIVER_FLOOR = {"12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06"}
+DRIVER_BRANCH = "580"
+REBOOT_TIMEOUT = 900  # an HGX board's firmware takes minutes; host data may say otherwise
+PURGEABLE = ("engine", "weights", "driver")
+
+SECONDS = "must be a whole number of seconds from 1 to 86400"
+POSITIVE = "must be a positive integer"
+ONE_LINE = "one line: the value itself, read from a file"
+
+
+def _in_group(raw: Raw, name: str) -> bool:
+    return name in raw.groups
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value else None
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """One host's data, checked and typed; ``hostconfig.of(host)`` builds it once per host."""
+
+    name: str  # the host's, not a key
+
+    # --- serving: the profile, the GPUs, who reaches the servers, how long they may take ---
+    sglang_profile: str | None = key(
+        None, check=profile_path, parse=_text, fix="the path of a profile YAML file",
+        shown="none: required on serving hosts", doc="the profile YAML this host serves "
+        "(a path, or a shipped profile's name)")
+    sglang_overrides: Mapping[str, Any] = key(
+        {}, read=overrides.levels, check=overrides.check, parse=overrides.merged,
+        fix="write e.g. {'memory': {'max_running_requests': 64}}",
+        doc="profile keys overridden for these hosts, e.g. `{\"memory\": "
+        "{\"max_running_requests\": 64}}`, merged key by key across data levels (also "
+        "`sglang.KEY = value`)")
+    gpu_count: int | None = key(
+        None, check=whole(1, 1024, POSITIVE), fix="the number of GPUs the host must show, e.g. 8",
+        shown="any", doc="GPUs the host must show (8 on HGX): nvidia-smi must agree; what "
+        "`parallel.instances: auto` divides before the host has a driver")
+    sglang_address: str | None = key(
+        None, check=address, fix="the address other machines reach this host at",
+        shown="`ssh_hostname`", doc="the address routers and status reach this host's servers on")
+    ssh_hostname: str | None = key(
+        None, parse=str, shown="the host's name", doc="pyinfra's own: where it connects; the "
+        "host's address when `sglang_address` is not set")
+    sglang_allowed_clients: tuple[str, ...] = key(
+        (), check=networks_list, parse=lambda v: tuple(networks([str(x) for x in v or ()])),
+        fix="e.g. sglang_allowed_clients = ['10.0.0.0/8']", shown="`[]` (any)",
+        doc="CIDR networks the servers and router answer, besides the host")
+    secrets: Mapping[str, str] = key(
+        {}, check=secret_map, parse=dict, fix="secrets = {'sglang-api-key': ...}", secret=True,
+        doc="secret values by name (`sglang-api-key`, `sglang-router-admin-key`, ...), 16 to "
+        "512 printable characters")
+    replace_stale_servers: bool = key(
+        False, parse=bool, doc="let the deploy stop a server it did not start that holds a "
+        "server's port")
+    startup_budget_seconds: int = key(
+        1800, check=whole(1, 86400, SECONDS), fix="e.g. 1800",
+        doc="how long a server may take to load and warm up (1..86400)")
+    drain_budget_seconds: int = key(
+        600, check=whole(1, 86400, SECONDS), fix="e.g. 1800",
+        doc="how long a stopping server may take to finish its requests (1..86400)")
+    gate_soak_requests: int | None = key(
+        None, check=whole(0, None, "must be a whole number of requests, 0 or more"),
+        fix="e.g. gate_soak_requests = 64, or 0 to skip the soak; leave it out for twice max "
+        "running requests", shown="twice max running requests",
+        doc="concurrent requests of the gate's soak; `0` skips it")
+    job_estimate: str | None = key(
+        None, check=form(r"[0-9]{1,12},[0-9]{1,9}", "COMPLETIONS,TOKENS, e.g. 900000,1000"),
+        doc="`\"COMPLETIONS,TOKENS\"`: the job's time in the gate's capacity report and host "
+        "line, `status` and the roll's end (the fleet's: one value across the serving hosts)")
+
+    # --- engine and weights: where they come from ---
+    engine_find_links: str | None = key(
+        None, check=url, doc="a wheelhouse pip may also install the engine from (https)")
+    allow_insecure_urls: bool = key(
+        False, check=flag, fix="allow_insecure_urls = True (only where plain http is intended)",
+        doc="accept `http://` repository, index, find-links and S3 URLs (a lab)")
+    s3_endpoint_url: str | None = key(
+        None, check=url, shown="AWS", doc="S3-compatible endpoint for `s3://` model sources "
+        "(https)")
+    aws_access_key_id: str | None = key(
+        None, check=credential("aws_access_key_id", needs="aws_secret_access_key"), secret=True,
+        fix=ONE_LINE, shown="the host's own", doc="S3 key id for staging, written to a "
+        "root-only file")
+    aws_secret_access_key: str | None = key(
+        None, check=credential("aws_secret_access_key"), fix=ONE_LINE, secret=True,
+        shown="the host's own", doc="S3 secret key, with `aws_access_key_id`")
+    hf_token: str | None = key(
+        None, check=credential("hf_token"), fix=ONE_LINE, secret=True,
+        doc="Hugging Face token for gated `hf://` models, written to a root-only file")
+
+    # --- teardown ---
+    purge: tuple[str, ...] = key(
+        (), check=subset_of(PURGEABLE), parse=lambda v: tuple(n for n in PURGEABLE
+                                                              if n in names(v)),
+        fix=f"a comma-separated subset of {','.join(PURGEABLE)}, e.g. --data "
+        "purge=engine,weights", shown="none",
+        doc="teardown: a comma-separated subset of `engine,weights,driver`")
+
+    # --- the router ---
+    routers: bool = key(
+        False, read=_in_group, group=True, shown="none",
+        doc="the hosts that run the router (`deploys/router.py`)")
+    router_port: int = key(
+        ROUTER_PORT, check=port, fix=f"e.g. {ROUTER_PORT} (ports below 1024 are privileged)",
+        doc="the router's port")
+    router_host: str = key(
+        "0.0.0.0", check=address, fix="the address the router listens on, e.g. 0.0.0.0",
+        doc="the router's listen address")
+    router_url: str | None = key(
+        None, check=http_url, fix="e.g. http://10.0.0.11:30080",
+        shown="`http://HOST:PORT` of the router host",
+        doc="how roll, teardown and status reach the router")
+    router_policy: str = key(
+        "cache_aware", check=one_of(ROUTER_POLICIES, "policy"), parse=str,
+        doc="the router's load-balancing policy")
+    router_package: str = key(
+        ROUTER_PACKAGE, check=one_of(ROUTER_PACKAGES, "router", f" (default {ROUTER_PACKAGE})"),
+        doc="the gateway: `smg` (the Shepherd Model Gateway) or `sglang-router` (0.3.2, the "
+        "last release under that name)")
+    router_version: str | None = key(
+        None, check=form(r"[0-9]{1,4}(\.[0-9]{1,6}){1,3}((a|b|rc)[0-9]{1,4})?(\.post[0-9]{1,4})?",
+                         "a release, e.g. 0.3.2"), parse=str,
+        shown="pinned per package (`1.13.0`, `0.3.2`)", doc="the gateway's release")
+    router_index_url: str | None = key(
+        None, check=url, shown="PyPI", doc="an index the hosts install the gateway from (https)")
+    router_find_links: str | None = key(
+        None, check=url, doc="a wheelhouse the hosts may also install the gateway from (https)")
+    router_metrics_port: int = key(
+        ROUTER_METRICS_PORT, check=port,
+        fix=f"e.g. {ROUTER_METRICS_PORT} (ports below 1024 are privileged)",
+        doc="the router's Prometheus `/metrics` port")
+    router_health_check_interval_secs: int = key(
+        5, check=whole(1, None, POSITIVE), fix="remove it (default 5) or set a number",
+        doc="seconds between the router's health checks of each worker")
+    router_health_failure_threshold: int = key(
+        3, check=whole(1, None, POSITIVE), fix="remove it (default 3) or set a number",
+        doc="failed health checks that take a worker out")
+    router_health_success_threshold: int = key(
+        2, check=whole(1, None, POSITIVE), fix="remove it (default 2) or set a number",
+        doc="passed health checks that put it back")
+    router_breaker_failures: int = key(
+        3, check=whole(1, None, POSITIVE), fix="remove it (default 3) or set a number",
+        doc="consecutive failed requests that open a worker's circuit breaker (no requests to "
+        "it)")
+    router_breaker_timeout_secs: int = key(
+        10, check=whole(1, None, POSITIVE), fix="remove it (default 10) or set a number",
+        doc="seconds before an open breaker lets a request try the worker again (smg also as "
+        "soon as its health checks pass)")
+    router_api_key_secret: str = key(
+        "sglang-api-key",
+        check=form(SECRET_NAME, "the NAME of a secret, e.g. sglang-api-key", masked=True),
+        doc="the secret clients present to the router (and it presents to the workers)")
+    router_admin_api_key_secret: str = key(
+        "sglang-router-admin-key",
+        check=form(SECRET_NAME, "the NAME of a secret, e.g. sglang-router-admin-key",
+                   masked=True), doc="the secret for the router's `/workers` API")
+    router_allow_no_key: bool = key(
+        False, parse=bool, doc="run the router without keys (refused otherwise)")
+
+    # --- monitoring ---
+    prometheus_file_sd: str | None = key(
+        None, parse=_text, doc="write the fleet's Prometheus targets to this file on the "
+        "controller")
+    gpu_health_ignore: tuple[str, ...] = key(
+        (), check=finding_ids, parse=lambda v: tuple(str(x) for x in v or ()),
+        fix="e.g. gpu_health_ignore = ['xid-94']", shown="`[]`",
+        doc="GPU health findings to let through, e.g. `[\"xid-94\"]` (see Fleet status)")
+
+    # --- the NVIDIA driver ---
+    nvidia_repo_base_url: str = key(
+        NVIDIA_REPOS, check=url, doc="the CUDA repository's base (https)")
+    nvidia_keyring_sha256: str | None = key(
+        None, check=sha256, parse=str, fix=f"sha256sum {KEYRING} after checking the package",
+        shown="pinned per repository", doc=f"sha256 of `{KEYRING}`")
+    nvidia_driver_branch: str = key(
+        DRIVER_BRANCH, check=form(r"[0-9]{3,4}", "a driver branch, e.g. 580"), parse=str,
+        doc="driver branch")
+    nvidia_driver_version: str | None = key(
+        None, check=both(form(r"[0-9]{3,4}(\.[0-9]{1,4}){1,3}",
+                              "an exact driver version, e.g. 580.95.05"),
+                         on_branch("nvidia_driver_branch", DRIVER_BRANCH)),
+        parse=str, shown="newest on first install, then kept",
+        doc="exact version, e.g. `580.95.05`, on the branch")
+    nvidia_driver_flavour: str = key(
+        "open", check=open_flavour, fix="remove nvidia_driver_flavour or set it to 'open'",
+        doc="anything else is refused (Blackwell needs the open modules)")
+    allow_reboot: bool = key(
+        False, parse=bool, doc="whether the deploy may reboot the host")
+    reboot_timeout_seconds: int = key(
+        REBOOT_TIMEOUT, check=whole(10, None, "must be a whole number of seconds, at least 10"),
+        fix=f"how long to wait for a host to come back from a reboot, e.g. {REBOOT_TIMEOUT}",
+        doc="how long to wait for a rebooted host before it fails")
+    engine_cuda: str = key(
+        "13.0", check=both(form(r"[0-9]{1,2}\.[0-9]{1,2}", "a CUDA release, e.g. 13.0"),
+                           listed(DRIVER_FLOOR, "CUDA release")), parse=str,
+        doc="CUDA the engine needs (the driver's floor)")
+    cuda_toolkit: str | None = key(
+        None, check=form(r"[0-9]{1,2}-[0-9]{1,2}", "a toolkit package suffix, e.g. 12-9"),
+        parse=str, doc="a CUDA toolkit to install besides, e.g. `12-9`")
+    install_dcgm: bool = key(
+        False, parse=bool, doc="DCGM (`nvidia-dcgm`) and its Prometheus exporter "
+        "(`nvidia-dcgm-exporter`, :9400)")
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any] | Any, host: str,
+                  groups: Iterable[str] = ()) -> HostConfig:
+        """Check ``data`` (pyinfra's ``host.data``, or a mapping) for host ``host``; InputError
+        listing every problem. ``hostconfig.of(host)`` does this once per host.
+
+            HostConfig.from_data({"purge": "engine"}, "h").purge     # ('engine',)
+        """
+        return cls(name=host, **checked(cls, Raw(data, host, tuple(groups))))
+
+    @classmethod
+    def from_data_all(cls, data: Mapping[str, Any] | Any, host: str,
+                      groups: Iterable[str] = ()) -> tuple[HostConfig, list[str]]:
+        """As ``from_data``, with each refused key at its default instead of an error; the
+        refused keys (their problems are ``from_data``'s to say).
+
+            HostConfig.from_data_all({"gpu_count": 0}, "h")[1]     # ['gpu_count']
+        """
+        values, _, refused = checked_all(cls, Raw(data, host, tuple(groups)))
+        return cls(name=host, **values), refused
+
+    @property
+    def source(self) -> str:
+        """Where errors say the host's data comes from."""
+        return f"pyinfra data of {self.name}"
+
+    @property
+    def address(self) -> str:
+        """How other machines reach the host: its SSH address unless data says otherwise."""
+        return self.sglang_address or self.ssh_hostname or self.name
