@@ -291,4 +291,4 @@ def test_a_guest_whose_nspawn_was_killed_is_reported_and_stopped(lab: None) -> N
     assert result.returncode == 0, result.stderr
     assert "lab2: its guest outlived its nspawn process: powered off" in result.stdout
     assert not hosts.alive(guest) and hosts.guests() == {}
-    assert "sglang-fleet-lab" not in Path("/proc/mounts").read_text()
+    assert str(state.STATE_DIR) + "/" not in Path("/proc/mounts").read_text()
