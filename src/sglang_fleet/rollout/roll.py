@@ -21,9 +21,9 @@ from pyinfra.api.host import Host
 
 from sglang_fleet.errors import InputError
 from sglang_fleet.report import status
-from sglang_fleet.rollout.cutover import RollDirectory
 from sglang_fleet.rollout.outcome import Outcome, fleet_lines, table
 from sglang_fleet.rollout.planning import Plan, data_warning, parse_data, plan
+from sglang_fleet.rollout.roll_directory import RollDirectory
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.rollout.runs import Start, Started, pyinfra
 from sglang_fleet.stages import compiled_exchange

@@ -45,8 +45,8 @@ from sglang_fleet.config.render import Launch
 from sglang_fleet.facts.systemd import UnitStates
 from sglang_fleet.ops import Ops, privilege, result_line, run
 from sglang_fleet.ops.host_programs import program, upload
-from sglang_fleet.rollout import cutover
-from sglang_fleet.rollout.cutover import RollDirectory
+from sglang_fleet.rollout import roll_directory
+from sglang_fleet.rollout.roll_directory import RollDirectory
 from sglang_fleet.stages import compiled_exchange as exchange
 from sglang_fleet.stages.compiled_records import (
     PROGRAM,
@@ -127,7 +127,7 @@ def share_problem(name: str, order: list[str], digest: str, offers: list[dict[st
 
 def in_roll() -> RollDirectory | None:
     """The roll's directory while an operation runs on one of its hosts; None otherwise."""
-    roll_dir = cutover.current()
+    roll_dir = roll_directory.current()
     if not state.is_executing or roll_dir is None or host.name not in roll_dir.hosts():
         return None
     return roll_dir

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet.rollout.cutover import RollDirectory
+from sglang_fleet.rollout.roll_directory import RollDirectory
 
 STAGE = "caches"  # in the roll's directory: archives, offers, notes
 

@@ -31,7 +31,7 @@ from sglang_fleet.ops import Ops, preview
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.ops.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.ops.unitfile import UnsafeValue, env_line, systemd_word, unit_text
-from sglang_fleet.rollout import cutover, fleet
+from sglang_fleet.rollout import fleet, roll_directory
 from sglang_fleet.rollout.cutover import disrupt, rejoin, turn
 from sglang_fleet.stages.compiled import receive_kernels
 from sglang_fleet.stages.engine import Release, switch_release
@@ -380,7 +380,7 @@ def install_service(profile: Profile, launches: list[Launch], release: Release,
     receive_kernels(launches=launches, release=release)  # in a roll, before any restart
     retire_other_units(name="Retire units of instances no longer wanted",
                        keep=[launch.unit for launch in launches])
-    waves = Waves(per_wave=cutover.batch_instances())
+    waves = Waves(per_wave=roll_directory.batch_instances())
     for launch in launches:
         _unit(profile, launch, release, launcher, restart_if, waves)
         wave_ready(name=f"Restart wave ready (after {launch.unit}, when its wave is whole)",

@@ -15,7 +15,7 @@ import pytest
 from pyinfra.api.command import FunctionCommand
 
 from sglang_fleet.hostconfig import HostConfig
-from sglang_fleet.rollout import cutover, fleet
+from sglang_fleet.rollout import cutover, fleet, roll_directory
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.stages import driver, last_good, service
 from tests.fakes import Host, commands, driver_host
@@ -58,9 +58,9 @@ class Router:
 
 
 @pytest.fixture
-def roll_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[cutover.RollDirectory]:
-    shared = cutover.RollDirectory.create()
-    monkeypatch.setenv(cutover.ENV, str(shared.directory))
+def roll_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[roll_directory.RollDirectory]:
+    shared = roll_directory.RollDirectory.create()
+    monkeypatch.setenv(roll_directory.ENV, str(shared.directory))
     yield shared
     shared.close()
 
@@ -71,13 +71,13 @@ def routers(monkeypatch: pytest.MonkeyPatch, *found: Router) -> None:
 
 
 def test_outside_a_roll_nothing_leaves(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(cutover.ENV, raising=False)
+    monkeypatch.delenv(roll_directory.ENV, raising=False)
     assert list(cutover.leave_routers()) == []
     assert cutover._leave(None, HOST)
 
 
 def test_in_a_roll_the_host_leaves_every_router_once_and_drains(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     [command] = cutover.leave_routers()
     assert isinstance(command, FunctionCommand)
     a, b = Router("http://r1:30080", [URL, "http://other:30000"]), Router("http://r2:30080", [URL])
@@ -105,7 +105,7 @@ def test_in_a_roll_the_host_leaves_every_router_once_and_drains(
     assert URL in a.registered and len(drains) == 1
 
 
-def test_a_host_outside_the_batch_stays(roll_dir: cutover.RollDirectory,
+def test_a_host_outside_the_batch_stays(roll_dir: roll_directory.RollDirectory,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     router = Router("http://r1:30080", [URL])
     routers(monkeypatch, router)
@@ -114,7 +114,7 @@ def test_a_host_outside_the_batch_stays(roll_dir: cutover.RollDirectory,
     assert router.registered == [URL] and roll_dir.out_of_routers("b200-01") is None
 
 
-def test_a_router_that_refuses_fails_the_command(roll_dir: cutover.RollDirectory,
+def test_a_router_that_refuses_fails_the_command(roll_dir: roll_directory.RollDirectory,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     routers(monkeypatch, Router("http://r1:30080", [URL], broken=True))
     roll_dir.plan({"b200-01": [URL]}, drain_timeout=600)
@@ -125,7 +125,7 @@ def test_a_router_that_refuses_fails_the_command(roll_dir: cutover.RollDirectory
 
 
 def test_a_run_waits_for_its_turn_and_stops_if_the_roll_does(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     router = Router("http://r1:30080", [URL])
     routers(monkeypatch, router)
     monkeypatch.setattr(cutover, "POLL", 0.01)
@@ -147,7 +147,7 @@ def test_a_run_waits_for_its_turn_and_stops_if_the_roll_does(
     assert time.monotonic() - tic >= 0.15 and router.registered == []
 
 
-def test_no_turn_when_the_roll_stopped_or_is_gone(roll_dir: cutover.RollDirectory,
+def test_no_turn_when_the_roll_stopped_or_is_gone(roll_dir: roll_directory.RollDirectory,
                                                   monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     router = Router("http://r1:30080", [URL])
@@ -166,7 +166,7 @@ def test_no_turn_when_the_roll_stopped_or_is_gone(roll_dir: cutover.RollDirector
 
 
 def test_a_roll_stopped_between_turn_and_go_leaves_nothing(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch,
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     router = Router("http://r1:30080", [URL])
     routers(monkeypatch, router)
@@ -196,7 +196,7 @@ def restart(monkeypatch: pytest.MonkeyPatch, changed: bool, routed: bool) -> lis
 
 
 def test_a_server_leaves_right_before_its_restart_and_only_then(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     first, second = restart(monkeypatch, changed=True, routed=True)
     assert isinstance(first, FunctionCommand) and first.function is cutover._leave_units
     assert first.args == (["sglang.service"],)  # the whole host, unless --batch-instances
@@ -207,7 +207,7 @@ def test_a_server_leaves_right_before_its_restart_and_only_then(
         service.start_command("sglang.service")]
 
 
-def test_a_restore_that_restarts_leaves_first(roll_dir: cutover.RollDirectory,
+def test_a_restore_that_restarts_leaves_first(roll_dir: roll_directory.RollDirectory,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     fake = Host({"File": {"path": "x"}, "Sha256File": lambda path: path,  # saved != current
                  "FindInFile": [], "Link": None})
@@ -219,7 +219,7 @@ def test_a_restore_that_restarts_leaves_first(roll_dir: cutover.RollDirectory,
 
 
 def test_a_driver_change_leaves_first_and_a_held_driver_stays(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = driver.DriverConfig.of(HostConfig.from_data({"nvidia_driver_version": "580.95.05"},
                                                            "h1"))
     monkeypatch.setattr(driver, "state", SimpleNamespace(is_executing=True))
@@ -271,7 +271,7 @@ SERVERS = {f"sglang-{i}.service": f"http://10.0.0.11:3000{i}" for i in range(3)}
 STATE = SimpleNamespace(inventory=None)
 
 
-def per_server(roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch,
+def per_server(roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch,
                batch_instances: int | None, *found: Router) -> list[str]:
     """A roll of b200-01's three servers, at its go; every drain ends at once, recorded."""
     routers(monkeypatch, *found)
@@ -292,7 +292,7 @@ def per_server(roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch,
 
 
 def test_with_batch_instances_only_the_restarting_servers_leave_and_drain(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = Router("http://r1:30080", list(SERVERS.values())), Router("http://r2:30080",
                                                                     list(SERVERS.values()))
     drains = per_server(roll_dir, monkeypatch, 2, a, b)
@@ -317,7 +317,7 @@ def test_with_batch_instances_only_the_restarting_servers_leave_and_drain(
 
 
 def test_without_batch_instances_a_restarting_server_takes_its_host_out_whole(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     router = Router("http://r1:30080", [*SERVERS.values(), "http://other:30000"])
     drains = per_server(roll_dir, monkeypatch, None, router)
     assert cutover._leave_units(STATE, HOST, ["sglang-1.service"])
@@ -330,7 +330,7 @@ def test_without_batch_instances_a_restarting_server_takes_its_host_out_whole(
 
 
 def test_a_new_server_takes_nothing_out_and_joins_when_ready(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     u0, u1, new = SERVERS.values()
     router = Router("http://r1:30080", [u0, u1])  # sglang-2 is new: in the plan, not routed
     drains = per_server(roll_dir, monkeypatch, 1, router)
@@ -342,7 +342,7 @@ def test_a_new_server_takes_nothing_out_and_joins_when_ready(
 
 
 def test_a_server_the_roll_does_not_know_takes_its_host_out_whole(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     # the host runs a fourth server from an earlier roll's --data; this roll retires it
     fourth = "http://10.0.0.11:30003"
     router = Router("http://r1:30080", [*SERVERS.values(), fourth, "http://10.0.0.12:30000"])
@@ -356,7 +356,7 @@ def test_a_server_the_roll_does_not_know_takes_its_host_out_whole(
 
 
 def test_a_whole_leave_after_some_waves_takes_every_server_out(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     # a wave came back at a new URL (its port changed); then the host fails and is restored
     router = Router("http://r1:30080", list(SERVERS.values()))
     per_server(roll_dir, monkeypatch, 1, router)
@@ -374,7 +374,7 @@ def test_a_whole_leave_after_some_waves_takes_every_server_out(
 
 
 def test_a_wave_the_router_does_not_see_healthy_fails_the_command(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch,
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     u1 = SERVERS["sglang-1.service"]
     router = Router("http://r1:30080", list(SERVERS.values()), unhealthy=(u1,))
@@ -388,7 +388,7 @@ def test_a_wave_the_router_does_not_see_healthy_fails_the_command(
 
 
 def test_a_server_waits_for_its_go_before_it_leaves(
-        roll_dir: cutover.RollDirectory, monkeypatch: pytest.MonkeyPatch,
+        roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     router = Router("http://r1:30080", list(SERVERS.values()))
     routers(monkeypatch, router)

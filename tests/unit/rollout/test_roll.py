@@ -13,8 +13,8 @@ from typing import Any, cast
 import pytest
 
 from sglang_fleet.errors import InputError
-from sglang_fleet.rollout import cutover, fleet, planning, roll
-from sglang_fleet.rollout.cutover import RollDirectory
+from sglang_fleet.rollout import cutover, fleet, planning, roll, roll_directory
+from sglang_fleet.rollout.roll_directory import RollDirectory
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.stages import compiled_exchange
 from tests import noconnect
@@ -85,7 +85,7 @@ class Runs:
                                           SimpleNamespace(name=name, print_prefix="")):
                         return 1  # no turn or go: the roll stopped before it
             finally:
-                del os.environ[cutover.ENV]
+                del os.environ[roll_directory.ENV]
         return 1 if self.fail and (deploy, self.fail[1]) == self.fail and \
             self.fail[1] in hosts else 0
 
@@ -374,7 +374,7 @@ def test_with_batch_instances_a_host_keeps_serving_and_the_table_shows_each_wave
                         clock.now += 20 + int(unit[7])  # the first (compiling) the longest
                         assert cutover._rejoin(SimpleNamespace(inventory=None), who, [url])
             finally:
-                del os.environ[cutover.ENV]
+                del os.environ[roll_directory.ENV]
             return 0
 
     hosts = [cast(Any, SimpleNamespace(name=n)) for n in units]
@@ -399,7 +399,7 @@ def test_the_table_says_what_each_host_did_with_its_kernels(router: FakeRouter) 
     class NotingRuns(Runs):
         def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
             for name in hosts if deploy == "serve" else []:
-                compiled_exchange.note(RollDirectory(Path(env[cutover.ENV])), name,
+                compiled_exchange.note(RollDirectory(Path(env[roll_directory.ENV])), name,
                                        f"received ({name})")
             return super().work(deploy, hosts, env)
 

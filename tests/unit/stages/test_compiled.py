@@ -21,8 +21,8 @@ from sglang_fleet.facts.python import parse_deep_gemm
 from sglang_fleet.facts.systemd import UnitState
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.remote import cache_archive
-from sglang_fleet.rollout import cutover
-from sglang_fleet.rollout.cutover import RollDirectory
+from sglang_fleet.rollout import roll_directory
+from sglang_fleet.rollout.roll_directory import RollDirectory
 from sglang_fleet.stages import compiled
 from sglang_fleet.stages import compiled_exchange as exchange
 from sglang_fleet.stages import compiled_records as records
@@ -240,7 +240,7 @@ def roll(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[CopyHost]
     roll_dir = RollDirectory(tmp_path / "roll")
     roll_dir.directory.mkdir(mode=0o700)
     roll_dir.plan({"h1": [], "h2": [], "h3": []}, 600)
-    monkeypatch.setenv(cutover.ENV, str(roll_dir.directory))
+    monkeypatch.setenv(roll_directory.ENV, str(roll_dir.directory))
 
     def install(fake: CopyHost) -> RollDirectory:
         fake.said = said  # type: ignore[attr-defined]
@@ -388,7 +388,7 @@ def test_outside_a_roll_nothing_is_shared_or_received(roll: Any,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     fake = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE)
     roll(fake)
-    monkeypatch.delenv(cutover.ENV)
+    monkeypatch.delenv(roll_directory.ENV)
     assert commands(compiled.kernels_shared, LAUNCHES, RELEASE) == []
     assert commands(compiled.kernels_received, LAUNCHES, RELEASE) == []
     assert fake.ran == [] and fake.uploaded == []

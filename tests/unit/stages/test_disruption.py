@@ -31,7 +31,7 @@ from sglang_fleet.facts.nvidia import Gpu, LoadedModule, SmiReport
 from sglang_fleet.facts.ports import Listener
 from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.ops import packages, secretfile
-from sglang_fleet.rollout import cutover
+from sglang_fleet.rollout import cutover, roll_directory
 from sglang_fleet.stages import driver, last_good, resize, service
 from sglang_fleet.stages.gate import GateResult
 from tests.conftest import field_profile
@@ -194,8 +194,8 @@ Use = Callable[[dict[str, Any]], Host]
 @pytest.fixture
 def use(monkeypatch: pytest.MonkeyPatch) -> Iterator[Use]:
     """In a roll (the cutover active), executing: install a fake host with ``facts``."""
-    roll_dir = cutover.RollDirectory.create()
-    monkeypatch.setenv(cutover.ENV, str(roll_dir.directory))
+    roll_dir = roll_directory.RollDirectory.create()
+    monkeypatch.setenv(roll_directory.ENV, str(roll_dir.directory))
     stages = [importlib.import_module(f"sglang_fleet.stages.{name}") for name in MODULES]
     for module in (*stages, files):
         monkeypatch.setattr(module, "state", Executing(), raising=False)

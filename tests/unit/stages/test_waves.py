@@ -16,7 +16,7 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sglang_fleet import ops
 from sglang_fleet.config.render import Launch, render_all
-from sglang_fleet.rollout import cutover
+from sglang_fleet.rollout import cutover, roll_directory
 from sglang_fleet.stages import gate_program as checker
 from sglang_fleet.stages import service
 from sglang_fleet.stages.waves import Waves, plan, retired, wave_of
@@ -116,7 +116,7 @@ def ready(launches: list[Launch], waves: Waves, final: bool = False) -> list[Any
 
 def test_the_host_waits_for_the_first_server_before_the_others_start(
         shell: Shell, launches: list[Launch], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(cutover.ENV, raising=False)  # outside a roll
+    monkeypatch.delenv(roll_directory.ENV, raising=False)  # outside a roll
     units = [launch.unit for launch in launches]
     waves = Waves()
     assert restart(units[0], waves) == [service.start_command(units[0])]
@@ -143,8 +143,8 @@ def test_a_first_server_that_is_not_ready_stops_the_waves(
 
 def test_in_a_roll_with_batch_instances_each_wave_rejoins_the_routers(
         shell: Shell, launches: list[Launch], monkeypatch: pytest.MonkeyPatch) -> None:
-    roll_dir = cutover.RollDirectory.create()
-    monkeypatch.setenv(cutover.ENV, str(roll_dir.directory))
+    roll_dir = roll_directory.RollDirectory.create()
+    monkeypatch.setenv(roll_directory.ENV, str(roll_dir.directory))
     try:
         # without --batch-instances the host left whole, and comes back whole after its gate
         roll_dir.plan({"h1": ["http://h1:30000"]}, drain_timeout=1)
