@@ -168,11 +168,10 @@ def test_a_bogus_metric_name_fails_the_check() -> None:
     assert wrong[1].endswith("smg_router_bogus_total is exported by nothing")
 
 
-def test_the_readme_queries_are_on_the_dashboard() -> None:
-    """The README's table of queries (Fleet status, GPU health, metrics) and the dashboard
-    name the same SGLang metrics."""
-    section = (ROOT / "README.md").read_text().split("\n## Fleet status, GPU health, metrics\n",
-                                                     1)[1].split("\n## ", 1)[0]
+def test_the_doc_queries_are_on_the_dashboard() -> None:
+    """The table of queries in docs/status-and-metrics.md and the dashboard name the same
+    SGLang metrics."""
+    section = (ROOT / "docs" / "status-and-metrics.md").read_text()
     rows = [line.split(" | ", 1)[1] for line in
             section[section.index("| what | PromQL |"):].splitlines()[2:] if line.startswith("| ")]
     readme = {n for row in rows for expr in re.findall(r"`([^`]+)`", row)
@@ -222,8 +221,9 @@ def test_the_prometheus_config_scrapes_what_the_deploy_writes(tmp_path: Path) ->
     [job] = config["scrape_configs"]
     [sd] = job["file_sd_configs"]
     assert sd["files"] == [FILE_SD]
-    # the same path the README and the example group data give prometheus_file_sd
-    assert f'prometheus_file_sd = "{FILE_SD}"' in (ROOT / "README.md").read_text()
+    # the same path docs/status-and-metrics.md and the example group data give prometheus_file_sd
+    assert f'prometheus_file_sd = "{FILE_SD}"' in (
+        ROOT / "docs" / "status-and-metrics.md").read_text()
     assert f'prometheus_file_sd = "{FILE_SD}"' in (
         ROOT / "inventories" / "group_data" / "b200.py").read_text()
     assert job.get("metrics_path", "/metrics") == "/metrics"

@@ -1,76 +1,40 @@
-"""The README's host-data table is the one the declaration (``hostconfig/keys.py``) makes, and
-product code reads host data only through that declaration."""
+"""The README is short and points the way: at most 150 lines, the two commands as they are, and
+every link into docs/ (and every doc) found."""
 
 from __future__ import annotations
 
-import ast
 import re
-from pathlib import Path
-from typing import TypeGuard
 
-from sglang_fleet.hostconfig import HostConfig
-from sglang_fleet.hostconfig.spec import declared
-from sglang_fleet.hostconfig.table import in_readme, table
 from tests.conftest import ROOT
 
-SRC = ROOT / "src" / "sglang_fleet"
-HOSTCONFIG = SRC / "hostconfig"
-REGENERATE = "uv run python -m sglang_fleet.hostconfig --write README.md"
-# ``.data`` that is not a host's: the command line's and a roll's --data pairs, an SSE event's.
-NOT_HOST_DATA = {"args.data", "plan.data", "self.plan.data", "made.plan.data", "event.data"}
-# Ways into pyinfra's host and group data besides ``host.data``.
-DATA_ATTRIBUTES = {"data", "datas", "get_data", "get_host_data", "get_group_data",
-                   "get_groups_data", "get_override_data"}
-# Keys only checked, never read: the one value their check lets through is the product's.
-CHECKED_ONLY = {"nvidia_driver_flavour"}  # "open": anything else is refused
+README = ROOT / "README.md"
+TWO_COMMANDS = ("```sh\n"
+                "uv run sglang-fleet demo     # the demo on the lab "
+                "(then: uv run sglang-fleet lab down)\n"
+                "uv run pytest                # the tests\n"
+                "```\n")
+LINK = re.compile(r"\]\(([^)#\s]+)(#[^)]*)?\)")
 
 
-def product_modules() -> list[Path]:
-    """Every module of the product but the declaration's package, and the deploy files."""
-    return [p for p in [*SRC.rglob("*.py"), *(ROOT / "deploys").glob("*.py")]
-            if HOSTCONFIG not in p.parents]
+def test_the_readme_is_at_most_150_lines() -> None:
+    assert len(README.read_text().splitlines()) <= 150
 
 
-def _reads_data(node: ast.AST) -> TypeGuard[ast.expr]:
-    """``X.data`` (and pyinfra's other ways into data), or ``getattr(X, "data")``."""
-    if isinstance(node, ast.Attribute):
-        return node.attr in DATA_ATTRIBUTES
-    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-            and node.func.id == "getattr" and len(node.args) > 1
-            and isinstance(node.args[1], ast.Constant) and node.args[1].value == "data")
+def test_the_two_commands_are_the_quick_start() -> None:
+    text = README.read_text()
+    assert TWO_COMMANDS in text.split("\n## Quick start\n", 1)[1].split("\n## ", 1)[0]
+    assert "\nuv run pytest\n" in (ROOT / ".ci" / "run").read_text()  # the same test command
 
 
-def host_data_reads(path: Path) -> list[str]:
-    """``FILE:LINE: EXPRESSION`` for each way into host data in ``path``."""
-    return [f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
-            for node in ast.walk(ast.parse(path.read_text()))
-            if _reads_data(node) and ast.unparse(node) not in NOT_HOST_DATA]
+def test_every_link_of_the_readme_and_the_docs_is_there() -> None:
+    missing = [f"{doc.relative_to(ROOT)}: {target}"
+               for doc in [README, *(ROOT / "docs").glob("*.md")]
+               for target, _ in LINK.findall(doc.read_text())
+               if not target.startswith("http") and not (doc.parent / target).exists()]
+    assert missing == []
 
 
-def test_the_readme_table_is_the_declared_one() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## Host data\n", 1)[1].split("\n## ", 1)[0]
-    assert in_readme(section) is not None, "the Host data section has lost its table's markers"
-    assert in_readme(section) == table(), (
-        "README.md's host-data table is not the one src/sglang_fleet/hostconfig/keys.py "
-        f"declares; regenerate it: {REGENERATE}")
-
-
-def test_product_code_reads_host_data_only_through_hostconfig() -> None:
-    found = [read for path in product_modules() for read in host_data_reads(path)]
-    assert len(product_modules()) > 50  # the scan found the product at all
-    assert found == [], (
-        "host data read around the declaration: read it as hostconfig.of(host).KEY (declare a "
-        "new key in src/sglang_fleet/hostconfig/keys.py, then " + REGENERATE + "); an "
-        "attribute named data that is not a host's belongs in NOT_HOST_DATA:\n"
-        + "\n".join(found))
-
-
-def test_every_declared_key_is_read() -> None:
-    text = "\n".join(p.read_text() for p in SRC.rglob("*.py"))
-    names = [f.name for f, _ in declared(HostConfig)]
-    assert len(names) > 30, names
-    # ``.KEY`` not called: ``cfg.gpu_count``, ``of(host).routers``, not ``fleet.routers(...)``
-    unread = [n for n in names
-              if n not in CHECKED_ONLY and not re.search(rf"\.{n}\b(?!\s*\()", text)]
-    assert unread == [], "declared in hostconfig/keys.py, read by no code"
+def test_every_doc_is_linked_from_the_readme() -> None:
+    linked = {target for target, _ in LINK.findall(README.read_text())}
+    docs = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert len(docs) >= 12 and docs <= linked, docs - linked

@@ -1,14 +1,14 @@
-"""The profile keys, described from their declarations (``config/profile.py``): the README's
-table, and one key's help.
+"""The profile keys, described from their declarations (``config/profile.py``): the table of
+docs/profile.md, and one key's help.
 
     uv run python -m sglang_fleet.config.docs                     # the table, in Markdown
     uv run python -m sglang_fleet.config.docs memory.page_size    # one key, as --help says it
-    uv run python -m sglang_fleet.config.docs --write README.md   # the README's table, made anew
+    uv run python -m sglang_fleet.config.docs --write docs/profile.md   # the doc's table, made anew
 
 ``sglang-fleet keys [KEY ...]`` prints the first two as well.
 
-The README holds the table between ``BEGIN`` and ``END``; tests/unit/config/test_docs.py fails when
-it is not what the declarations make, and names the command that makes it.
+docs/profile.md holds the table between ``BEGIN`` and ``END``; tests/unit/config/test_docs.py
+fails when it is not what the declarations make, and names the command that makes it.
 """
 
 from __future__ import annotations

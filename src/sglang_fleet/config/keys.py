@@ -10,7 +10,7 @@
 Everything else follows from that field: what YAML may give and how an error names it (from
 the annotation: ``int | None`` is "an integer or null"), the default (none: the key must be
 written), the check and the fix that validation uses, the SGLang flag render passes the value
-as, and what the key means (the README's table and one key's help: ``docs.py``).
+as, and what the key means (docs/profile.md's table and one key's help: ``docs.py``).
 ``declared`` lists the keys:
 
     >>> from sglang_fleet.config.profile import Parallel

@@ -5,9 +5,9 @@
 
 A key is one field of a section below, declared with ``keys.key``: its annotation is its type,
 and the declaration holds its default, check, fix, SGLang flag and meaning. Validation
-(``validate.py``), render (``render.py``, for a key with a flag) and the README's key table
+(``validate.py``), render (``render.py``, for a key with a flag) and docs/profile.md's key table
 (``docs.py``) read it from there. Adding a key is adding its field here, then writing the
-table anew: ``uv run python -m sglang_fleet.config.docs --write README.md``.
+table anew: ``uv run python -m sglang_fleet.config.docs --write docs/profile.md``.
 
 Overrides come from pyinfra host or group data, as a nested mapping or dotted keys; an error in
 an override names the data source that set it, an error in the file names the file.

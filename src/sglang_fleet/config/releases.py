@@ -52,7 +52,7 @@ def version_problem(version: str) -> str | None:
 
 VERSION_FIX = ("name a supported release, or add one: list it in "
                "src/sglang_fleet/data/releases.json and run "
-               "python3 scripts/sglang_oracle.py extract RELEASE (README: SGLang releases)")
+               "python3 scripts/sglang_oracle.py extract RELEASE (docs/releases.md)")
 
 
 @cache

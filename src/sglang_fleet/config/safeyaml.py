@@ -22,7 +22,7 @@ from yaml.nodes import MappingNode, Node
 
 from sglang_fleet.errors import InputError
 
-MAX_PROFILE_BYTES = 256 * 1024  # a profile is a few hundred bytes; documented in the README
+MAX_PROFILE_BYTES = 256 * 1024  # a profile is a few hundred bytes; documented in docs/profile.md
 MAX_DEPTH = 32  # nesting levels; a profile needs 3
 
 

@@ -24,7 +24,8 @@ from sglang_fleet.config.keys import REQUIRED, Declared, Located, declared, part
 from sglang_fleet.errors import InputError, Problem
 
 # The speculative keys that only mean something with speculative.algorithm set (named so that
-# tests/unit/test_readme.py, which reads *_KEYS tuples as host-data keys, does not take them
+# tests/unit/hostconfig/test_table.py, which reads *_KEYS tuples as host-data keys, does not take
+# them
 # for some).
 NEED_ALGORITHM = ("num_steps", "eagle_topk", "num_draft_tokens")
 

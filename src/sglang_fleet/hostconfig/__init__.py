@@ -9,7 +9,7 @@ checked once per host, and read typed.
 ``keys.py`` declares the keys (the one place to add one), ``checks.py`` the checks they use,
 ``spec.py`` how a declaration is read and checked, ``overrides.py`` the profile overrides
 (``sglang_overrides``, ``sglang.KEY``), ``serving.py`` the profile a host serves, ``table.py``
-the README's table (``python -m sglang_fleet.hostconfig``).
+docs/host-data.md's table (``python -m sglang_fleet.hostconfig``).
 """
 
 from __future__ import annotations

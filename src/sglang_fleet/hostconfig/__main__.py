@@ -1,7 +1,7 @@
-"""Print the README's host-data table, or write it into a README between its markers.
+"""Print the host-data table, or write it into a Markdown file between its markers.
 
     python -m sglang_fleet.hostconfig                    # the table, on stdout
-    python -m sglang_fleet.hostconfig --write README.md  # the README's table, regenerated
+    python -m sglang_fleet.hostconfig --write docs/host-data.md  # the doc's table, made anew
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sglang_fleet.hostconfig.table import table, with_table
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sglang_fleet.hostconfig",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--write", metavar="README", type=Path,
+    parser.add_argument("--write", metavar="FILE", type=Path,
                         help="replace the table between the markers in this file")
     args = parser.parse_args(argv)
     if args.write is None:

@@ -1,13 +1,13 @@
 """Every key the product reads from pyinfra's host and group data, declared once: a field of
 ``HostConfig`` is a key (its name), its type (the annotation) and, in ``key(...)``, its
-default, its check, the fix an error gives, and its line in the README's table.
+default, its check, the fix an error gives, and its line in docs/host-data.md's table.
 
     cfg = HostConfig.from_data({"gpu_count": 8, "router_port": 31000}, "b200-01")
     cfg.gpu_count, cfg.router_port, cfg.drain_budget_seconds     # (8, 31000, 600)
 
 To add a key: add a field here (in the section it belongs to), read it as ``hostconfig.of(host)
-.KEY``, and regenerate the README's table (``python -m sglang_fleet.hostconfig --write
-README.md``).
+.KEY``, and regenerate docs/host-data.md's table (``python -m sglang_fleet.hostconfig --write
+docs/host-data.md``).
 """
 
 from __future__ import annotations

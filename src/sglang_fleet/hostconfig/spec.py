@@ -71,7 +71,7 @@ Check = Callable[[Any, Raw], Found]
 class Key:
     """A host-data key's declaration besides its name, type and default."""
 
-    doc: str  # the README table's "meaning"
+    doc: str  # docs/host-data.md's table's "meaning"
     fix: str  # what the error says to do, unless the check says more precisely
     check: Check | None  # run on a value the data gives (not on None)
     parse: Callable[[Any], Any] | None  # the checked value, typed (None: as given)

@@ -1,8 +1,8 @@
-"""The README's host-data table, made from the declaration (``keys.py``): one row a key, in
-declaration order, between two markers in the README's "Host data" section.
+"""The host-data table of docs/host-data.md, made from the declaration (``keys.py``): one row a
+key, in declaration order, between two markers in that file.
 
     print(table())                                    # python -m sglang_fleet.hostconfig
-    Path("README.md").write_text(with_table(Path("README.md").read_text()))
+    Path("docs/host-data.md").write_text(with_table(Path("docs/host-data.md").read_text()))
 """
 
 from __future__ import annotations

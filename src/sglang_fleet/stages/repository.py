@@ -88,7 +88,7 @@ def keyring_sha256(given: str | None) -> str:
         raise InputError.one(f"pyinfra data of {host.name}", "nvidia_keyring_sha256",
                              f"no pinned checksum of {KEYRING} for {where}",
                              f"set nvidia_keyring_sha256 to the sha256 of {KEYRING} from "
-                             f"{where} (README: the driver stage)")
+                             f"{where} (docs/stages.md: the driver stage)")
     return digest
 
 

@@ -1,4 +1,4 @@
-"""The README's table of profile keys is the one their declarations make, and one key's help
+"""docs/profile.md's table of profile keys is the one their declarations make, and one key's help
 says what its declaration does."""
 
 from __future__ import annotations
@@ -10,15 +10,16 @@ from sglang_fleet.config import docs, keys
 from sglang_fleet.config.profile import Profile
 from tests.conftest import ROOT
 
-WRITE = "uv run python -m sglang_fleet.config.docs --write README.md"
+WRITE = "uv run python -m sglang_fleet.config.docs --write docs/profile.md"
 
 
-def test_the_readme_table_is_the_declarations() -> None:
-    text = (ROOT / "README.md").read_text()
-    assert docs.in_readme(text), f"README.md has no {docs.BEGIN} ... {docs.END}"
+def test_the_doc_table_is_the_declarations() -> None:
+    text = (ROOT / "docs" / "profile.md").read_text()
+    assert docs.in_readme(text), f"docs/profile.md has no {docs.BEGIN} ... {docs.END}"
     section = text.split("\n## Profiles\n", 1)[1].split("\n## ", 1)[0]
-    assert docs.BEGIN in section, "the key table belongs in the README's Profiles section"
-    assert docs.in_readme(text) == docs.table(), f"the README's key table is stale: run {WRITE}"
+    assert docs.BEGIN in section, "the key table belongs in docs/profile.md's Profiles section"
+    assert docs.in_readme(text) == docs.table(), f"docs/profile.md's key table is stale: {WRITE}"
+    assert docs.BEGIN not in (ROOT / "README.md").read_text(), "the table moved to docs/profile.md"
 
 
 def test_the_table_has_a_row_per_key() -> None:
