@@ -72,7 +72,7 @@ model:
 LAB_MINUTES = {
     "tests/lab/test_fleet.py": 13, "tests/lab/test_compile_once.py": 7,
     "tests/lab/test_serving.py": 7, "tests/lab/test_generate.py": 7,
-    "tests/lab/test_faults.py": 6, "tests/lab/test_gpu_status.py": 4,
+    "tests/lab/test_recovery.py": 6, "tests/lab/test_gpu_status.py": 4,
     "tests/lab/test_target_running_requests.py": 3, "tests/lab/test_security.py": 2.5,
     "tests/lab/test_dp.py": 1.5, "tests/lab/test_lab.py": 1.5, "tests/lab/test_driver.py": 1.5,
 }

@@ -91,7 +91,7 @@ ELSEWHERE: dict[str, str] = {
         "tests/lab/test_lab.py::test_pyinfra_reaches_every_host_and_nvidia_smi_is_absent",
     "sudo uv run sglang-fleet lab down": "tests/lab/test_lab.py::test_down_leaves_nothing_behind",
     "flock /tmp/sglang-lab.lock uv run python bench/faults.py [--only crash-after-n ...]   # root":
-        "tests/lab/test_faults.py::test_a_server_that_dies_under_its_first_batch_fails_the_gate",
+        "tests/lab/test_recovery.py::test_a_server_that_dies_under_its_first_batch_fails_the_gate",
 }
 # Commands run here that end otherwise than 0: (exit status, a fragment of their output).
 # (The example inventory's keys come from /etc/sglang-fleet, which a test machine lacks.)

@@ -10,7 +10,7 @@ import shlex
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import jinja2
 import pytest
@@ -22,6 +22,7 @@ from sglang_fleet.ops.unitfile import UnsafeValue, env_line, systemd_word, unit_
 from sglang_fleet.stages import engine, router, weights
 from sglang_fleet.stages.engine import Release
 from sglang_fleet.stages.service import restart_policy
+from tests.fakes import Host
 
 HOSTILE = [
     "a; touch /tmp/pwned; #", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "${SGLANG_API_KEY}",
@@ -102,25 +103,9 @@ def test_allow_lists_take_networks_only(text: str) -> None:
         ["10.0.0.7/32", "192.0.2.0/24", "fd00::/8"]
 
 
-class FakeHost:
-    """What an operation reads from a host: facts answer None, shell commands fail."""
-
-    name = "h1"
-    data: ClassVar[dict[str, Any]] = {}
-
-    def get_fact(self, *args: Any, **kwargs: Any) -> Any:
-        return None
-
-    def run_shell_command(self, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
-        return False, None
-
-    def noop(self, description: str) -> None:
-        pass
-
-
 @pytest.fixture
-def fake_host(monkeypatch: pytest.MonkeyPatch) -> FakeHost:
-    fake = FakeHost()
+def fake_host(monkeypatch: pytest.MonkeyPatch) -> Host:
+    fake = Host()  # facts answer None, shell commands fail
     for module in (engine, weights, router):
         monkeypatch.setattr(module, "host", fake)
     return fake
@@ -133,7 +118,7 @@ def words(command: object) -> list[str]:
 
 
 @pytest.mark.parametrize("text", [t for t in HOSTILE if t and "\x00" not in t])
-def test_shell_commands_keep_each_value_one_word(fake_host: FakeHost, text: str) -> None:
+def test_shell_commands_keep_each_value_one_word(fake_host: Host, text: str) -> None:
     dest = f"/opt/sglang/releases/{text}"
     commands = list(engine.venv_install(dest, "/usr/bin/python3", f"pkg=={text}",
                                         ["--find-links", text]))

@@ -16,7 +16,7 @@ from sglang_fleet.facts import systemd
 from sglang_fleet.remote import crash
 from sglang_fleet.report import status
 from tests.conftest import ROOT, free_port, wait_for_health
-from tests.unit.stages.test_faults import unit_text
+from tests.unit.stages.test_service_recovery import unit_text
 
 # What journalctl -u sglang -o cat shows of a scheduler exception in 0.5.23 (the simulator's
 # lines; SGLang's formats: managers/scheduler.py:6372, tokenizer_manager.py:4074,
@@ -148,7 +148,7 @@ def test_the_unit_restarts_every_crash_and_stops_the_server_alone() -> None:
         assert unit["RestartForceExitStatus"] == "SIGKILL"
         assert unit["SuccessExitStatus"] == "SIGKILL"
         # SIGTERM to the server only: its children have no SIGTERM handler and would die
-        # under the drain (lab/sglang-sim/tests/unit/stages/test_faults.py shows the requests lost)
+        # under the drain (lab/sglang-sim/tests/test_fault_injection.py shows the requests lost)
         assert unit["KillMode"] == "mixed" and unit["KillSignal"] == "SIGTERM"
         assert unit["SendSIGKILL"] == "yes"
 
