@@ -17,6 +17,10 @@ from typing import TYPE_CHECKING, Any
 from sglang_fleet.cli import output, usage
 from sglang_fleet.errors import InputError
 
+# status: a host unreachable over SSH, or a server not serving (beside 1 for an input problem:
+# either way the fleet was not found as it should be).
+UNHEALTHY = 1
+
 if TYPE_CHECKING:
     from sglang_fleet.report.status import Fleet
     from sglang_fleet.rollout.roll import Roll
@@ -41,7 +45,8 @@ def roll_as_json(made: Roll) -> tuple[bool, dict[str, Any]]:
     """The roll as ``roll.main`` runs it, its lines (the runs' output, the table, the fleet)
     on stderr, and what it did as one JSON object: ``ok``, each host's outcome, the fleet as
     ``status --json`` sums it, the warnings, and ``errors`` (empty: an input problem stops a
-    roll before it starts, and is printed instead of this)."""
+    roll before it starts, and is printed instead of this). Each host carries its ``cause``:
+    its SSH error when it did not answer, else what failed (the router, its deploy)."""
     from sglang_fleet.rollout import roll
     from sglang_fleet.rollout.outcome import fleet_lines
     from sglang_fleet.rollout.planning import data_warning
@@ -67,6 +72,7 @@ def roll_as_json(made: Roll) -> tuple[bool, dict[str, Any]]:
                         else fleet_lines(lambda: _raise(unread))))
     return ok, {
         "ok": ok,
+        "cause": made.cause(),  # the first failure's, with its host ("" when none)
         "hosts": [asdict(outcome) for outcome in made.outcomes.values()],
         "fleet": fleet.as_json()[-1] if fleet is not None
         else {"kind": "fleet", "not_read": output.as_json(unread.problems if unread else [])},
@@ -81,15 +87,17 @@ def _raise(error: InputError | None) -> Fleet:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """One row per server instance and router of an inventory (see sglang_fleet.report.status)."""
-    from sglang_fleet.report import status
+    """One row per server instance and router of an inventory (see sglang_fleet.report.status),
+    then the verdict: UNHEALTHY (1) when a host is unreachable or a server is not serving."""
+    from sglang_fleet.report import layout, status, status_view
 
     fleet = status.collect(args.inventory)
     if args.json:
         print(json.dumps(fleet.as_json(), indent=2))
     else:
-        print("\n".join([status.table(fleet.rows), "", *fleet.lines()]))
-    return 0
+        print("\n".join([status_view.table(fleet.rows), "", *layout.wrap(
+            [*fleet.lines(), *status_view.verdict(fleet.rows)])]))
+    return UNHEALTHY if fleet.problems() else 0
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -102,13 +110,19 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "its router: each batch leaves the router only for its restart and gate, and goes "
         "back before the next one leaves. The first failure stops the roll and puts that "
         "batch's last good release back; later hosts are not touched. Every host's change is "
-        "checked before the first one is touched. Exit status: 0 every host converged, 1 an "
-        "input problem or a failure, 2 a usage error. With --json, the runs' output goes to "
-        "stderr and stdout is one JSON object (or the errors: {\"errors\": [...]}).",
+        "checked, and every host must answer over SSH, before the first one is touched; the "
+        "roll says host K of N as it goes, and a failure's first cause. Exit status: 0 every "
+        "host converged, 1 an input problem or a failure, 2 a usage error. With --json, the "
+        "runs' output goes to stderr and stdout is one JSON object (or the errors: "
+        "{\"errors\": [...]}).",
         examples=["sglang-fleet roll inventories/b200.py",
                   "sglang-fleet roll inventories/b200.py --batch 2 "
                   "--data sglang.memory.max_running_requests=48",
-                  "sglang-fleet roll inventories/b200.py --batch-instances 2 --json"])
+                  "sglang-fleet roll inventories/b200.py --batch-instances 2 --json"],
+        exit_codes=["0  every host converged",
+                    "1  a host failed (its first cause named: the host unreachable over SSH, "
+                    "the router, its deploy) or an input problem",
+                    "2  a usage error"])
     usage.files(p.add_argument("inventory", help=inventory_help))
     p.add_argument("--batch", type=usage.count(1, "--batch 1"), default=1,
                    help="hosts at a time (default 1)")
@@ -134,12 +148,22 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         sub, "status", help="one row per server and router of an inventory: unit, "
         "release, health, load, GPU memory and health, router (read-only)",
         description="Read every host of an inventory at once (SSH, as the deploy connects) "
-        "and its servers and routers (HTTP): one row per server instance and router, then "
-        "the fleet's capacity, throughput and job time. Changes nothing. Exit status: 0, 1 an "
-        "input problem (the inventory or its data), 2 a usage error. With --json: the rows as "
-        "a list of objects, the last of kind fleet (or the errors: {\"errors\": [...]}).",
+        "and its servers and routers (HTTP): one row per server instance and router, fitted "
+        "to the terminal (COLUMNS), then the fleet's capacity, throughput and job time, and "
+        "the verdict: each unreachable host (its SSH error), server not active or not "
+        "answering /health, fatal GPU finding and router not answering, or 'healthy'. "
+        "Changes nothing. Exit status: 0 healthy, 1 unhealthy (any of those) or an input "
+        "problem (the inventory or its data), 2 a usage error. With --json: the rows as a "
+        "list of objects, the last of kind fleet with healthy, problems and unreachable (or "
+        "the errors: {\"errors\": [...]}); the same exit status.",
         examples=["sglang-fleet status inventories/b200.py",
-                  "sglang-fleet status inventories/b200.py --json"])
+                  "sglang-fleet status inventories/b200.py --json",
+                  "COLUMNS=200 sglang-fleet status inventories/b200.py"],
+        exit_codes=["0  every host answered, every server active with /health 200, no fatal "
+                    "GPU finding, every router answered",
+                    "1  unhealthy: a host unreachable over SSH, a server not serving, a fatal "
+                    "GPU finding or a router not answering; or an input problem",
+                    "2  a usage error"])
     usage.files(p.add_argument("inventory", help=inventory_help))
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     p.set_defaults(func=cmd_status)

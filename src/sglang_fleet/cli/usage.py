@@ -70,10 +70,16 @@ class Parser(argparse.ArgumentParser):
 
 
 def command(sub: argparse._SubParsersAction[Any], name: str, *,
-            help: str, description: str, examples: list[str]) -> argparse.ArgumentParser:
+            help: str, description: str, examples: list[str],
+            exit_codes: list[str] | None = None) -> argparse.ArgumentParser:
     """A subcommand whose ``--help`` says what it does (wrapped here: the examples below it are
-    shown as written) and shows how it is run."""
+    shown as written), shows how it is run and, given ``exit_codes`` (``"1  what it means"``
+    each), what its exit status says, after the examples."""
     epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
+    if exit_codes:
+        epilog += "\n\nexit status:\n" + "\n".join(
+            textwrap.fill(code, HELP_WIDTH, initial_indent="  ", subsequent_indent="     ")
+            for code in exit_codes)
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help, description=textwrap.fill(description, HELP_WIDTH), epilog=epilog,
         formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -4,7 +4,8 @@ Over SSH (pyinfra, every host at once, ``_sudo`` from host data as a deploy woul
 state and since when, the release and flags it runs, the GPUs' memory and health. Over HTTP from
 this machine (as the router reaches the servers): ``/health``, ``/metrics`` (running and queued
 requests, output tokens/s, accept length, the served model) and each router's ``/workers``
-(with its admin key). A host that does not answer is a row saying why.
+(with its admin key). A host that does not answer over SSH is ``unreachable``, its rows
+saying the connection's error.
 
 The fleet's capacity and job time come from what each server's last passed gate measured and
 kept on its host (``paths.gate_record``, read over SSH beside the units): its effective max
@@ -14,7 +15,7 @@ do. A record of an earlier start of the unit (its InvocationID differs), a serve
 down and a unit without a record are named, never counted.
 
     fleet = collect("inventories/b200.py")
-    print(table(fleet.rows)); print("\n".join(fleet.lines()))
+    print(status_view.table(fleet.rows)); print("\n".join(fleet.lines()))
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
 from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitStates
 from sglang_fleet.remote import eta
-from sglang_fleet.rollout import fleet
+from sglang_fleet.report import status_view
+from sglang_fleet.rollout import fleet, reach
 from sglang_fleet.rollout.router_api import Router, RouterError
 from sglang_fleet.stages.gpu_preflight import merged
 
@@ -201,15 +203,19 @@ def _notes(findings: list[Finding], ignore: list[str]) -> list[str]:
 
 
 def read_host(host: Host, rows: list[Row]) -> None:
-    """Units and GPUs of one host over SSH; on failure every row says why."""
+    """Units and GPUs of one host over SSH; on failure every row says why: ``unreachable``
+    with the connection's error, or ``not read`` with what failed after it connected."""
+    error = reach.connect_error(host)
+    if error is not None:
+        for row in rows:
+            row.state, row.error = status_view.UNREACHABLE, f"unreachable: SSH: {error}"
+        return
     try:
-        host.connect(show_errors=False, raise_exceptions=True)
         units = host.get_fact(UnitStates, units=[r.unit for r in rows])
         health = host.get_fact(GpuHealth)
     except Exception as exc:  # whatever the SSH layer raises: the row says it, the rest go on
-        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         for row in rows:
-            row.state, row.error = "no answer", f"ssh: {reason}"
+            row.state, row.error = "not read", f"read over SSH failed: {reach.first_line(exc)}"
         return
     for row in rows:
         _fill_unit(row, units.get(row.unit))
@@ -219,9 +225,8 @@ def read_host(host: Host, rows: list[Row]) -> None:
     try:
         records = host.get_fact(GateRecords, units=[r.unit for r in rows]) or {}
     except Exception as exc:  # as read_host: the row says it, the rest go on
-        reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         for row in rows:
-            row.not_measured = f"gate record not read: {reason}"
+            row.not_measured = f"gate record not read: {reach.first_line(exc, 160)}"
         return
     for row in rows:
         unit = units.get(row.unit)
@@ -253,7 +258,7 @@ def _last_crash(host: Host, unit: str) -> str:
     try:
         return host.get_fact(LastCrash, unit=unit) or "cause not in the journal"
     except Exception as exc:  # as read_host: the row says it, the rest go on
-        return f"journal not read: {str(exc).splitlines()[0][:160] if str(exc) else exc}"
+        return f"journal not read: {reach.first_line(exc, 160)}"
 
 
 def router_rows(inventory: Any, servers: list[Row]) -> list[Row]:
@@ -298,9 +303,15 @@ class Fleet:
         return eta.lines(self.estimate(), "fleet") + (
             [f"fleet: {self.job_note}"] if self.job_note else [])
 
+    def problems(self) -> list[str]:
+        """Why the fleet is not healthy (``status_view.problems``); empty when it is."""
+        return status_view.problems(self.rows)
+
     def as_json(self) -> list[dict[str, Any]]:
-        """The rows, then one object of kind ``fleet`` with the sums and the lines."""
+        """The rows, then one object of kind ``fleet`` with the sums and the lines, whether
+        the fleet is healthy, why not, and each host that did not answer over SSH."""
         est = self.estimate()
+        found = self.problems()
         return [*as_json(self.rows), {
             "kind": "fleet", "running": est.running, "tokens_per_s": est.tokens_per_s,
             "bound_tokens_per_s": est.bound_tokens_per_s, "job": est.job,
@@ -308,7 +319,8 @@ class Fleet:
             "capacity_servers": [s.name for s in est.capacity],
             "throughput_servers": [s.name for s in est.throughput],
             "not_counted": [{"server": n, "why": w} for n, w in est.not_counted],
-            "lines": self.lines()}]
+            "lines": self.lines(), "healthy": not found, "problems": found,
+            "unreachable": status_view.unreachable(self.rows)}]
 
 
 def fleet_job(hosts: list[Host]) -> tuple[tuple[int, int] | None, str]:
@@ -348,38 +360,6 @@ def collect(inventory_path: str, data: dict[str, Any] | None = None,
     job, note = fleet_job(hosts)
     routers = router_rows(inventory, servers) if with_routers else []
     return Fleet(servers + routers, job, note)
-
-
-def _num(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-COLUMNS = ("host", "unit", "state", "restarts", "since", "release", "model", "algo", "health",
-           "run", "queue", "tok/s", "accept", "cap", "gate tok/s", "GPU used/free GiB",
-           "router", "notes")
-
-
-def cells(row: Row) -> list[str]:
-    mem = "-" if row.gpu_used_mib is None else \
-        f"{row.gpu_used_mib / 1024:.0f}/{(row.gpu_free_mib or 0) / 1024:.0f}"
-    if row.kind == "router":
-        return [row.host, "router", "", "", "", "", "", "", row.health, "", "", "", "", "", "",
-                "", f"workers {row.router or '-'}", row.error]
-    crash = [f"last crash: {row.last_crash}"] if row.last_crash else []
-    notes = "; ".join([*crash, *row.gpu_health, *([row.error] if row.error else []),
-                       *([f"not measured: {row.not_measured}"] if row.not_measured else [])])
-    return [row.host, row.unit, row.state, _num(row.restarts), " ".join(row.since.split()[1:3]),
-            row.release, row.model, row.algorithm, row.health, _num(row.running), _num(row.queued),
-            _num(row.tokens_per_s), _num(row.accept_length, 2), _num(row.capacity),
-            _num(row.measured_tokens_per_s), mem, row.router or "-", notes]
-
-
-def table(rows: list[Row]) -> str:
-    """The rows as aligned text columns (empty cells as ``-``)."""
-    body = [[c or "-" for c in cells(r)] for r in rows]
-    widths = [max(len(x) for x in col) for col in zip(COLUMNS, *body, strict=True)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip()
-                     for line in [list(COLUMNS), *body])
 
 
 def as_json(rows: list[Row]) -> list[dict[str, Any]]:

@@ -23,6 +23,9 @@ class Outcome:
     out_seconds: float | None = None  # out of the routers: from leaving until seen healthy again
     still_out: bool = False  # the roll ended with the host out of the routers
     notes: list[str] = field(default_factory=list)
+    # What failed first on this host: the SSH error when it did not answer, else the router's
+    # or its deploy's ("" when nothing failed)
+    cause: str = ""
     # --batch-instances: each wave of its servers that left and came back (URLs, seconds out)
     waves: list[tuple[list[str], float]] = field(default_factory=list)
 
@@ -49,12 +52,13 @@ class Outcome:
 
 
 def table(outcomes: Iterable[Outcome]) -> str:
-    """One row per host, its notes (waves, drains, kernels) under it."""
+    """One row per host, its cause of failure and notes (waves, drains, kernels) under it."""
     rows = [f"{'host':<16}{'result':<44}{'seconds':>8}{'out of router (s)':>20}"]
     for outcome in outcomes:
         rows.append(f"{outcome.host:<16}{outcome.result:<44}{outcome.seconds:>8.0f}"
                     f"{outcome.out_text():>20}")
-        rows += [f"{'':<16}{note}" for note in outcome.wave_lines() + outcome.notes]
+        cause = [f"cause: {outcome.cause}"] if outcome.cause else []
+        rows += [f"{'':<16}{note}" for note in cause + outcome.wave_lines() + outcome.notes]
     return "\n".join(rows)
 
 

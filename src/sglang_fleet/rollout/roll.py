@@ -23,6 +23,7 @@ from sglang_fleet.errors import InputError
 from sglang_fleet.report import status
 from sglang_fleet.rollout.outcome import Outcome, fleet_lines, table
 from sglang_fleet.rollout.planning import Plan, data_warning, parse_data, plan
+from sglang_fleet.rollout.reach import unreachable
 from sglang_fleet.rollout.roll_directory import RollDirectory
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.rollout.runs import Start, Started, pyinfra
@@ -36,15 +37,20 @@ def say(message: str) -> None:
 class Roll:
     def __init__(self, plan: Plan, drain_timeout: float, health_timeout: float,
                  run: Start = pyinfra,
-                 read_fleet: Callable[[], status.Fleet] | None = None) -> None:
+                 read_fleet: Callable[[], status.Fleet] | None = None,
+                 reach: Callable[[list[Host]], dict[str, str]] = unreachable) -> None:
         self.plan = plan
+        # Which hosts do not answer over SSH, and the connection's error: a failure's first
+        # cause, said before whatever failed after it (a run, a router).
+        self.reach = reach
         # What the fleet serves once the roll ends, read as ``status`` reads it.
         self.read_fleet = read_fleet or (lambda: status.collect(
             plan.inventory, parse_data(plan.data), with_routers=False))
         self.drain_timeout = drain_timeout
         self.health_timeout = health_timeout
         self.run = run
-        self.outcomes = {h.name: Outcome(h.name) for b in plan.batches for h in b}
+        self.hosts = {h.name: h for b in plan.batches for h in b}
+        self.outcomes = {name: Outcome(name) for name in self.hosts}
         self.serving = dict(plan.before)  # host -> the URLs it serves at now
         self.out_since: dict[str, float] = {}  # host -> when it left the routers (wall clock)
         self.roll_dir: RollDirectory | None = None  # shared with the runs while the roll lasts
@@ -78,6 +84,35 @@ class Roll:
             notes = self.outcomes[name].notes
             notes += [n for n in compiled_exchange.notes(self.roll_dir, name) if n not in notes]
         return ok
+
+    def nth(self, name: str) -> str:
+        """``host K of N NAME``: where the host is in the roll's order."""
+        return f"host {list(self.hosts).index(name) + 1} of {len(self.hosts)} {name}"
+
+    def causes(self, names: list[str], otherwise: str) -> None:
+        """Each host's first cause of a failure: its SSH error when it does not answer,
+        else ``otherwise`` (what failed)."""
+        down = self.reach([self.hosts[n] for n in names])
+        for name in names:
+            self.outcomes[name].cause = down.get(name, otherwise)
+
+    def cause(self) -> str:
+        """The roll's first cause of failure, with its host ("" when none)."""
+        return next((f"{self.nth(o.host)}: {o.cause}" for o in self.outcomes.values()
+                     if o.cause), "")
+
+    def not_touched(self, names: list[str], why: str) -> bool:
+        """The hosts ``names`` failed before their turn (nothing that serves changed, none
+        left the routers): each says its cause; every host not settled is not touched."""
+        self.causes(names, why)
+        for name, outcome in self.outcomes.items():
+            if name not in self.settled:
+                outcome.result = ("not touched: failed before its turn" if name in names else
+                                  "not touched: the roll stopped before it")
+        for name in names:
+            say(f"{self.nth(name)}: {self.outcomes[name].cause}")
+        say("stopped before any of it was taken out of the router: the fleet serves as it did")
+        return False
 
     def went_out(self, name: str) -> None:
         """The host is out of the routers from now, unless it left earlier."""
@@ -115,7 +150,10 @@ class Roll:
                 sick = [u for u in urls if name not in names
                         and not workers.get(u, {}).get("is_healthy")]
                 if sick:
-                    raise RouterError(f"{name} ({', '.join(sick)}) is not healthy in "
+                    ssh = self.reach([self.hosts[name]]).get(name) if name in self.hosts \
+                        else None
+                    raise RouterError(f"{name}{': ' + ssh + ';' if ssh else ''} "
+                                      f"({', '.join(sick)}) is not healthy in "
                                       f"{router.url}: taking {', '.join(names)} out too would "
                                       "leave less than N - batch hosts serving")
 
@@ -127,11 +165,17 @@ class Roll:
         names = [h.name for h in hosts]
         tic = time.monotonic()
         self.others_healthy(names)
+        if not self.ready(run, names):
+            return self.not_touched(names, "its deploy stopped before its turn (its output "
+                                    "above)")
         assert self.roll_dir is not None
         self.roll_dir.give("turn", names)
         self.roll_dir.give("go", names)
-        say(f"{', '.join(names)}: its turn (out of the router from its first restart)")
+        for name in names:
+            say(f"{self.nth(name)}: its turn (out of the router from its first restart)")
         ok = self.finish(run, names)
+        if not ok:
+            self.causes(names, "its deploy failed (its output above)")
         if ok and following:
             self.roll_dir.give("turn", following)
         try:
@@ -140,6 +184,8 @@ class Roll:
         except RouterError as err:
             ok = False
             say(f"{', '.join(names)}: {err}")
+            for name in names:
+                self.outcomes[name].cause = f"router: {err}"
             for router in self.plan.routers:
                 for name in names:
                     self.went_out(name)
@@ -152,8 +198,23 @@ class Roll:
         for name in names:
             self.outcomes[name].seconds = time.monotonic() - tic
             self.came_back(name, still_out=True)  # only if no put_back brought it back
+            outcome = self.outcomes[name]
+            say(f"{self.nth(name)}: {outcome.result}"
+                + (f" (cause: {outcome.cause})" if outcome.cause else ""))
         self.settled.update(names)
         return ok
+
+    def ready(self, run: Started, names: list[str]) -> bool:
+        """Whether the batch's run is prepared and waits for its turn: False when it ended
+        before (it failed: an unreachable host, a refused check), having changed nothing that
+        serves. Its output is shown then."""
+        assert self.roll_dir is not None
+        while run.running() and not all(self.roll_dir.has(n, "waiting") for n in names):
+            time.sleep(0.2)
+        if all(self.roll_dir.has(n, "waiting") for n in names):
+            return True
+        self.finish(run, [])
+        return False
 
     def restore(self, names: list[str]) -> None:
         say(f"{', '.join(names)}: failed; back to the last good release")
@@ -173,13 +234,19 @@ class Roll:
         if names:
             say(f"{', '.join(names)}: preparing (release, weights, warm-up) while serving")
             if not self.finish(self.start("prepare", names, self.plan.data), []):
+                self.causes(names, "")
                 for name in self.outcomes:
                     self.outcomes[name].result = "not touched: preparing failed"
+                for name in names:
+                    if self.outcomes[name].cause:
+                        say(f"{self.nth(name)}: {self.outcomes[name].cause}")
                 say("preparing failed: no host was taken out of the router")
                 return False
-        assert self.roll_dir is not None
-        while run.running() and not all(self.roll_dir.has(n, "waiting") for n in first):
-            time.sleep(0.2)
+        # The first batch's run says it is prepared when it waits for its turn; one that
+        # ended before then failed (e.g. a host it could not reach), and is not prepared.
+        if not self.ready(run, first):
+            return self.not_touched(first, "its deploy stopped before its turn (its output "
+                                    "above)")
         say(f"prepared in {time.monotonic() - tic:.0f} s")
         return True
 
@@ -202,6 +269,18 @@ class Roll:
         order = [h.name for b in self.plan.batches for h in b]
         say(f"order: {' → '.join(order)} ({len(self.plan.batches)} batches); routers: "
             f"{', '.join(r.url for r in self.plan.routers)}")
+        # Every host answers over SSH before any run starts: one that does not would fail its
+        # run, and is named here as the cause rather than by what fails after it.
+        down = self.reach(list(self.hosts.values()))
+        if down:
+            for name in order:
+                self.outcomes[name].result = ("not touched: unreachable" if name in down else
+                                              "not touched: the roll stopped before it")
+                self.outcomes[name].cause = down.get(name, "")
+                if name in down:
+                    say(f"{self.nth(name)}: {down[name]}")
+            say("stopped before any host was touched: the fleet serves as it did")
+            return False
         self.roll_dir = RollDirectory.create()
         self.roll_dir.plan({n: self.serving.get(n, []) for n in order}, self.drain_timeout,
                           units=self.plan.units, batch_instances=self.plan.batch_instances,
@@ -266,6 +345,7 @@ def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
     if warning:
         print(f"roll: {warning}", file=sys.stderr)
     if not ok:
-        print("roll: stopped at the first failure; hosts after it were not touched",
-              file=sys.stderr)
+        cause = roll.cause()
+        print(f"roll: stopped at the first failure{' (' + cause + ')' if cause else ''}; "
+              "hosts after it were not touched", file=sys.stderr)
     return 0 if ok else 1

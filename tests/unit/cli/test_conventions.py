@@ -67,7 +67,7 @@ def test_every_command_has_a_description_and_examples(
     parser = commands()[name]
     assert parser.description and len(parser.description) > 40, name
     assert parser.epilog and parser.epilog.startswith("examples:\n"), name
-    examples = parser.epilog.splitlines()[1:]
+    examples = parser.epilog.split("\n\n")[0].splitlines()[1:]  # exit status may follow
     assert examples and all(f"sglang-fleet {name}" in line for line in examples), examples
     assert cli.main([name, "--help"]) == 0
     shown = capsys.readouterr().out
@@ -225,7 +225,9 @@ def test_roll_json_is_what_the_roll_did(monkeypatch: pytest.MonkeyPatch,
         ("h1", "converged"), ("h2", "failed, last good release serving again"),
         ("h3", "untouched")]
     assert set(document["hosts"][0]) == {"host", "result", "seconds", "out_seconds",
-                                         "still_out", "notes", "waves"}
+                                         "still_out", "notes", "waves", "cause"}
+    assert document["hosts"][1]["cause"] == "its deploy failed (its output above)"
+    assert document["cause"] == "host 2 of 3 h2: its deploy failed (its output above)"
     assert document["fleet"]["not_read"][0]["problem"] == "no such inventory file"
     warning = document["warnings"][0]
     assert warning["source"] == "--data" and warning["problem"].startswith(

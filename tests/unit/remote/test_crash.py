@@ -14,7 +14,7 @@ import httpx
 
 from sglang_fleet.facts import systemd
 from sglang_fleet.remote import crash
-from sglang_fleet.report import status
+from sglang_fleet.report import status, status_view
 from tests.conftest import ROOT, free_port, wait_for_health
 from tests.unit.stages.test_service_recovery import unit_text
 
@@ -211,12 +211,12 @@ def test_status_shows_restarts_and_the_last_crash() -> None:
             "Result=start-limit-hit"]
     status._fill_unit(row, systemd.parse_units(show)["sglang.service"])
     row.last_crash = "Scheduler hit an exception: RuntimeError: boom"
-    cells = dict(zip(status.COLUMNS, status.cells(row), strict=True))
+    cells = dict(zip(status_view.COLUMNS, status_view.cells(row), strict=True))
     assert cells["state"] == "failed (start-limit-hit)" and cells["restarts"] == "5"
     assert cells["notes"] == "last crash: Scheduler hit an exception: RuntimeError: boom"
     healthy = status.Row("server", "gpu1", "http://127.0.0.1:30000", unit="sglang.service")
     status._fill_unit(healthy, systemd.parse_units(SHOW_RUNNING)["sglang.service"])
-    cells = dict(zip(status.COLUMNS, status.cells(healthy), strict=True))
+    cells = dict(zip(status_view.COLUMNS, status_view.cells(healthy), strict=True))
     assert (cells["state"], cells["restarts"], cells["notes"]) == ("active/running", "0", "")
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from sglang_fleet.facts import gpuhealth, systemd
 from sglang_fleet.remote import eta
-from sglang_fleet.report import status
+from sglang_fleet.report import status, status_view
 from tests.conftest import DATA, FIELD_PROFILE, ROOT, free_port, wait_for_health
 
 KEY = "status-test-key-0123"
@@ -110,11 +110,11 @@ def test_a_host_that_does_not_answer_is_a_row_saying_why(server: str, tmp_path: 
     result = subprocess.run([sys.executable, "-m", "sglang_fleet.cli", "status",
                              str(inventory(tmp_path, port)), "--json"],
                             capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # unhealthy: a host is unreachable
     rows = json.loads(result.stdout)
     [srv] = [r for r in rows if r["kind"] == "server"]
-    assert (srv["host"], srv["unit"], srv["state"]) == ("gpu1", "sglang.service", "no answer")
-    assert srv["error"].startswith("ssh: ")
+    assert (srv["host"], srv["unit"], srv["state"]) == ("gpu1", "sglang.service", "unreachable")
+    assert srv["error"].startswith("unreachable: SSH: ")
     assert (srv["health"], srv["model"], srv["algorithm"]) == ("ok", "qwen3.6-27b", "NEXTN")
     assert srv["running"] == 0 and srv["accept_length"] > 1
     assert srv["router"] == ""  # the router did not answer: nothing known
@@ -123,14 +123,25 @@ def test_a_host_that_does_not_answer_is_a_row_saying_why(server: str, tmp_path: 
     [fleet] = [r for r in rows if r["kind"] == "fleet"]  # serving, but its record unread
     assert (fleet["running"], fleet["tokens_per_s"], fleet["seconds"]) == (0, 0.0, None)
     [(left)] = fleet["not_counted"]
-    assert left["server"] == "gpu1 sglang.service" and left["why"].startswith("not read (ssh: ")
-    table = subprocess.run([sys.executable, "-m", "sglang_fleet.cli", "status",
-                            str(inventory(tmp_path, port))],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT).stdout
-    assert table.splitlines()[0].split()[:3] == ["host", "unit", "state"]
-    assert "no answer" in table and "ssh: " in table
-    assert "fleet: 0 running requests on 0 of 1 servers" in table
-    assert "fleet: not counted: gpu1 sglang.service (not read (ssh: " in table
+    assert left["server"] == "gpu1 sglang.service" and left["why"].startswith(
+        "not read (unreachable: SSH: ")
+    assert fleet["healthy"] is False
+    [(down)] = fleet["unreachable"]
+    assert down["host"] == "gpu1" and down["error"] == srv["error"]
+    assert fleet["problems"][0] == f"gpu1: {srv['error']}"
+    shown = subprocess.run([sys.executable, "-m", "sglang_fleet.cli", "status",
+                            str(inventory(tmp_path, port))], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT, env={**os.environ, "COLUMNS": "80"})
+    assert shown.returncode == 1
+    table = shown.stdout
+    assert table.splitlines()[0].split()[:4] == ["host", "unit", "state", "health"]
+    assert table.splitlines()[1].split()[:4] == ["gpu1", "sglang.service", "unreachable", "ok"]
+    assert max(len(line) for line in table.splitlines()) <= 80
+    said = " ".join(table.split())  # the lines under the table wrapped at 80 too
+    assert "fleet: 0 running requests on 0 of 1 servers" in said
+    assert "fleet: not counted: gpu1 sglang.service (not read (unreachable: SSH: " in said
+    # another inventory, another closed port: the same error but for its number
+    assert f"unhealthy: gpu1: {srv['error'].rsplit(' port ', 1)[0]}" in said
 
 
 def measured_row(host: str, unit: str, invocation: str, record: dict[str, object] | None,
@@ -176,12 +187,12 @@ def test_the_fleet_line_sums_what_the_gates_measured_and_names_the_rest() -> Non
         "gpu2 sglang.service (restarted since its gate measured it at 2026-06-30T09:00:00Z: "
         "not measured since); gpu3 sglang.service (no gate record (deploys/sglang.py writes it "
         "when the gate passes))")
-    table = status.table(rows).splitlines()
-    head = table[0].split("  ")
-    assert "cap" in head and "gate tok/s" in head
-    cells = [c for c in table[1].split(" ") if c]
-    assert cells[cells.index("ok") + 5:cells.index("ok") + 7] == ["48", "6000"]
-    assert "not measured: restarted since its gate" in table[4]
+    table = status_view.table(rows, width=200)
+    head = table.splitlines()[0]
+    assert "cap" in head.split() and "gate tok/s" in head
+    cells = dict(zip(status_view.COLUMNS, status_view.cells(rows[0]), strict=True))
+    assert (cells["cap"], cells["gate tok/s"]) == ("48", "6000")
+    assert "not measured: restarted since its gate" in " ".join(table.split())
     as_json = fleet.as_json()
     assert [r["kind"] for r in as_json][-2:] == ["router", "fleet"]
     assert as_json[-1]["running"] == 96 and as_json[-1]["seconds"] == pytest.approx(
@@ -282,3 +293,45 @@ def test_a_host_without_any_gate_record_reads_as_none_measured() -> None:
     from sglang_fleet.facts.systemd import GateRecords
 
     assert GateRecords.default() == {} and GateRecords().process([]) == {}
+
+
+def serving_row(host: str, unit: str = "sglang.service", **more: Any) -> status.Row:
+    """A server row as status reads a healthy one."""
+    row = status.Row("server", host, f"http://{host}:30000", unit=unit,
+                     state="active/running", health="ok", model="qwen3.6-27b",
+                     release="sglang-0.5.23-3f2a9c1d", algorithm="NEXTN")
+    for key, value in more.items():
+        setattr(row, key, value)
+    return row
+
+
+def test_a_healthy_fleet_says_what_was_checked() -> None:
+    rows = [serving_row("gpu1"), serving_row("gpu2"),
+            status.Row("router", "r1", "http://r1:30080", health="ok", router="2/2")]
+    assert status_view.problems(rows) == [] and status.Fleet(rows).as_json()[-1]["healthy"]
+    assert status_view.verdict(rows) == [
+        "healthy: 2 hosts answered over SSH; 2 servers active/running, /health 200, no fatal "
+        "GPU finding; 1 routers answered"]
+
+
+def test_each_unhealthy_server_and_unreachable_host_is_named_once() -> None:
+    error = "unreachable: SSH: Could not connect (Connection refused)"
+    rows = [serving_row("gpu1"),
+            serving_row("gpu2", state="unreachable", error=error, health="unreachable"
+                        " (ConnectError)"),
+            serving_row("gpu2", "sglang-1.service", state="unreachable", error=error),
+            serving_row("gpu3", state="failed (start-limit-hit)", health="HTTP 503"),
+            serving_row("gpu4", gpu_health=["FATAL xid-79 (GPU 0)", "nvlink-errors (GPU 1)"]),
+            status.Row("router", "r1", "http://r1:30080", health="unreachable",
+                       error="router http://r1:30080: ConnectError")]
+    assert status_view.problems(rows) == [
+        f"gpu2: {error}",
+        "gpu2 sglang.service: /health unreachable (ConnectError)",
+        "gpu3 sglang.service: failed (start-limit-hit)",
+        "gpu3 sglang.service: /health HTTP 503",
+        "gpu4 sglang.service: GPU FATAL xid-79 (GPU 0)",
+        "router r1 (http://r1:30080): unreachable: router http://r1:30080: ConnectError"]
+    fleet = status.Fleet(rows).as_json()[-1]
+    assert fleet["healthy"] is False and fleet["unreachable"] == [{"host": "gpu2",
+                                                                   "error": error}]
+    assert status_view.verdict(rows)[0] == f"unhealthy: gpu2: {error}"

@@ -66,14 +66,20 @@ class Runs:
     waits for the host's turn and takes it out of the routers, through the deploy's own code
     (``cutover``) and the roll's directory."""
 
-    def __init__(self, fail: tuple[str, str] | None = None, restarts: bool = True) -> None:
+    def __init__(self, fail: tuple[str, str] | None = None, restarts: bool = True,
+                 unreached: set[str] | None = None) -> None:
         self.fail = fail
         self.restarts = restarts
+        self.unreached = unreached or set()  # hosts pyinfra cannot connect to: the run ends
         self.calls: list[tuple[str, list[str], list[str]]] = []
 
     def __call__(self, inventory: str, deploy: str, hosts: list[str], data: Sequence[str],
                  env: dict[str, str]) -> Started:
         self.calls.append((deploy, hosts, list(data)))
+        if self.unreached & set(hosts):  # ends at connect, before any operation
+            return Started(lambda: 1)
+        if deploy == "serve":  # prepared, at the service stage's turn (cutover.turn)
+            RollDirectory(Path(env[roll_directory.ENV])).give("waiting", hosts)
         return Started(lambda: self.work(deploy, hosts, env))
 
     def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
@@ -90,12 +96,20 @@ class Runs:
             self.fail[1] in hosts else 0
 
 
-def make(router: FakeRouter, runs: Runs, batch: int = 1) -> roll.Roll:
-    hosts = [cast(Any, SimpleNamespace(name=n)) for n in URLS]
+def answering(hosts: list[Any]) -> dict[str, str]:
+    """Every host answers over SSH."""
+    return {}
+
+
+def make(router: FakeRouter, runs: Runs, batch: int = 1,
+         reach: Callable[[list[Any]], dict[str, str]] = answering,
+         names: Sequence[str] = tuple(URLS)) -> roll.Roll:
+    hosts = [cast(Any, SimpleNamespace(name=n)) for n in names]
+    urls = {n: URLS[n] for n in names}
     plan = planning.Plan(inventory="inv.py", data=["sglang.memory.page_size=64"],
                          batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
-                         before=dict(URLS), after=dict(URLS), routers=[cast(Any, router)])
-    return roll.Roll(plan, drain_timeout=1, health_timeout=1, run=runs)
+                         before=dict(urls), after=dict(urls), routers=[cast(Any, router)])
+    return roll.Roll(plan, drain_timeout=1, health_timeout=1, run=runs, reach=reach)
 
 
 @pytest.fixture
@@ -250,9 +264,12 @@ def test_the_table_shows_each_hosts_seconds_out_of_the_router(
     assert not rolled()
     report = rolled.report().splitlines()
     assert report[0].endswith("out of router (s)")
-    assert report[1].split()[-1] == "35.0"  # out at its restart: 30 s, seen healthy 5 s
-    assert report[2].split()[-1] == "75.0"  # failed: 30 s, the restore 40 s, healthy 5 s
-    assert report[3].split()[-1] == "-"  # never taken out
+    rows = {line.split()[0]: line for line in report[1:] if not line.startswith(" ")}
+    assert rows["h1"].split()[-1] == "35.0"  # out at its restart: 30 s, seen healthy 5 s
+    assert rows["h2"].split()[-1] == "75.0"  # failed: 30 s, the restore 40 s, healthy 5 s
+    assert rows["h3"].split()[-1] == "-"  # never taken out
+    assert report[3].split() == ["cause:", "its", "deploy", "failed", "(its", "output",
+                                 "above)"]  # under h2
 
 
 def test_a_host_whose_run_restarts_nothing_never_leaves_the_router(router: FakeRouter) -> None:
@@ -383,7 +400,7 @@ def test_with_batch_instances_a_host_keeps_serving_and_the_table_shows_each_wave
                          before=every, after=every, routers=[cast(Any, fake)], batch_instances=1,
                          units={h: {u: [url] for u, url in by_unit.items()}
                                 for h, by_unit in units.items()})
-    rolled = roll.Roll(plan, drain_timeout=1, health_timeout=1, run=WaveRuns())
+    rolled = roll.Roll(plan, drain_timeout=1, health_timeout=1, run=WaveRuns(), reach=answering)
     assert rolled()
     assert fewest and min(fewest) == 8  # of 9: one server out at a time
     assert all(fake.known.values()) and len(fake.known) == 9
@@ -408,3 +425,83 @@ def test_the_table_says_what_each_host_did_with_its_kernels(router: FakeRouter) 
     report = rolled.report()
     assert [line.strip() for line in report.splitlines() if "kernels:" in line] == [
         f"kernels: received ({name})" for name in URLS]
+
+
+SSH_ERROR = "SSH to h2 (10.0.0.12) failed: Could not connect (Connection refused)"
+
+
+def test_the_roll_says_host_k_of_n_as_it_goes(router: FakeRouter,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert make(router, Runs(), names=("h1", "h2"))()
+    said = [line.split(" ", 2)[2] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("roll: ")]
+    turns = [line for line in said if "its turn (out" in line]
+    assert turns == ["host 1 of 2 h1: its turn (out of the router from its first restart)",
+                     "host 2 of 2 h2: its turn (out of the router from its first restart)"]
+    assert "host 1 of 2 h1: converged" in said and "host 2 of 2 h2: converged" in said
+    assert said.index("host 1 of 2 h1: converged") < said.index(turns[1])
+
+
+def test_an_unreachable_host_is_named_and_no_host_is_touched(
+        router: FakeRouter, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = Runs()
+    rolled = make(router, runs, reach=lambda hosts: {"h2": SSH_ERROR}, names=("h1", "h2"))
+    assert not rolled()
+    assert runs.calls == [] and router.log == []  # no run started, nobody left the router
+    out = capsys.readouterr().out
+    assert f"host 2 of 2 h2: {SSH_ERROR}" in out
+    # said as the host's SSH error, nothing about a router after the order line
+    assert "prepared in" not in out and not any("router" in line
+                                                for line in out.splitlines()[1:])
+    assert rolled.outcomes["h2"].cause.startswith("SSH to h2 (10.0.0.12) failed: ")
+    assert rolled.outcomes["h2"].result == "not touched: unreachable"
+    assert rolled.outcomes["h1"].result == "not touched: the roll stopped before it"
+    assert rolled.cause() == f"host 2 of 2 h2: {SSH_ERROR}"
+    assert f"cause: {SSH_ERROR}" in rolled.report()
+
+
+def test_a_first_host_lost_after_the_check_is_the_cause_not_the_router(
+        router: FakeRouter, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first batch's run ends at connect, before its turn (it was "prepared in 2 s" and
+    then restored, blamed on what came after): it is not prepared, nothing leaves the router,
+    nothing is restored, and the cause is its SSH error."""
+    probes: list[list[str]] = []
+
+    def reach(hosts: list[Any]) -> dict[str, str]:
+        probes.append([h.name for h in hosts])
+        lost = SSH_ERROR.replace("h2 (10.0.0.12)", "h1 (10.0.0.11)")
+        return {} if len(probes) == 1 else {"h1": lost}
+
+    runs = Runs(unreached={"h1"})
+    rolled = make(router, runs, reach=reach, names=("h1", "h2"))
+    assert not rolled()
+    assert probes == [["h1", "h2"], ["h1"]]
+    assert [d for d, _, _ in runs.calls] == ["serve", "prepare"]  # no restore, no unstage
+    assert router.log == [] and all(router.known.values())  # serving as before
+    out = capsys.readouterr().out
+    assert "prepared in" not in out and "its turn (out" not in out
+    assert "host 1 of 2 h1: SSH to h1 (10.0.0.11) failed: Could not connect" in out
+    h1 = rolled.outcomes["h1"]
+    assert (h1.result, h1.cause.split(" ", 1)[0]) == ("not touched: failed before its turn",
+                                                       "SSH")
+    assert rolled.outcomes["h2"].result == "not touched: the roll stopped before it"
+
+
+def test_a_failed_deploy_of_a_host_that_went_away_names_ssh(router: FakeRouter) -> None:
+    calls = iter([{}, {"h2": SSH_ERROR}])
+    rolled = make(router, Runs(("serve", "h2")), reach=lambda hosts: next(calls),
+                  names=("h1", "h2"))
+    assert not rolled()
+    assert rolled.outcomes["h2"].cause == SSH_ERROR
+    assert rolled.outcomes["h1"].cause == ""
+
+
+def test_a_router_that_fails_is_the_cause_when_the_host_answers(router: FakeRouter) -> None:
+    def wait_healthy(url: str, timeout: float) -> None:
+        raise RouterError(f"router {router.url}: gave up waiting 1 s for {url}")
+
+    router.wait_healthy = wait_healthy  # type: ignore[method-assign]
+    rolled = make(router, Runs(), names=("h1", "h2"))
+    with pytest.raises(RouterError):
+        rolled()
+    assert rolled.outcomes["h1"].cause.startswith("router: router http://router:30080: gave up")

@@ -1,0 +1,96 @@
+"""What ``sglang-fleet status`` prints of its rows: a table that fits the terminal (host, state
+and health always; the rest folded under a row when it does not fit, see ``layout``) and the
+verdict: each unreachable host, server not serving and fatal GPU finding on a line of its
+own, or one line saying what was found healthy. The verdict is the command's exit status.
+
+    print(table(fleet.rows)); print("\\n".join(verdict(fleet.rows)))
+    problems(fleet.rows)    # ['gpu2: unreachable: SSH: Could not connect ...'] -> exit 1
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sglang_fleet.report import layout
+
+if TYPE_CHECKING:
+    from sglang_fleet.report.status import Row
+
+# In the order they join the table while it fits (the first three always).
+COLUMNS = ("host", "unit", "state", "health", "router", "run", "queue", "tok/s", "accept", "cap",
+           "gate tok/s", "GPU used/free GiB", "restarts", "since", "release", "model", "algo",
+           "notes")
+ESSENTIAL = ("host", "state", "health")
+UNREACHABLE = "unreachable"  # a server row's state when its host did not answer over SSH
+SERVING = "active/running"
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def cells(row: Row) -> list[str]:
+    """The row's cells, in the order of ``COLUMNS``."""
+    if row.kind == "router":
+        named = {"host": row.host, "unit": "router", "health": row.health,
+                 "router": f"workers {row.router or '-'}", "notes": row.error}
+        return [named.get(column, "") for column in COLUMNS]
+    mem = "-" if row.gpu_used_mib is None else \
+        f"{row.gpu_used_mib / 1024:.0f}/{(row.gpu_free_mib or 0) / 1024:.0f}"
+    crash = [f"last crash: {row.last_crash}"] if row.last_crash else []
+    notes = "; ".join([*([row.error] if row.error else []), *crash, *row.gpu_health,
+                       *([f"not measured: {row.not_measured}"] if row.not_measured else [])])
+    return [row.host, row.unit, row.state, row.health, row.router or "-", _num(row.running),
+            _num(row.queued), _num(row.tokens_per_s), _num(row.accept_length, 2),
+            _num(row.capacity), _num(row.measured_tokens_per_s), mem, _num(row.restarts),
+            " ".join(row.since.split()[1:3]), row.release, row.model, row.algorithm, notes]
+
+
+def table(rows: list[Row], width: int | None = None) -> str:
+    """The rows in ``width`` columns (the terminal's by default): a server's empty cells as
+    ``-`` (not known), a router's left empty (they do not apply to it)."""
+    return layout.fit(COLUMNS, [[c or ("" if r.kind == "router" else "-") for c in cells(r)]
+                                for r in rows],
+                      essential=ESSENTIAL, width=width, shared_label="every server")
+
+
+def problems(rows: list[Row]) -> list[str]:
+    """Why the fleet is not healthy: each host that did not answer over SSH (once, with the
+    connection's error), each server not active, not answering ``/health`` with 200 or with a
+    fatal GPU finding, each router not answering; empty when none."""
+    found: list[str] = []
+    for row in rows:
+        if row.kind == "router":
+            if row.health != "ok":
+                found.append(f"router {row.host} ({row.url}): {row.health or 'not read'}"
+                             + (f": {row.error}" if row.error else ""))
+            continue
+        said = row.error and f"{row.host}: {row.error}"
+        if said and said not in found:  # a host's SSH error, once for all its servers
+            found.append(said)
+        where = f"{row.host} {row.unit}"
+        if row.state not in (SERVING, UNREACHABLE) and not row.error:
+            found.append(f"{where}: {row.state or 'state not read'}")
+        if row.health != "ok":
+            found.append(f"{where}: /health {row.health or 'not read'}")
+        found += [f"{where}: GPU {note}" for note in row.gpu_health if note.startswith("FATAL ")]
+    return found
+
+
+def verdict(rows: list[Row]) -> list[str]:
+    """``unhealthy: ...`` for each problem, or the one line of what was checked and found
+    healthy."""
+    found = problems(rows)
+    if found:
+        return [f"unhealthy: {problem}" for problem in found]
+    servers = [r for r in rows if r.kind == "server"]
+    routers = len(rows) - len(servers)
+    return [f"healthy: {len({r.host for r in servers})} hosts answered over SSH; "
+            f"{len(servers)} servers {SERVING}, /health 200, no fatal GPU finding"
+            + (f"; {routers} routers answered" if routers else "")]
+
+
+def unreachable(rows: list[Row]) -> list[dict[str, Any]]:
+    """Each host that did not answer over SSH and its error, once (``status --json``)."""
+    hosts = {r.host: r.error for r in rows if r.kind == "server" and r.state == UNREACHABLE}
+    return [{"host": host, "error": error} for host, error in hosts.items()]
