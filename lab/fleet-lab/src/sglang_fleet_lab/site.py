@@ -74,7 +74,7 @@ def stop(timeout: float = 10) -> None:
                 os.waitpid(pid, os.WNOHANG)
             time.sleep(0.1)
         _signal_group(pid, signal.SIGKILL)
-        pidfile.unlink()
+        pidfile.unlink(missing_ok=True)  # a concurrent down may have taken it
 
 
 def _shard(index: int) -> bytes:
