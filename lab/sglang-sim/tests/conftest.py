@@ -69,7 +69,8 @@ class Launcher:
         self.started: list[Sim] = []
 
     def start(self, *flags: str, env: dict[str, str] | None = None, model: Path = MODEL,
-              wait: bool = True, port: int | None = None, session: bool = False) -> Sim:
+              wait: bool = True, port: int | None = None, session: bool = False,
+              host: str = "127.0.0.1") -> Sim:
         port = port or free_port()
         log = self.tmp / f"sim-{port}.log"
         full_env = {**os.environ, "PATH": f"{self.gpu_bin}:{os.environ['PATH']}",
@@ -77,11 +78,11 @@ class Launcher:
                     "SGLANG_SIM_CAPTURE_SECONDS": "0.05",
                     **(env or {})}
         argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(model),
-                "--host", "127.0.0.1", "--port", str(port), *flags]
+                "--host", host, "--port", str(port), *flags]
         with log.open("w") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env,
                                     text=True, start_new_session=session)
-        sim = Sim(proc, f"http://127.0.0.1:{port}", log)
+        sim = Sim(proc, f"http://{host}:{port}", log)
         self.started.append(sim)
         if wait:
             self.wait_healthy(sim)

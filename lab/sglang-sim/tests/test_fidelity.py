@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ast
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -195,3 +197,33 @@ def test_metric_names_are_sglangs(field_sim: Sim, srt: Path) -> None:
     collector = (srt / "observability" / "metrics_collector.py").read_text()
     theirs = set(re.findall(r'name="(sglang:\w+)"', collector))
     assert ours and ours <= theirs, ours - theirs
+
+
+# A node ≥ 1 and the process group's lines (the pinned release is 0.5.21+: "Init parallel …").
+MULTINODE_LINES = [
+    ("Init parallel begin.", "distributed/bootstrap.py", "Init parallel begin."),
+    ("Init parallel ends.", "distributed/bootstrap.py", "Init parallel ends. "),
+    ("Memory baseline taken.", "distributed/bootstrap.py", "Memory baseline taken. "),
+    ("Dummy health check server started", "utils/common.py",
+     "Dummy health check server started in background thread at "),
+    ("SIGTERM received on node_rank", "entrypoints/engine.py", "SIGTERM received on node_rank "),
+    ("Scheduler or DataParallelController", "entrypoints/engine.py",
+     "Scheduler or DataParallelController "),
+]
+
+
+def test_multinode_log_lines_match_sglang_format_strings(sims: Launcher, srt: Path) -> None:
+    from test_multinode import pair
+
+    zero, one = pair(sims, sim_args.default_version())
+    one.proc.send_signal(signal.SIGTERM)  # 0.5.21+: a warning, node 1 waits for rank 0
+    time.sleep(1)
+    zero.stop()
+    one.proc.wait(20)
+    messages = [_message(line) for sim in (zero, one) for line in sim.output().splitlines()]
+    for start, file, marker in MULTINODE_LINES:
+        ours = [m for m in messages if m.startswith(start)]
+        assert ours, f"the simulator printed no {start!r} line"
+        regexes = _format_regexes(srt, file, marker)
+        for line in ours:
+            assert any(re.fullmatch(rx, line, re.S) for rx in regexes), (line, regexes)

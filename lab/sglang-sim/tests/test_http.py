@@ -222,13 +222,6 @@ def test_health_503_until_warmup(sims: Launcher) -> None:
     sim.stop()
 
 
-def test_nonzero_node_rank_health_is_always_200(sims: Launcher) -> None:
-    sim = sims.start("--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "127.0.0.1:5000")
-    assert httpx.get(sim.url + "/health").status_code == 200
-    assert httpx.get(sim.url + "/v1/models").status_code == 404
-    sim.stop()
-
-
 def test_no_meta_info_before_0_5_13(sims: Launcher) -> None:
     sim = sims.start(*MTP, "--mamba-scheduler-strategy", "extra_buffer",
                      env={"SGLANG_SIM_VERSION": "0.5.12"})

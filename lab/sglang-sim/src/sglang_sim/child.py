@@ -16,7 +16,10 @@ It holds no model; it lives and dies as SGLang's children do:
   (0.5.23 managers/scheduler.py:6370-6373), then waits to be killed by the parent's handler;
 - ``hang SECONDS`` stands for a forward batch that never returns: after ``--watchdog-timeout``
   the scheduler's watchdog logs ``Scheduler watchdog timeout (...)``, sleeps 5 s so the parent
-  can print, and sends SIGQUIT (0.5.23 utils/watchdog.py:150-163).
+  can print, and sends SIGQUIT (0.5.23 utils/watchdog.py:150-163);
+- ``nccl_timeout SECONDS RANK`` stands for a TP collective whose peer node is gone (multinode.py):
+  torch's NCCL watchdog ends the process with SIGABRT after the group's timeout; ``exit`` is the
+  ShutdownReq broadcast from rank 0 (0.5.14+): the scheduler loop ends and the process exits 0.
 
 The DP controller (``--dp-size`` > 1 without DP attention; see dp.py for the sources) forks a
 scheduler per DP rank, logging ``Launch DP{d} starting at GPU #{base}.`` for each, and installs no
@@ -32,6 +35,7 @@ import ctypes
 import json
 import logging
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -81,6 +85,26 @@ def watchdog_timeout(value: str) -> None:
     os.kill(os.getppid(), signal.SIGQUIT)
 
 
+def nccl_timeout(seconds: str, rank: str) -> None:
+    """A TP collective whose peer is gone, as torch's NCCL watchdog ends it (multinode.py): after
+    the group's timeout it logs the timed-out work and, under TORCH_NCCL_ASYNC_ERROR_HANDLING's
+    default (3; SGLang sets no TORCH_NCCL_* variable), takes the process down from its C++
+    thread: std::terminate, SIGABRT, no Python handler (so no "Scheduler hit an exception").
+    The text is torch's (ProcessGroupNCCL.cpp), not SGLang's; its glog prefix varies by torch
+    version and is shortened here."""
+    time.sleep(float(seconds))
+    ms = int(float(seconds) * 1000)
+    work = f"WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)={ms})"
+    print(f"[rank{rank}]:[E ProcessGroupNCCL.cpp] [Rank {rank}] Watchdog caught collective "
+          f"operation timeout: {work} ran for {ms + 1} milliseconds before timing out.\n"
+          f"[rank{rank}]:[E ProcessGroupNCCL.cpp] [Rank {rank}] To avoid data inconsistency, "
+          "we are taking the entire process down.\n"
+          "terminate called after throwing an instance of 'c10::DistBackendError'",
+          file=sys.stderr, flush=True)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file where the test runs
+    os.abort()
+
+
 def _commands() -> None:
     for line in sys.stdin:
         verb, _, rest = line.strip().partition(" ")
@@ -88,6 +112,10 @@ def _commands() -> None:
             exception(json.loads(rest))
         elif verb == "hang":
             watchdog_timeout(rest)
+        elif verb == "nccl_timeout":
+            nccl_timeout(*rest.split())
+        elif verb == "exit":  # ShutdownReq: the scheduler loop ends, the process exits 0
+            os._exit(0)
 
 
 def controller(tp_size: int, dp_size: int, ready_fd: int) -> None:

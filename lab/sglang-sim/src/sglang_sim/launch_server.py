@@ -24,7 +24,19 @@ from collections.abc import Callable, Iterator
 import uvicorn
 
 from sglang_sim import args as args_mod
-from sglang_sim import deep_gemm, dp, graphs, logs, memory, model, processes, rules, server
+from sglang_sim import (
+    deep_gemm,
+    dp,
+    follower,
+    graphs,
+    logs,
+    memory,
+    model,
+    multinode,
+    processes,
+    rules,
+    server,
+)
 from sglang_sim import gpus as gpus_mod
 from sglang_sim.engine import Engine
 from sglang_sim.faults import Faults
@@ -44,15 +56,19 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
     table = args_mod.table(release)
     shape = model.load(args.model_path)
     rules.resolve(args, shape.architecture, release, table["speculative_algorithms"])
+    multinode.check(args, release)
     dp.resolve_load_balance_method(args)
     gpus = gpus_mod.discover()  # ServerArgs sizes memory from the first GPU, in this process
     memory.default_memory_settings(args, gpus[0].memory_mib)
     _log_server_args(args, release)
-    children = processes.Children(release, args.tp_size, args.dp_size)
+    children = processes.Children(release, args.tp_size, args.dp_size, ranks=(
+        multinode.local_ranks(args) if args.nnodes > 1 else None))
+    peers = multinode.Peers(args, release)
     loggers = [scheduler] if args.dp_size == 1 else [
         logs.rank_logger(logs.scheduler_prefix(0, args.tp_size, d)) for d in range(args.dp_size)]
     ranks: list[Callable[[], memory.MemoryPlan]] = [
-        functools.partial(_load_in_scheduler, args, release, faults, log, shape, gpus, d)
+        functools.partial(_load_in_scheduler, args, release, faults, log, shape, gpus, d,
+                          peers)
         for d, log in enumerate(loggers)]
     if len(ranks) == 1:
         try:
@@ -68,7 +84,7 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
     return State(args=args, release=release, launch_command=command, shape=shape,
                  memories=plans, dispatch=dp.Dispatcher(engines, args.load_balance_method,
                                                         release),
-                 faults=faults, startup_time=started, children=children)
+                 faults=faults, startup_time=started, children=children, peers=peers)
 
 
 def _load_at_once(ranks: list[Callable[[], memory.MemoryPlan]],
@@ -97,12 +113,18 @@ def _load_at_once(ranks: list[Callable[[], memory.MemoryPlan]],
 
 def _load_in_scheduler(args: Namespace, release: str, faults: Faults,
                        scheduler: logging.Logger, shape: model.ModelShape,
-                       gpus: list[gpus_mod.Gpu], dp_rank: int) -> memory.MemoryPlan:
-    """One scheduler's start on its DP rank's first GPU: weights, pools, graphs, its summary."""
-    if (dp_rank + 1) * args.tp_size > len(gpus):
+                       gpus: list[gpus_mod.Gpu], dp_rank: int,
+                       peers: multinode.Peers) -> memory.MemoryPlan:
+    """One scheduler's start on its DP rank's first GPU: the process group (multinode.py),
+    weights, pools, graphs, its summary (TP rank 0's only: 0.5.12 managers/scheduler.py:775,
+    0.5.23 :1267). With --nnodes each node holds tp_size / nnodes of the TP ranks, from its
+    first GPU."""
+    tp_here = args.tp_size // args.nnodes
+    if (dp_rank + 1) * tp_here > len(gpus):
         raise RuntimeError(f"CUDA error: invalid device ordinal (tp_size={args.tp_size}, "
                            f"dp_size={args.dp_size}, visible GPUs={len(gpus)})")
-    gpu = gpus[dp_rank * args.tp_size]
+    peers.rendezvous(scheduler)
+    gpu = gpus[dp_rank * tp_here]
     before = gpu.memory_mib / 1024 - memory.CONTEXT_OVERHEAD_GB
     scheduler.info(f"Load weight begin. avail mem={before:.2f} GB")
     tic = time.perf_counter()
@@ -125,6 +147,10 @@ def _load_in_scheduler(args: Namespace, release: str, faults: Faults,
     available = plan.available_gpu_mem_gb
     if args.speculative_algorithm is not None:
         available -= _log_draft_worker(scheduler, plan, rel, shape, args)
+    if args.nnodes > 1:
+        peers.loaded()
+    if args.node_rank > 0:
+        return plan
     scheduler.info(
         f"max_total_num_tokens={plan.kv_tokens}, chunked_prefill_size={plan.chunked_prefill_size}, "
         f"max_prefill_tokens={plan.max_prefill_tokens}, "
@@ -302,29 +328,20 @@ async def serve(state: State) -> None:
         task.cancel()
 
 
-async def dummy_health(host: str, port: int) -> None:
-    """Ranks with --node-rank > 0 serve a health endpoint that is always 200."""
-    from starlette.applications import Starlette
-    from starlette.responses import Response
-    from starlette.routing import Route
-
-    async def ok(_: object) -> Response:
-        return Response(status_code=200)
-
-    app = Starlette(routes=[Route("/health", ok), Route("/health_generate", ok)])
-    await _Server(uvicorn.Config(app, host=host, port=port, log_config=None)).serve()
-
-
 def main(argv: list[str] | None = None) -> None:
     release = args_mod.version()
     args = args_mod.parse(sys.argv[1:] if argv is None else argv, release)
-    scheduler = logs.configure(args.log_level, logs.scheduler_prefix(0, args.tp_size, None))
-    if getattr(args, "node_rank", 0):
-        asyncio.run(dummy_health(args.host, args.port))
-        return
+    first_rank = multinode.local_ranks(args)[0]
+    scheduler = logs.configure(args.log_level,
+                               logs.scheduler_prefix(first_rank, args.tp_size, None))
     faults = Faults.from_env()
     state = load(args, release, faults, scheduler)
+    if args.node_rank > 0:
+        follower.follow(state)  # never returns
     state.children.serving()
+    if args.nnodes > 1:
+        state.peers.watch(lambda: any(e.running for e in state.dispatch.engines),
+                          functools.partial(multinode.lost_peer, state))
     try:
         asyncio.run(serve(state))
     except BaseException:
@@ -337,13 +354,15 @@ def main(argv: list[str] | None = None) -> None:
 
 def end_after_drain(state: State) -> None:
     """How the drained server ends (TokenizerManager.sigterm_watchdog): 0.5.14+ stop the
-    subprocess watchdog first (child exits are expected now); 0.5.10 - 0.5.18 then call
-    kill_process_tree(os.getpid(), include_parent=True), which SIGKILLs the process itself;
-    0.5.19+ kill only the children and sys.exit(0) (0.5.18 tokenizer_manager.py:3148-3158,
-    0.5.23 :3542-3571)."""
+    subprocess watchdog first (child exits are expected now) and send ShutdownReq, which every
+    TP rank of every node gets (0.5.14 tokenizer_manager.py:2646-2651; multinode.py); 0.5.10 -
+    0.5.18 then call kill_process_tree(os.getpid(), include_parent=True), which SIGKILLs the
+    process itself; 0.5.19+ kill only the children and sys.exit(0) (0.5.18
+    tokenizer_manager.py:3148-3158, 0.5.23 :3542-3571)."""
     rel = args_mod.release_tuple(state.release)
     if rel >= (0, 5, 14, 0):
         state.children.stop_watching()
+        state.peers.shutdown()  # ShutdownReq: the other nodes' schedulers exit too
     state.children.kill_tree(include_parent=rel < (0, 5, 19, 0))
     sys.exit(0)
 

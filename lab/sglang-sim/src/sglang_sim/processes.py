@@ -49,7 +49,11 @@ class Children:
     a DP rank's scheduler killed outright is noticed by nothing (its requests wait forever).
     """
 
-    def __init__(self, release: str, tp_size: int, dp_size: int = 1) -> None:
+    def __init__(self, release: str, tp_size: int, dp_size: int = 1,
+                 ranks: list[int] | None = None) -> None:
+        """``ranks``: the TP ranks this node runs (multinode.py; all of them on one node). A
+        node ≥ 1 forks no detokenizer: its main process runs no tokenizer or detokenizer
+        (0.5.12 entrypoints/engine.py:812-839, 0.5.23 :1234-1290)."""
         self.release = release
         self.dp_size = dp_size
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -62,10 +66,11 @@ class Children:
             os.close(write)
             self.dp_pids = self._scheduler_pids(read)
         else:
-            for rank in range(tp_size):
-                self.procs[f"scheduler_{rank}"] = spawn_scheduler(
+            for i, rank in enumerate(range(tp_size) if ranks is None else ranks):
+                self.procs[f"scheduler_{i}"] = spawn_scheduler(
                     logs.scheduler_prefix(rank, tp_size, None))
-        self.procs["detokenizer"] = _spawn("sglang::detokenizer", ["detokenizer"])
+        if ranks is None or 0 in ranks:
+            self.procs["detokenizer"] = _spawn("sglang::detokenizer", ["detokenizer"])
         self._stop = threading.Event()
         self._watching: threading.Thread | None = None
         self._signals = threading.current_thread() is threading.main_thread()
@@ -99,6 +104,18 @@ class Children:
             line = f"{dp_rank} {command}" if self.dp_size > 1 else command
             stdin.write(f"{line}\n".encode())
             stdin.flush()
+
+    @property
+    def schedulers(self) -> list[subprocess.Popen[bytes]]:
+        return [p for name, p in self.procs.items() if name.startswith("scheduler_")]
+
+    def tell_all(self, command: str) -> None:
+        """The same command to every scheduler of this node (without DP)."""
+        for proc in self.schedulers:
+            if proc.stdin is not None and proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.write(f"{command}\n".encode())
+                    proc.stdin.flush()
 
     def exception(self, formatted: str, wait: bool = True, dp_rank: int = 0) -> None:
         """A scheduler hits an exception (its traceback, formatted): it logs it and sends

@@ -15,6 +15,7 @@ from sglang_sim.engine import Engine
 from sglang_sim.faults import Faults
 from sglang_sim.memory import MemoryPlan
 from sglang_sim.model import ModelShape
+from sglang_sim.multinode import Peers
 from sglang_sim.processes import Children
 from sglang_sim.rules import strategy_dest
 
@@ -42,6 +43,7 @@ class State:
     faults: Faults
     startup_time: float
     children: Children
+    peers: Peers  # this node's end of the TP group's channel (multinode.py)
     up: bool = False
     draining: bool = False
     unhealthy: bool = False
