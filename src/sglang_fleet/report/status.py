@@ -33,6 +33,7 @@ from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
 from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitStates
+from sglang_fleet.hostconfig import groups
 from sglang_fleet.remote import eta
 from sglang_fleet.rollout import fleet
 from sglang_fleet.rollout.router_api import Router, RouterError
@@ -45,7 +46,8 @@ HTTP_TIMEOUT = 5.0
 
 @dataclass
 class Row:
-    """One server instance (``kind`` server) or router (``kind`` router)."""
+    """One server instance (``kind`` server), rank >= 1 of a multi-node group (``kind``
+    member: its server is rank 0's row, the routers' worker) or router (``kind`` router)."""
 
     kind: str
     host: str
@@ -76,6 +78,7 @@ class Row:
     measured_at: str = ""
     measured_release: str = ""
     not_measured: str = ""  # why its record does not count ("" when it does)
+    group: str = ""  # a multi-node group's member: "group G rank R of N"
 
 
 def parse_metrics(text: str) -> dict[str, Any]:
@@ -146,8 +149,12 @@ def server_rows(host: Host) -> list[Row]:
     profile = hostconfig.profile_for(host)
     launches = render_all(profile)
     rows = []
+    member = groups.describe(host)
+    kind = "member" if member and member["rank"] else "server"  # a rank >= 1 is no worker
+    where = f"group {member['group']} rank {member['rank']} of {member['size']}" + (
+        f": serves through {member['rank0']}" if member["rank"] else "") if member else ""
     for launch, url in zip(launches, fleet.urls(host, profile, launches), strict=True):
-        rows.append(Row("server", host.name, url, unit=launch.unit,
+        rows.append(Row(kind, host.name, url, unit=launch.unit, group=where,
                         model=profile.model.served_name or "",
                         algorithm=str(profile.speculative.algorithm or "-"),
                         gpus=_span(_gpus(profile, launch))))
@@ -272,7 +279,7 @@ def router_rows(inventory: Any, servers: list[Row]) -> list[Row]:
         healthy = sum(1 for w in workers.values() if w.get("is_healthy"))
         row.health = "ok"
         row.router = f"{healthy}/{len(workers)}"
-        for server in servers:
+        for server in (s for s in servers if s.kind == "server"):  # members are no workers
             worker = workers.get(server.url)
             mark = "absent" if worker is None else \
                 "healthy" if worker.get("is_healthy") else "unhealthy"
@@ -366,7 +373,8 @@ def cells(row: Row) -> list[str]:
         return [row.host, "router", "", "", "", "", "", "", row.health, "", "", "", "", "", "",
                 "", f"workers {row.router or '-'}", row.error]
     crash = [f"last crash: {row.last_crash}"] if row.last_crash else []
-    notes = "; ".join([*crash, *row.gpu_health, *([row.error] if row.error else []),
+    notes = "; ".join([*([row.group] if row.group else []), *crash, *row.gpu_health,
+                       *([row.error] if row.error else []),
                        *([f"not measured: {row.not_measured}"] if row.not_measured else [])])
     return [row.host, row.unit, row.state, _num(row.restarts), " ".join(row.since.split()[1:3]),
             row.release, row.model, row.algorithm, row.health, _num(row.running), _num(row.queued),
