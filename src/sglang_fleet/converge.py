@@ -18,6 +18,7 @@ from sglang_fleet.config import preflight
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.facts.nvidia import NvidiaSmi
+from sglang_fleet.hostconfig import groups
 from sglang_fleet.report import metrics_targets
 from sglang_fleet.rollout import fleet
 from sglang_fleet.stages.compiled import announce_kernels, share_kernels
@@ -42,7 +43,9 @@ def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
     profile = hostconfig.profile_for(host, smi)
     if check:
         profile = with_remembered_size(profile)
-    launches = render_all(profile)
+    # A member of a multi-node group: its --node-rank and rank 0's address, from the inventory
+    # (checked: its group is one server of parallel.nnodes hosts with one profile).
+    launches = render_all(profile, rank=groups.rank_for(host, profile))
     if check:
         preflight.require_host(profile, launches, host.name, hostconfig.gpu_count(host, smi))
     return profile, launches

@@ -27,6 +27,7 @@ import yaml
 
 from sglang_fleet import cli
 from sglang_fleet.config import preflight
+from sglang_fleet.config.multinode import Rank
 from sglang_fleet.config.profile import load
 from sglang_fleet.config.render import Launch, render, render_all
 from sglang_fleet.errors import InputError
@@ -293,14 +294,16 @@ def test_the_example_profiles_are_what_they_say() -> None:
     assert [launch.env["CUDA_VISIBLE_DEVICES"] for launch in launches] == \
         ["0,1", "2,3", "4,5", "6,7"]
     multi = load(EXAMPLES / "profiles" / "qwen3.6-27b-mtp-multinode.yaml").for_gpus(8, "b200")
-    launch = render(multi)
-    assert [flag(launch, f) for f in ("--tp-size", "--nnodes", "--node-rank")] == ["16", "2", "0"]
+    launch = render(multi, rank=Rank(1, "10.0.0.11"))
+    assert [flag(launch, f) for f in ("--tp-size", "--nnodes", "--node-rank", "--dist-init-addr",
+                                      "--dist-timeout")] == \
+        ["16", "2", "1", "10.0.0.11:20000", "900"]
 
 
-def test_the_multinode_example_is_checked_but_a_deploy_refuses_it_today() -> None:
-    """What its comment says: check passes (above); the deploy's preflight counts tp x dp GPUs
-    on one host and refuses a server that spans two."""
+def test_the_multinode_example_fits_two_8_gpu_hosts() -> None:
+    """What its comment says: each host runs its share, tp 16 / nnodes 2 = 8 GPUs."""
     multi = load(EXAMPLES / "profiles" / "qwen3.6-27b-mtp-multinode.yaml").for_gpus(8, "b200")
-    with pytest.raises(InputError, match=r"1 instance\(s\) of tp x dp = 16 GPUs need 16, "
-                       r"b200-01 has 8"):
-        preflight.require_host(multi, render_all(multi), "b200-01", 8)
+    preflight.require_host(multi, render_all(multi), "b200-01", 8)
+    with pytest.raises(InputError, match=r"tp x dp / nnodes = 16 / 2 = 8 GPUs need 8, "
+                       r"b200-01 has 4"):
+        preflight.require_host(multi, render_all(multi), "b200-01", 4)

@@ -51,7 +51,8 @@ def server_unit(word: str, text: str) -> str:
         "sglang.service.j2", profile_path=unit_text(text), version="0.5.23", release_id="r",
         env_file="/etc/sglang/sglang.env", served_name=unit_text(text),
         paths={"user": "sglang", "home": "/var/lib/sglang/state", "cache": "/var/cache/sglang"},
-        allowed_clients=[], exec_start=f"/usr/bin/python3 -c pass {systemd_word(word)}",
+        allowed_clients=[], group_peers=[], infiniband=[],
+        exec_start=f"/usr/bin/python3 -c pass {systemd_word(word)}",
         timeout_start=1800, timeout_stop=600, start_limit_interval=7200,
         **restart_policy(252))
 
@@ -147,3 +148,60 @@ def test_systemd_reads_each_rendered_unit_back(tmp_path: Path) -> None:
         complaints = [line for line in result.stderr.splitlines()
                       if path.name in line or "Unknown" in line or "Ignoring" in line]
         assert not complaints, f"{text!r}: {complaints}"
+
+
+# --- a multi-node group's values: its name, interfaces and adapters (the environment file),
+# rank 0's address (the command line), the peers and InfiniBand devices (the unit) ---
+
+@pytest.mark.parametrize("text", HOSTILE)
+@pytest.mark.parametrize("key", ["sglang_group", "nccl_socket_ifname", "gloo_socket_ifname",
+                                 "nccl_ib_hca", "sglang_address"])
+def test_group_and_network_host_data_refuse_hostile_strings(key: str, text: str) -> None:
+    from sglang_fleet.errors import InputError
+    from sglang_fleet.hostconfig import HostConfig
+
+    with pytest.raises(InputError, match=rf"pyinfra data of h: {key}: "):
+        HostConfig.from_data({key: text}, "h")
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_a_hostile_rank0_address_never_reaches_the_command_line(text: str) -> None:
+    from sglang_fleet.config.multinode import Rank
+    from sglang_fleet.config.render import render
+    from sglang_fleet.errors import InputError
+    from tests.conftest import field_profile
+
+    prof = field_profile({"parallel.tp": 16, "parallel.nnodes": 2})
+    with pytest.raises(InputError, match=r"sglang_group: rank 1 of 2"):
+        render(prof, rank=Rank(1, text))
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_the_unit_of_a_member_keeps_its_shape(text: str) -> None:
+    from sglang_fleet.facts.infiniband import parse
+
+    devices = parse([text, "uverbs0"])
+    assert devices == ["/dev/infiniband/uverbs0"]  # a hostile device name is left out
+    with pytest.raises(UnsafeValue):
+        unitfile.networks([text])  # what a peer's address goes through
+    member = render_template(
+        "sglang.service.j2", profile_path="p", version="0.5.23", release_id="r",
+        env_file="/etc/sglang/sglang.env", served_name="m",
+        paths={"user": "sglang", "home": "/var/lib/sglang/state", "cache": "/var/cache/sglang"},
+        allowed_clients=["192.0.2.0/24"], group_peers=unitfile.networks(["10.0.0.11"]),
+        infiniband=devices, exec_start="/usr/bin/python3 -c pass", timeout_start=1800,
+        timeout_stop=600, start_limit_interval=7200, **restart_policy(252))
+    assert "DeviceAllow=/dev/infiniband/uverbs0 rw" in member.splitlines()
+    assert "IPAddressAllow=10.0.0.11/32" in member.splitlines()
+
+
+@pytest.mark.parametrize("text", [t for t in HOSTILE if not CONTROL.search(t)])
+def test_network_environment_values_are_literal(text: str) -> None:
+    """What the host-data checks let through is written literally all the same."""
+    from sglang_fleet.config.render import render
+    from sglang_fleet.stages.service import environment
+    from tests.conftest import field_profile
+
+    env = environment(render(field_profile()), {}, {"NCCL_SOCKET_IFNAME": text})
+    [line] = [x for x in env.splitlines() if x.startswith("NCCL_SOCKET_IFNAME=")]
+    assert line == env_line("NCCL_SOCKET_IFNAME", text)

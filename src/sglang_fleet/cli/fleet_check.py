@@ -100,8 +100,11 @@ def serving_host(host: Host) -> checking.Report:
         _rest_of(report, host)
         return report
     checking.check_loaded(report, prof, set(), lambda p: p)  # its instances resolved already
-    try:  # and what a deploy and a roll check besides: enough GPUs for every instance
-        preflight.require_host(prof, render_all(prof), host.name, hostdata.gpu_count(host))
+    from sglang_fleet.hostconfig import groups
+
+    try:  # and what a deploy and a roll check besides: its group, enough GPUs for its servers
+        launches = render_all(prof, rank=groups.rank_for(host, prof))
+        preflight.require_host(prof, launches, host.name, hostdata.gpu_count(host))
     except InputError as err:
         report.add(err.problems)
     return report

@@ -82,6 +82,21 @@ def port(value: Any) -> str | None:
     return None
 
 
+# parallel.dist_port: below Linux's ephemeral ports (32768 and up: any outgoing connection may
+# hold one), and none the product uses itself: the servers (30000 + instance, and SGLang's
+# DP-attention ports up to + 13), their warm-ups (+ 1000), the router (30080) and its metrics
+# (29000), DCGM's exporter (9400), nor torch's customary MASTER_PORT 29500.
+EPHEMERAL = 32768
+DIST_PORT = 20000
+
+
+def dist_port(value: Any) -> str | None:
+    if value >= EPHEMERAL:
+        return (f"port {value} is in Linux's ephemeral range ({EPHEMERAL} and up): an outgoing "
+                "connection may hold it when rank 0 binds it")
+    return port(value)
+
+
 _SECRET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 

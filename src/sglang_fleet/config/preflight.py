@@ -22,7 +22,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from sglang_fleet.config import flags, model_config
+from sglang_fleet.config import flags, model_config, multinode
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.releases import DATA, at_least
 from sglang_fleet.config.render import SPEC_V2_DEFAULT_FROM, SPEC_V2_ENV, Launch
@@ -363,7 +363,8 @@ def check_server_args(profile: Profile, launch: Launch,
     """The rules the release's ``ServerArgs`` enforces (what
     tests/unit/config/test_preflight_oracle.py compares with the real code)."""
     c = _Ctx(profile, launch, flags.load(launch.version), architecture)
-    return [*_speculative(c), *_spec_v2(c), *_hybrid(c)]
+    return [*multinode.rules(profile, c.version, c.a), *_speculative(c), *_spec_v2(c),
+            *_hybrid(c)]
 
 
 def check(profile: Profile, launch: Launch, architecture: str | None) -> list[Problem]:
@@ -373,22 +374,18 @@ def check(profile: Profile, launch: Launch, architecture: str | None) -> list[Pr
         check(profile, render(profile, "0.5.12"), "Qwen3_5ForConditionalGeneration")  # -> []
     """
     c = _Ctx(profile, launch, flags.load(launch.version), architecture)
-    return [*check_server_args(profile, launch, architecture), *later_checks(c)]
+    return [*check_server_args(profile, launch, architecture), *later_checks(c),
+            *multinode.product_rules(profile)]
 
 
 def require_host(profile: Profile, launches: list[Launch], host_name: str,
                  gpu_count: int | None) -> None:
     """Everything a host's launches must satisfy before the host is touched: SGLang's rules,
-    and enough GPUs for every instance (``gpu_count``: ``hostdata.gpu_count``)."""
+    and enough GPUs for every instance (``gpu_count``: ``hostdata.gpu_count``), a member of a
+    multi-node group its share: tp x dp / nnodes."""
     arch = resolve_architecture(profile)
     problems = [p for launch in launches[:1] for p in check(profile, launch, arch)]
-    need = profile.parallel.servers * profile.parallel.gpus_per_instance
-    if gpu_count is not None and need > gpu_count:
-        problems.append(Problem(profile.source_of("parallel.instances"), "parallel.instances",
-                                f"{profile.parallel.servers} instance(s) of tp x dp = "
-                                f"{profile.parallel.gpus_per_instance} GPUs need {need}, "
-                                f"{host_name} has {gpu_count}",
-                                "lower parallel.instances (or set it to auto), tp or dp"))
+    problems += multinode.gpu_problems(profile, host_name, gpu_count)
     if problems:
         raise InputError(problems)
 

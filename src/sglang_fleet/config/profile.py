@@ -196,8 +196,20 @@ class Parallel:
         fix="data-parallel replicas")
     nnodes: int = key(
         1, check=checks.count(), flag="--nnodes",
-        doc="Hosts one server spans.",
+        doc="Hosts one server spans: more than 1 needs the hosts in one host-data "
+        "sglang_group, whose inventory order gives each its --node-rank.",
         fix="hosts in one server")
+    # Not a flag of its own: rendered into --dist-init-addr RANK0:PORT for each member.
+    dist_port: int = key(
+        checks.DIST_PORT, check=checks.dist_port,
+        doc="With nnodes > 1: the port of rank 0's rendezvous (--dist-init-addr ADDRESS:PORT, "
+        "ADDRESS rank 0's sglang_address, else ssh_hostname).",
+        fix=f"a free TCP port from 1024 to {checks.EPHEMERAL - 1}, e.g. {checks.DIST_PORT}")
+    dist_timeout: int | None = key(
+        None, check=checks.count(), flag="--dist-timeout",
+        doc="Seconds the ranks wait for one another at the rendezvous (and, from 0.5.11, an "
+        "NCCL collective); null: torch's default, 10 minutes for NCCL.",
+        fix="seconds, e.g. 900")
     instances: int | str = key(
         # A number, or AUTO until ``Profile.for_gpus`` resolves it for one host.
         1, check=checks.instances,
@@ -208,7 +220,8 @@ class Parallel:
 
     @property
     def gpus_per_instance(self) -> int:
-        return self.tp * self.dp
+        """GPUs one server uses on each of its hosts: tp x dp, over ``nnodes`` hosts."""
+        return -(-self.tp * self.dp // self.nnodes)  # a share SGLang refuses rounds up
 
     @property
     def servers(self) -> int:
@@ -309,11 +322,14 @@ class Profile:
         if parallel.instances != AUTO:
             return self
         servers = gpus // parallel.gpus_per_instance
+        if parallel.nnodes > 1:  # a member of a multi-node group runs one rank: one unit
+            servers = min(servers, 1)
         name = "parallel.instances"
+        share = "" if parallel.nnodes == 1 else f" / nnodes {parallel.nnodes}"
         if servers < 1:
             raise InputError.one(self.source_of(name), name,
                                  f"auto: {where} has {gpus} GPU(s), fewer than one server's "
-                                 f"tp x dp = {parallel.gpus_per_instance}",
+                                 f"tp x dp{share} = {parallel.gpus_per_instance}",
                                  "lower parallel.tp or parallel.dp, or serve from a larger host")
         if self.server.port + servers - 1 > 65535:
             raise InputError.one(self.source_of("server.port"), "server.port",

@@ -19,7 +19,8 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from sglang_fleet import paths
-from sglang_fleet.config import flags, keys, releases
+from sglang_fleet.config import flags, keys, multinode, releases
+from sglang_fleet.config.multinode import Rank
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.releases import at_least
 from sglang_fleet.errors import InputError, Problem
@@ -58,6 +59,7 @@ class Launch:
     args: dict[str, Any] = field(default_factory=dict)
     instance: int = 0
     instances: int = 1
+    rank: Rank | None = None  # a member of a multi-node group: rendered again with it
 
     @property
     def unit(self) -> str:
@@ -209,7 +211,7 @@ _REPEATABLE = ("_AppendAction", "_AppendConstAction", "_CountAction")
 
 def _semantic_dests(profile: Profile) -> dict[str, str]:
     """SGLang destination -> the profile key that owns it (every spelling of renamed ones)."""
-    owned = {}
+    owned = {dest: multinode.GROUP_KEY for dest in multinode.GROUP_DESTS}
     for key, dest, _ in _semantic_args(profile, 0):
         for spelling in RENAMED_DESTS.get(dest, (dest,)):
             owned[spelling] = key
@@ -248,6 +250,9 @@ def _unknown_hint(table: flags.FlagTable, option: str, owned: dict[str, str]) ->
 
 
 def _semantic_fix(key: str, flag: flags.Flag, value: str | None, rendered: bool) -> str:
+    if key == multinode.GROUP_KEY:
+        return ("remove it from extra_args: each member's rank and rank 0's address come from "
+                "the inventory (host data sglang_group, parallel.dist_port)")
     if rendered:
         return f"remove it from extra_args: the profile's {key} renders it already"
     if not flag.takes_value:
@@ -291,7 +296,8 @@ def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[s
             problem(f"SGLang {table.version} has no flag {option}",
                     _unknown_hint(table, option, owned))
         elif flag.dest in owned:
-            problem(f"{option} is set by the profile (its key {owned[flag.dest]}), not extra_args",
+            setter = "the inventory" if owned[flag.dest] == multinode.GROUP_KEY else "the profile"
+            problem(f"{option} is set by {setter} (its key {owned[flag.dest]}), not extra_args",
                     _semantic_fix(owned[flag.dest], flag, value, flag.dest in set_by_profile))
         elif flag.alias_of or flag.deprecated:
             new = flag.alias_of or table.option_for(flag.dest) or "its replacement"
@@ -329,11 +335,14 @@ def _env(profile: Profile, version: str, instance: int) -> dict[str, str]:
     return env
 
 
-def render(profile: Profile, version: str | None = None, instance: int = 0) -> Launch:
+def render(profile: Profile, version: str | None = None, instance: int = 0,
+           rank: Rank | None = None) -> Launch:
     """Render ``profile`` for ``version`` (default: the profile's pin); InputError if it can't.
 
     ``instance`` picks one of ``parallel.instances`` servers on a host: its port is the
-    profile's plus the instance number, and it sees only its own GPUs."""
+    profile's plus the instance number, and it sees only its own GPUs. ``rank``: the host's
+    place in its multi-node group (``hostconfig.groups``), rendered as ``--node-rank`` and
+    ``--dist-init-addr``."""
     source, key = "--sglang-version", ""
     if version is None:
         version = profile.engine.version
@@ -344,6 +353,7 @@ def render(profile: Profile, version: str | None = None, instance: int = 0) -> L
     table = flags.load(version)
     problems: list[Problem] = []
     args = _render_semantic(profile, table, instance, problems)
+    args += multinode.group_args(profile, table, rank, problems)
     secrets = _secrets(profile, table, problems)
     _check_extra_args(profile, table, args, problems)
     _architecture(profile, version, problems)
@@ -359,9 +369,10 @@ def render(profile: Profile, version: str | None = None, instance: int = 0) -> L
     return Launch(version=version,
                   argv=("python", "-m", profile.engine.launcher, *args),
                   env=_env(profile, version, instance), secrets=secrets, args=parsed,
-                  instance=instance, instances=profile.parallel.servers)
+                  instance=instance, instances=profile.parallel.servers, rank=rank)
 
 
-def render_all(profile: Profile, version: str | None = None) -> list[Launch]:
-    """One launch per server instance on a host."""
-    return [render(profile, version, i) for i in range(profile.parallel.servers)]
+def render_all(profile: Profile, version: str | None = None,
+               rank: Rank | None = None) -> list[Launch]:
+    """One launch per server instance on a host (``rank``: its place in a multi-node group)."""
+    return [render(profile, version, i, rank) for i in range(profile.parallel.servers)]

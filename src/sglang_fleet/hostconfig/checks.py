@@ -255,3 +255,46 @@ def sha256(value: Any, raw: Raw) -> Found:
     if re.fullmatch(r"[0-9a-f]{64}", str(value)):
         return None
     return f"{value!r} is not a sha256 (64 lower-case hex digits)"
+
+
+_GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def group_name(value: Any, raw: Raw) -> Found:
+    """A multi-node group's name: it is said in messages and compared, never run, but held to
+    a file name's characters all the same."""
+    if isinstance(value, str) and _GROUP.fullmatch(value):
+        return None
+    return f"{_shown(value)} is not a group name (letters, digits, . _ -; at most 63)"
+
+
+# A Linux interface name: at most 15 bytes (IFNAMSIZ - 1), no '/', ':' or white space; held to
+# the characters interface names are made of in practice.
+_IFNAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}"
+# NCCL's prefixes: '^' excludes the listed interfaces, '=' matches names exactly.
+_NEGATABLE = re.compile(rf"[\^=]?{_IFNAME}(,{_IFNAME}){{0,15}}")
+_PLAIN_IFNAMES = re.compile(rf"{_IFNAME}(,{_IFNAME}){{0,15}}")
+
+
+def interfaces(negatable: bool) -> Check:
+    """Network interface names, comma-separated; ``negatable``: with NCCL's ``^``/``=`` prefix
+    (gloo takes names only)."""
+    pattern = _NEGATABLE if negatable else _PLAIN_IFNAMES
+
+    def check(value: Any, raw: Raw) -> Found:
+        if isinstance(value, str) and pattern.fullmatch(value):
+            return None
+        return f"{_shown(value)} is not a comma-separated list of network interface names"
+    return check
+
+
+_HCA = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,31}(:[0-9]{1,3})?"
+_HCAS = re.compile(rf"[\^=]?{_HCA}(,{_HCA}){{0,31}}")
+
+
+def hca_list(value: Any, raw: Raw) -> Found:
+    """NCCL_IB_HCA: adapter names, each with an optional port (``mlx5_0:1``), comma-separated,
+    with NCCL's ``^``/``=`` prefix."""
+    if isinstance(value, str) and _HCAS.fullmatch(value):
+        return None
+    return f"{_shown(value)} is not a comma-separated list of InfiniBand adapters (mlx5_0[:PORT])"

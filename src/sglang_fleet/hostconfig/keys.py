@@ -24,7 +24,10 @@ from sglang_fleet.hostconfig.checks import (
     finding_ids,
     flag,
     form,
+    group_name,
+    hca_list,
     http_url,
+    interfaces,
     listed,
     names,
     networks_list,
@@ -103,6 +106,27 @@ class HostConfig:
         (), check=networks_list, parse=lambda v: tuple(networks([str(x) for x in v or ()])),
         fix="e.g. sglang_allowed_clients = ['10.0.0.0/8']", shown="`[]` (any)",
         doc="CIDR networks the servers and router answer, besides the host")
+    sglang_group: str | None = key(
+        None, check=group_name, parse=str, fix="a name of letters, digits, . _ -, e.g. "
+        "sglang_group = 'tp16-a' on each host of the group", shown="none: a server on one host",
+        doc="the multi-node group this host serves one rank of (`parallel.nnodes` hosts, one "
+        "server): its hosts in inventory order are ranks 0, 1, ...; rank 0 alone is a router "
+        "worker")
+    nccl_socket_ifname: str | None = key(
+        None, check=interfaces(negatable=True), parse=str,
+        fix="interface names as NCCL takes them, e.g. 'eth0', 'ens1f0,ens1f1' or '^docker,lo'",
+        doc="`NCCL_SOCKET_IFNAME` in the server's environment file: the interfaces NCCL's "
+        "bootstrap and socket transport use")
+    gloo_socket_ifname: str | None = key(
+        None, check=interfaces(negatable=False), parse=str,
+        fix="interface names, e.g. 'eth0' or 'ens1f0,ens1f1'",
+        doc="`GLOO_SOCKET_IFNAME` in the server's environment file: the interface gloo (SGLang's "
+        "CPU groups) binds; without it gloo takes what the host name resolves to")
+    nccl_ib_hca: str | None = key(
+        None, check=hca_list, parse=str,
+        fix="HCA names with optional ports as NCCL takes them, e.g. 'mlx5_0,mlx5_1:1' or "
+        "'^mlx5_4'", doc="`NCCL_IB_HCA` in the server's environment file: the InfiniBand / "
+        "RoCE adapters NCCL uses")
     secrets: Mapping[str, str] = key(
         {}, check=secret_map, parse=dict, fix="secrets = {'sglang-api-key': ...}", secret=True,
         doc="secret values by name (`sglang-api-key`, `sglang-router-admin-key`, ...), 16 to "
@@ -284,6 +308,17 @@ class HostConfig:
     def source(self) -> str:
         """Where errors say the host's data comes from."""
         return f"pyinfra data of {self.name}"
+
+    @property
+    def network_env(self) -> dict[str, str]:
+        """The NCCL and gloo variables host data sets, for the server's environment file.
+
+            HostConfig.from_data({"nccl_ib_hca": "mlx5_0"}, "h").network_env
+            # {'NCCL_IB_HCA': 'mlx5_0'}
+        """
+        values = {"NCCL_SOCKET_IFNAME": self.nccl_socket_ifname,
+                  "GLOO_SOCKET_IFNAME": self.gloo_socket_ifname, "NCCL_IB_HCA": self.nccl_ib_hca}
+        return {name: value for name, value in values.items() if value}
 
     @property
     def address(self) -> str:

@@ -55,6 +55,17 @@ def _auto_gpus(host: Host, smi: SmiReport | None, loaded: profile.Profile) -> tu
                          "host data, or parallel.instances to a number")
 
 
+def declared_profile(host: Host) -> profile.Profile:
+    """The profile ``host``'s data names, with its overrides, not yet sized for its GPUs:
+    what the members of a multi-node group compare."""
+    cfg = of(host)
+    if not cfg.sglang_profile:
+        raise InputError.one(cfg.source, PROFILE_KEY, "no serving profile for this host",
+                             profile_fix())
+    return profile.load(cfg.sglang_profile, cfg.sglang_overrides, cfg.source,
+                        allow_insecure_urls=cfg.allow_insecure_urls)
+
+
 def profile_for(host: Host, smi: SmiReport | None = None) -> profile.Profile:
     """Check ``host``'s data, then load, override and validate the profile it serves, for its
     GPUs (``parallel.instances: auto``: one server per tp x dp of them; ``smi`` is nvidia-smi's
@@ -62,12 +73,7 @@ def profile_for(host: Host, smi: SmiReport | None = None) -> profile.Profile:
 
         profile_for(host).parallel.instances     # 4 (gpu_count 8, parallel.tp 2)
     """
-    cfg = of(host)
-    if not cfg.sglang_profile:
-        raise InputError.one(cfg.source, PROFILE_KEY, "no serving profile for this host",
-                             profile_fix())
-    loaded = profile.load(cfg.sglang_profile, cfg.sglang_overrides, cfg.source,
-                          allow_insecure_urls=cfg.allow_insecure_urls)
+    loaded = declared_profile(host)
     if loaded.parallel.instances != AUTO:
         gpu_count(host, smi)  # a host that lost a GPU is said so whatever the profile asks
         return loaded

@@ -34,6 +34,7 @@ from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
 from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitStates
+from sglang_fleet.hostconfig import groups
 from sglang_fleet.remote import eta
 from sglang_fleet.report import status_view
 from sglang_fleet.rollout import fleet, reach
@@ -47,7 +48,8 @@ HTTP_TIMEOUT = 5.0
 
 @dataclass
 class Row:
-    """One server instance (``kind`` server) or router (``kind`` router)."""
+    """One server instance (``kind`` server), rank >= 1 of a multi-node group (``kind``
+    member: its server is rank 0's row, the routers' worker) or router (``kind`` router)."""
 
     kind: str
     host: str
@@ -78,6 +80,7 @@ class Row:
     measured_at: str = ""
     measured_release: str = ""
     not_measured: str = ""  # why its record does not count ("" when it does)
+    group: str = ""  # a multi-node group's member: "group G rank R of N"
 
 
 def parse_metrics(text: str) -> dict[str, Any]:
@@ -148,8 +151,12 @@ def server_rows(host: Host) -> list[Row]:
     profile = hostconfig.profile_for(host)
     launches = render_all(profile)
     rows = []
+    member = groups.describe(host)
+    kind = "member" if member and member["rank"] else "server"  # a rank >= 1 is no worker
+    where = f"group {member['group']} rank {member['rank']} of {member['size']}" + (
+        f": serves through {member['rank0']}" if member["rank"] else "") if member else ""
     for launch, url in zip(launches, fleet.urls(host, profile, launches), strict=True):
-        rows.append(Row("server", host.name, url, unit=launch.unit,
+        rows.append(Row(kind, host.name, url, unit=launch.unit, group=where,
                         model=profile.model.served_name or "",
                         algorithm=str(profile.speculative.algorithm or "-"),
                         gpus=_span(_gpus(profile, launch))))
@@ -277,7 +284,7 @@ def router_rows(inventory: Any, servers: list[Row]) -> list[Row]:
         healthy = sum(1 for w in workers.values() if w.get("is_healthy"))
         row.health = "ok"
         row.router = f"{healthy}/{len(workers)}"
-        for server in servers:
+        for server in (s for s in servers if s.kind == "server"):  # members are no workers
             worker = workers.get(server.url)
             mark = "absent" if worker is None else \
                 "healthy" if worker.get("is_healthy") else "unhealthy"

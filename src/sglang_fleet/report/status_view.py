@@ -38,7 +38,8 @@ def cells(row: Row) -> list[str]:
     mem = "-" if row.gpu_used_mib is None else \
         f"{row.gpu_used_mib / 1024:.0f}/{(row.gpu_free_mib or 0) / 1024:.0f}"
     crash = [f"last crash: {row.last_crash}"] if row.last_crash else []
-    notes = "; ".join([*([row.error] if row.error else []), *crash, *row.gpu_health,
+    notes = "; ".join([*([row.group] if row.group else []), *([row.error] if row.error else []),
+                       *crash, *row.gpu_health,
                        *([f"not measured: {row.not_measured}"] if row.not_measured else [])])
     return [row.host, row.unit, row.state, row.health, row.router or "-", _num(row.running),
             _num(row.queued), _num(row.tokens_per_s), _num(row.accept_length, 2),
@@ -83,7 +84,7 @@ def verdict(rows: list[Row]) -> list[str]:
     found = problems(rows)
     if found:
         return [f"unhealthy: {problem}" for problem in found]
-    servers = [r for r in rows if r.kind == "server"]
+    servers = [r for r in rows if r.kind != "router"]  # rank 0s and group members
     routers = len(rows) - len(servers)
     return [f"healthy: {len({r.host for r in servers})} hosts answered over SSH; "
             f"{len(servers)} servers {SERVING}, /health 200, no fatal GPU finding"
@@ -92,5 +93,5 @@ def verdict(rows: list[Row]) -> list[str]:
 
 def unreachable(rows: list[Row]) -> list[dict[str, Any]]:
     """Each host that did not answer over SSH and its error, once (``status --json``)."""
-    hosts = {r.host: r.error for r in rows if r.kind == "server" and r.state == UNREACHABLE}
+    hosts = {r.host: r.error for r in rows if r.kind != "router" and r.state == UNREACHABLE}
     return [{"host": host, "error": error} for host, error in hosts.items()]

@@ -1,6 +1,7 @@
 """Who serves and who routes, read from the inventory: the serving hosts (those with a
 ``sglang_profile``) in inventory order, their worker URLs, and the routers in front of them
-(the group ``routers``).
+(the group ``routers``). A multi-node group's server is one worker: its rank 0's URL; a rank
+>= 1 answers /health but no API path, and is never a worker (``hostconfig.groups``).
 
     for host in serving_hosts(inventory):
         print(host.name, worker_urls(host))
@@ -20,7 +21,7 @@ from sglang_fleet import hostconfig
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
-from sglang_fleet.hostconfig import HostConfig
+from sglang_fleet.hostconfig import HostConfig, groups
 from sglang_fleet.ops.secretfile import api_key
 from sglang_fleet.rollout.router_api import Router
 
@@ -51,16 +52,28 @@ def urls(host: Host, profile: Profile, launches: list[Launch]) -> list[str]:
     return [f"http://{where}:{launch.port}" for launch in launches]
 
 
-def unit_urls(host: Host) -> dict[str, str]:
-    """The URL of each server unit on ``host``, from the profile it serves."""
-    profile = hostconfig.profile_for(host)
-    launches = render_all(profile)
+def routed_unit_urls(host: Host, profile: Profile, launches: list[Launch]) -> dict[str, str]:
+    """The routers' URL of each of ``launches`` by unit: none on a rank >= 1 of a group."""
+    if not groups.is_worker(host):
+        return {}
     return dict(zip((launch.unit for launch in launches), urls(host, profile, launches),
                     strict=True))
 
 
+def routed_urls(host: Host, profile: Profile, launches: list[Launch]) -> list[str]:
+    """The URLs of ``launches`` the routers take: none on a rank >= 1 of a group."""
+    return list(routed_unit_urls(host, profile, launches).values())
+
+
+def unit_urls(host: Host) -> dict[str, str]:
+    """The routers' URL of each server unit on ``host``, from the profile it serves (none on a
+    rank >= 1 of a group)."""
+    profile = hostconfig.profile_for(host)
+    return routed_unit_urls(host, profile, render_all(profile))
+
+
 def worker_urls(host: Host) -> list[str]:
-    """The URL of each server instance on ``host``, from the profile it serves."""
+    """The URL of each server instance on ``host`` the routers take (none on a rank >= 1)."""
     return list(unit_urls(host).values())
 
 

@@ -25,6 +25,7 @@ from sglang_fleet import hostconfig
 from sglang_fleet.config import preflight, validators
 from sglang_fleet.config.render import render_all
 from sglang_fleet.errors import InputError, Problem
+from sglang_fleet.hostconfig import groups
 from sglang_fleet.rollout import fleet
 from sglang_fleet.rollout.router_api import Router
 
@@ -157,11 +158,11 @@ def plan(inventory: str, data: Sequence[str], batch: int,
     for host in hosts:  # every host's change is checked before the first one is touched
         try:
             profile = hostconfig.profile_for(host)
-            launches = render_all(profile)
+            launches = render_all(profile, rank=groups.rank_for(host, profile))
             preflight.require_host(profile, launches, host.name, hostconfig.gpu_count(host))
-            after[host.name] = fleet.urls(host, profile, launches)
-            units[host.name] = {launch.unit: [url] for launch, url in
-                                zip(launches, after[host.name], strict=True)}
+            routed = fleet.routed_unit_urls(host, profile, launches)  # none on a rank >= 1
+            after[host.name] = list(routed.values())
+            units[host.name] = {unit: [url] for unit, url in routed.items()}
         except InputError as err:
             errors[host.name] = err
     if errors:
@@ -196,6 +197,7 @@ def _fits(batch_instances: int | None, after: dict[str, list[str]]) -> None:
 
         _fits(2, {"b200-01": ["http://10.0.0.11:30000"]})   # InputError: ... runs 1 server
     """
+    after = {name: urls for name, urls in after.items() if urls}  # a rank >= 1 routes none
     fewer = {name: len(urls) for name, urls in after.items()
              if batch_instances is not None and len(urls) < batch_instances}
     if fewer:

@@ -109,7 +109,7 @@ def judge(profile: Profile, launch: Launch, result: dict[str, Any], final: bool,
 
 def sized(profile: Profile, launch: Launch, slots: int) -> Launch:
     """The launch again, rendered from the profile with the mamba cache at ``slots``."""
-    return render(sizing.apply(profile, slots), launch.version, launch.instance)
+    return render(sizing.apply(profile, slots), launch.version, launch.instance, launch.rank)
 
 
 @operation(is_idempotent=True)

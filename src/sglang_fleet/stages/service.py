@@ -36,6 +36,7 @@ from sglang_fleet.rollout.cutover import disrupt, rejoin, turn
 from sglang_fleet.stages.compiled import receive_kernels
 from sglang_fleet.stages.engine import Release, switch_release
 from sglang_fleet.stages.gate_program import check, error_of
+from sglang_fleet.stages.group_unit import group_unit
 from sglang_fleet.stages.kernel_caches import cache_env
 from sglang_fleet.stages.waves import Waves, retired
 
@@ -48,17 +49,18 @@ CRASH_RESTARTS = 5
 RESTART_STEPS_SINCE = 254  # the systemd release with RestartSteps and RestartMaxDelaySec
 
 
-
 def service_env(launch: Launch) -> dict[str, str]:
     """What every process of the release's server sees: its home, and every compile cache
     under /var/cache/sglang (``caches``)."""
     return {"HOME": paths.STATE, **cache_env(launch.version)}
 
 
-def environment(launch: Launch, secrets: dict[str, str]) -> str:
-    """The EnvironmentFile: caches (the release's own, caches.py), the profile's env and the
-    secrets' values."""
-    env = {**service_env(launch), **launch.env, **secrets}
+def environment(launch: Launch, secrets: dict[str, str],
+                host_env: Mapping[str, str] | None = None) -> str:
+    """The EnvironmentFile: caches (the release's own, caches.py), the profile's env, the
+    host's own (``host_env``: its NCCL and gloo interfaces, which differ host by host, so they
+    win over the profile's) and the secrets' values."""
+    env = {**service_env(launch), **launch.env, **(host_env or {}), **secrets}
     return "# Managed by sglang-fleet (root, 0600): holds secrets.\n" + "".join(
         f"{env_line(k, v)}\n" for k, v in sorted(env.items()))
 
@@ -321,7 +323,7 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
             host.noop(f"{unit} is not ready: {waves.error}")
             return
     waves.ready(due)
-    back = list(rejoin(fleet.urls(host, profile, [by_unit[unit] for unit in due])))
+    back = list(rejoin(fleet.routed_urls(host, profile, [by_unit[unit] for unit in due])))
     if not back:
         host.noop(f"{', '.join(due)} ready")
     yield from back
@@ -340,6 +342,7 @@ def unit_file(profile: Profile, launch: Launch, release: Release) -> dict[str, A
         release_id=release.id, env_file=paths.env_file(launch.unit),
         served_name=unit_text(profile.model.served_name or profile.model.source),
         paths=paths.template_values(), allowed_clients=allowed_clients(),
+        **group_unit(launch, allowed_clients()),  # a multi-node member: peers, InfiniBand
         exec_start=exec_start(launch, release), timeout_start=budget,
         timeout_stop=drain_budget(), start_limit_interval=budget * 4,
         **restart_policy(host.get_fact(SystemdVersion)))
@@ -351,7 +354,8 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
     cfg = hostconfig.of(host)
     secrets = secret_values(launch, host.name, cfg.secrets)
     try:
-        env_text, values = environment(launch, secrets), unit_file(profile, launch, release)
+        env_text = environment(launch, secrets, cfg.network_env)
+        values = unit_file(profile, launch, release)
     except UnsafeValue as err:
         raise InputError.one(profile.path, "env or extra_args", str(err),
                              "remove control characters from the value") from None

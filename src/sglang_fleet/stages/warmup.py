@@ -136,6 +136,10 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
         yield from preview(f"may warm the caches of {launch.unit} for {release.id} on spare "
                            f"GPUs while it serves ({profile.warmup}, up to {budget} s)")
         return
+    if int(launch.args.get("nnodes") or 1) > 1:  # its flags start a rank: it needs them all
+        host.noop(f"{launch.unit} is one rank of a multi-node server: a warm-up would need its "
+                  "whole group; its own start fills the caches")
+        return
     unit = (host.get_fact(UnitStates, units=[launch.unit]) or {}).get(launch.unit)
     if unit is None or unit.active != "active":
         host.noop(f"{launch.unit} is not serving: its own start fills the caches")

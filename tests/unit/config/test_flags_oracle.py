@@ -34,6 +34,10 @@ PROBES = [
     [*BASE, "--tp-size", "two"],
     [*BASE, "--mem-fraction-static", "0.9", "--enable-metrics", "--no-such-flag"],
     [*BASE, "--reasoning-parser", "qwen3", "--tool-call-parser", "qwen3_coder"],
+    # what a rank 1 of a multi-node group renders (config/multinode.py), IPv6 rank 0 too
+    [*BASE, "--tp-size", "16", "--nnodes", "2", "--dist-timeout", "900", "--node-rank", "1",
+     "--dist-init-addr", "10.0.0.11:20000"],
+    [*BASE, "--nnodes", "2", "--node-rank", "0", "--dist-init-addr", "[fd00::11]:20000"],
 ]
 
 
@@ -72,3 +76,7 @@ def test_rendered_argv_parses_with_the_real_parser(version: str) -> None:
         assert ours["ok"] == real["ok"], (argv, real, ours)
         if not real["ok"]:
             assert ours["error"] == real["error"]
+    rank1, rank0 = answers[-2:]  # the group's flags: parsed, as the table reads them
+    assert rank1["ok"] and rank0["ok"], (rank1, rank0)
+    assert (rank1["args"]["node_rank"], rank1["args"]["dist_init_addr"]) == (1, "10.0.0.11:20000")
+    assert rank0["args"]["dist_init_addr"] == "[fd00::11]:20000"
