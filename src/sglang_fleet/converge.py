@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import cast
 
 from pyinfra.api.operation import OperationMeta
-from pyinfra.context import host, inventory
+from pyinfra.context import host, inventory, state
 
 from sglang_fleet import hostconfig
 from sglang_fleet.config import preflight
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
+from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.hostconfig import groups
 from sglang_fleet.report import metrics_targets
@@ -25,6 +26,7 @@ from sglang_fleet.stages.compiled import announce_kernels, share_kernels
 from sglang_fleet.stages.driver import install_driver
 from sglang_fleet.stages.engine import Release, install_engine
 from sglang_fleet.stages.gate import gate_programs, run_gate, smoke_test
+from sglang_fleet.stages.gate_group import restore_group
 from sglang_fleet.stages.gpu_preflight import require_gpu_health
 from sglang_fleet.stages.last_good import restore_files, restore_last_good
 from sglang_fleet.stages.resize import with_remembered_size
@@ -51,6 +53,18 @@ def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
     return profile, launches
 
 
+def whole_group(what: str) -> None:
+    """Stop before any change when pyinfra's ``--limit`` takes part of this host's group: its
+    members restart, stop and are gated together (rank 0's rendezvous waits for all of them),
+    so one member alone would break the server. InputError naming the group and its members."""
+    limit = getattr(state, "limit_hosts", None)
+    members = groups.group_hosts(host)
+    if members and isinstance(limit, list):
+        problems = groups.partial_groups([h.name for h in limit], members, f"--limit of {what}")
+        if problems:
+            raise InputError(problems)
+
+
 def serve() -> None:
     """preflight → driver → engine → weights → warm-up → service → gate. Preflight (the profile, its
     rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
@@ -59,6 +73,7 @@ def serve() -> None:
     host leaves the routers at its first restart (``cutover``); after its gate, the first host
     with its inputs shares its kernels with the hosts after it."""
     profile, launches = host_launches(check=True)
+    whole_group("deploys/sglang.py")
     require_free_ports(launches)
     require_gpu_health()
     # The fleet's Prometheus targets, on this machine, once a run (prometheus_file_sd).
@@ -106,7 +121,11 @@ def router() -> None:
 def restore() -> None:
     """The last release that passed the gate, back and gated again."""
     profile, launches = host_launches()
-    restore_last_good(profile=profile, launches=launches)
+    whole_group("deploys/restore.py")
+    if groups.group_hosts(host):  # one server over the group: restored and restarted whole
+        restore_group(profile=profile, launch=launches[0])
+    else:
+        restore_last_good(profile=profile, launches=launches)
 
 
 def unstage() -> None:
@@ -127,6 +146,11 @@ def smoke() -> None:
 def take_down() -> None:
     """Out of the routers, the router, the units; what ``purge`` names besides."""
     cfg = hostconfig.of(host)
+    whole_group("deploys/teardown.py")
     urls = fleet.worker_urls(host) if fleet.is_serving(host) else []
+    # a group's member: rank 0 leaves the routers and stops before the others stop
+    grouped = fleet.is_serving(host) and bool(groups.group_hosts(host))
     teardown(purge=Purge.of(cfg), urls=urls, routers=fleet.routers(inventory),
-             is_router=cfg.routers)
+             is_router=cfg.routers,
+             group_units=[launch.unit for launch in render_all(hostconfig.profile_for(host))]
+             if grouped else [])

@@ -63,6 +63,43 @@ def rank0(host: Host) -> Host | None:
     return members[0] if members else None
 
 
+def units_of(hosts: Iterable[Host]) -> list[list[Host]]:
+    """``hosts`` as the units a roll or a teardown moves: each group whole (its members in rank
+    order, where its rank 0 comes), every other host alone.
+
+        [[h.name for h in u] for u in units_of(inventory)]   # [['b200-01', 'b200-02'], ...]
+    """
+    found: list[list[Host]] = []
+    by_group: dict[str, list[Host]] = {}
+    for host in hosts:
+        name = _group_of(host)
+        if not name:
+            found.append([host])
+        elif name in by_group:
+            by_group[name].append(host)
+        else:
+            by_group[name] = [host]
+            found.append(by_group[name])
+    return found
+
+
+def partial_groups(selected: Iterable[str], hosts: Iterable[Host], what: str) -> list[Problem]:
+    """A problem for each group ``selected`` (host names: a ``--limit``) takes only part of:
+    its members restart, stop and gate together, so a run over some of them would leave the
+    others without their rank 0 or their peers."""
+    chosen = set(selected)
+    problems = []
+    for unit in units_of(hosts):
+        names = [h.name for h in unit]
+        left_out = [n for n in names if n not in chosen]
+        if _group_of(unit[0]) and left_out and len(left_out) < len(names):
+            problems.append(Problem(
+                what, GROUP_KEY, f"it takes part of group {_group_of(unit[0])!r} (members, rank "
+                f"0 first: {', '.join(names)}): {', '.join(left_out)} left out",
+                f"take every member of the group ({','.join(names)}) or none of them"))
+    return problems
+
+
 def _differences(first: Profile, other: Profile) -> list[str]:
     """The keys two profiles set differently (``instances`` aside: each host sizes its own)."""
     theirs = {spec.name: value for spec, value in keys.values(first)}

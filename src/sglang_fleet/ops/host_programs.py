@@ -31,8 +31,8 @@ SOURCE = Path(remote.__file__).resolve().parent
 # Every module of the package: the programs a stage runs, and the parts they import.
 MODULES = ("cache_archive", "cache_copy", "cache_pack", "cache_unpack", "capacity",
            "capacity_figures", "capacity_log", "check_server", "crash", "download_model", "eta",
-           "gate_http", "gate_smoke", "gate_soak", "gate_unit", "progress", "prune_caches",
-           "readiness", "start_server", "start_router", "warm_caches")
+           "gate_http", "gate_smoke", "gate_soak", "gate_unit", "member_start", "progress",
+           "prune_caches", "readiness", "start_server", "start_router", "warm_caches")
 
 
 def module_file(module: str) -> str:

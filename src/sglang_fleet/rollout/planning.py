@@ -155,6 +155,7 @@ def plan(inventory: str, data: Sequence[str], batch: int,
         raise InputError.one(inventory, "sglang_profile", "no serving hosts",
                              "give hosts a serving profile in their group data")
     after, units, errors = {}, {}, {}
+    members: dict[str, list[str]] = {}  # a rank >= 1's units: it leaves with its rank 0's URLs
     for host in hosts:  # every host's change is checked before the first one is touched
         try:
             profile = hostconfig.profile_for(host)
@@ -163,6 +164,8 @@ def plan(inventory: str, data: Sequence[str], batch: int,
             routed = fleet.routed_unit_urls(host, profile, launches)  # none on a rank >= 1
             after[host.name] = list(routed.values())
             units[host.name] = {unit: [url] for unit, url in routed.items()}
+            if not groups.is_worker(host):
+                members[host.name] = [launch.unit for launch in launches]
         except InputError as err:
             errors[host.name] = err
     if errors:
@@ -184,12 +187,27 @@ def plan(inventory: str, data: Sequence[str], batch: int,
         for unit, url in by_unit.items():
             known = units.setdefault(name, {}).setdefault(unit, [])
             known[:0] = [url] if url not in known else []
+    _leave_with_rank0(units, members, {h.name: h for h in hosts})
+    whole = groups.units_of(hosts)  # each group one unit: never split across batches
     return Plan(inventory=inventory, data=list(data),
-                batches=[hosts[i:i + batch] for i in range(0, len(hosts), batch)],
+                batches=[[h for unit in whole[i:i + batch] for h in unit]
+                         for i in range(0, len(whole), batch)],
                 before={name: list(by_unit.values()) for name, by_unit in before.items()},
                 after=after,
                 routers=[r.api() for r in routers], units=units,
                 batch_instances=batch_instances)
+
+
+def _leave_with_rank0(units: dict[str, dict[str, list[str]]], members: dict[str, list[str]],
+                      hosts: dict[str, Host]) -> None:
+    """A rank >= 1 of a group serves through its rank 0: when a member's first disruptive
+    command comes (a reboot, its stop), the group's server, rank 0's URL, leaves the routers.
+    So each member's units name its rank 0's URLs (those the routers may know it by)."""
+    for name, member_units in members.items():
+        first = groups.rank0(hosts[name])
+        by_unit = units.get(first.name, {}) if first is not None else {}
+        urls = list(dict.fromkeys(url for known in by_unit.values() for url in known))
+        units[name] = {unit: list(urls) for unit in member_units}
 
 
 def _fits(batch_instances: int | None, after: dict[str, list[str]]) -> None:

@@ -23,6 +23,7 @@ from pyinfra.facts.files import File
 from sglang_fleet import hostconfig
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import MAMBA_STRATEGY_DESTS, Launch
+from sglang_fleet.hostconfig import groups
 from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.host_programs import module_file, upload
 from sglang_fleet.paths import gate_record
@@ -30,7 +31,18 @@ from sglang_fleet.remote import eta
 from sglang_fleet.report import summary
 from sglang_fleet.stages import last_good, resize
 from sglang_fleet.stages.engine import Release
+from sglang_fleet.stages.gate_group import (
+    MEMBER,
+    GroupGate,
+    group_kept,
+    group_unchanged,
+    main_pid,
+    member_started,
+    who,
+)
 from sglang_fleet.stages.gate_program import CHECKER, check, error_of, result_of
+from sglang_fleet.stages.group_restart import restart_group, shared
+from sglang_fleet.stages.group_unit import spans_hosts
 from sglang_fleet.stages.service import foreign_listeners, startup_budget
 
 
@@ -74,7 +86,7 @@ class GateResult:
 
 @operation(is_idempotent=True)
 def gate(profile: Profile, launch: Launch, budget: int, job: str, result: GateResult,
-         soak: int | None = None, final: bool = True) -> Ops:
+         soak: int | None = None, final: bool = True, group: GroupGate | None = None) -> Ops:
     """Run the gate's checks of the launch's server on the host; when it passes (and its log's
     max running requests reaches ``memory.target_running_requests``), keep its unit and
     environment as the last good release.
@@ -87,6 +99,8 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, result: GateRe
     + soak: concurrent requests of the soak (None: twice max running requests; 0: none)
     + final: False for a first gate that may ask for a sized restart (``result.resize``)
       instead of failing short of the target
+    + group: rank 0 of a multi-node group: its members' record (``gate_group``); the gate is
+      not waited for when a member failed, and keeping the files waits for the whole group
 
     A failed gate changes nothing here: ``last_good.restore_unit`` puts the last good release
     back and ``gate_failed`` fails the deploy; with no last good release this operation fails
@@ -99,6 +113,11 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, result: GateRe
         yield from preview(gate_preview(profile, launch, budget, soak))
         return
     unit = launch.unit
+    failure = group.failure() if group is not None else None
+    if group is not None and failure is not None:  # rank 0 cannot be healthy without it
+        result.error = group.failed(host.name, f"group {group.group}: {failure}")
+        logger.warning(f"{host.print_prefix}{unit}: not gated: {failure}")
+        return
     target = profile.memory.target_running_requests
     ok, lines = check(profile, launch, "--expect", json.dumps(expectations(launch)),
                       *(["--job", job] if job else []), "--record", gate_record(unit),
@@ -116,10 +135,17 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, result: GateRe
             return
     if error is None:
         result.measured = printed.get("measured")
+        if group is not None:  # kept once every member is seen unchanged (gate_group)
+            group.pids[host.name] = main_pid(unit)
+            host.noop(f"{unit} passed the gate; its group's members are checked next")
+            return
         if last_good.in_place(unit):
             host.noop(f"{unit} passed the gate and is the last good release already")
             return
         yield last_good.keep_command(unit)
+        return
+    if group is not None:  # the group's last good release goes back whole (gate_group)
+        result.error = group.failed(host.name, f"{who()}: {error}")
         return
     if not host.get_fact(File, path=last_good.saved_unit(unit)):
         yield fail(f"{error} (no earlier good release to return to)")
@@ -147,6 +173,12 @@ def gate_failed(profile: Profile, launch: Launch, budget: int, result: GateResul
                            "serves once the last good release is back", changes=False)
         return
     if not result.failed():
+        return
+    if spans_hosts(launch) and groups.rank_of(host):  # its HTTP is a dummy server's: rank 0's
+        # verdict says what serves
+        yield fail(f"{result.error}; the group's last good release is back on every member and "
+                   f"restarted together: rank 0 {groups.group_hosts(host)[0].name} says whether "
+                   "it serves")
         return
     back, lines = check(profile, launch, "--health-only", budget=budget, show=False)
     yield fail(f"{result.error}; {what_serves(launch, back, lines)}")
@@ -245,6 +277,29 @@ def _sized_restart(profile: Profile, launch: Launch, release: Release, result: G
                          launch=launch, result=result, _if=result.resizing)
 
 
+def _group_gate(profile: Profile, launch: Launch, job: str, soak: int | None) -> GateResult:
+    """A member's part of its group's gate (``gate_group``), built on every member in this
+    order: rank 0's gate runs once every member's start was checked. No sized restart: it would
+    restart rank 0 alone (a group short of ``memory.target_running_requests`` fails)."""
+    record, result = shared(GroupGate, "gate"), GateResult()
+    name, unit = record.group, launch.unit
+    member_started(name=f"Group {name}: every rank >= 1 started (its journal's start line since "
+                   "its start, no exception after it)", launch=launch, budget=startup_budget(),
+                   record=record, result=result)
+    if not groups.rank_of(host):
+        gate(name=f"Gate {unit}: health, arguments, smoke generation, soak, capacity",
+             profile=profile, launch=launch, budget=startup_budget(), job=job, result=result,
+             soak=soak, group=record)
+    group_unchanged(name=f"Group {name}: no member restarted during the gate (its MainPID)",
+                    unit=unit, record=record)
+    group_kept(name=f"Group {name}: every member passed: {unit} kept as the last good release",
+               unit=unit, record=record, result=result)
+    last_good.restore_files(name=f"Group {name}: the last good {unit} back (only if the group "
+                            "failed)", unit=unit, _if=result.failed)
+    restart_group(unit, changes=[], always=True, _if=result.failed)
+    return result
+
+
 @deploy("Smoke test")
 def smoke_test(profile: Profile, launches: list[Launch]) -> None:
     for launch in launches:
@@ -255,7 +310,7 @@ def smoke_test(profile: Profile, launches: list[Launch]) -> None:
 def gate_programs() -> None:
     """The host programs the gate runs (``check_server`` and what it imports), uploaded before
     the service stage so that none of it happens while the server restarts."""
-    upload("capacity", "crash", "eta", "readiness", CHECKER)
+    upload("capacity", "crash", "eta", "readiness", CHECKER, MEMBER)
 
 
 @deploy("Gate")
@@ -271,6 +326,9 @@ def run_gate(profile: Profile, launches: list[Launch], release: Release) -> None
     results = []
     target = profile.memory.target_running_requests
     for launch in launches:
+        if spans_hosts(launch):  # one rank of a group (its only server): the group's gate
+            results.append(_group_gate(profile, launch, job, soak))
+            continue
         result = GateResult()
         results.append(result)
         gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, soak, capacity",
@@ -280,9 +338,11 @@ def run_gate(profile: Profile, launches: list[Launch], release: Release) -> None
             _sized_restart(profile, launch, release, result, target, job, soak)
         last_good.restore_unit(name=f"Back to the last good {launch.unit} (only if the gate "
                                "failed)", unit=launch.unit, _if=result.failed)
-    host_capacity(name=f"Capacity of the host ({len(launches)} server"
-                  f"{'s' if len(launches) > 1 else ''}): summed from the gates",
-                  units=[launch.unit for launch in launches], results=results, job=job)
+    if not any(spans_hosts(launch) for launch in launches) or not groups.rank_of(host):
+        # a rank >= 1 serves through rank 0, which measures the group's capacity
+        host_capacity(name=f"Capacity of the host ({len(launches)} server"
+                      f"{'s' if len(launches) > 1 else ''}): summed from the gates",
+                      units=[launch.unit for launch in launches], results=results, job=job)
     # Every server is gated (and a failed one put back) before a verdict fails the host: a
     # first server's failure must not leave the others on a release nobody checked.
     for launch, result in zip(launches, results, strict=True):

@@ -27,6 +27,7 @@ from sglang_fleet.config.render import Launch
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.facts.ports import Listener, PortListeners
 from sglang_fleet.facts.systemd import SystemdVersion, UnitCondition
+from sglang_fleet.hostconfig import groups
 from sglang_fleet.ops import Ops, preview
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.ops.secretfile import api_key, secret_file, secrets_directory
@@ -36,7 +37,7 @@ from sglang_fleet.rollout.cutover import disrupt, rejoin, turn
 from sglang_fleet.stages.compiled import receive_kernels
 from sglang_fleet.stages.engine import Release, switch_release
 from sglang_fleet.stages.gate_program import check, error_of
-from sglang_fleet.stages.group_unit import group_unit
+from sglang_fleet.stages.group_unit import group_unit, spans_hosts
 from sglang_fleet.stages.kernel_caches import cache_env
 from sglang_fleet.stages.waves import Waves, retired
 
@@ -50,8 +51,7 @@ RESTART_STEPS_SINCE = 254  # the systemd release with RestartSteps and RestartMa
 
 
 def service_env(launch: Launch) -> dict[str, str]:
-    """What every process of the release's server sees: its home, and every compile cache
-    under /var/cache/sglang (``caches``)."""
+    """What every server process sees: its home, every compile cache under /var/cache/sglang."""
     return {"HOME": paths.STATE, **cache_env(launch.version)}
 
 
@@ -72,10 +72,8 @@ def exec_start(launch: Launch, release: Release) -> str:
 
 
 def secret_values(launch: Launch, host_name: str, secrets: Mapping[str, str]) -> dict[str, str]:
-    """Values of the secrets the launch refers to, from host data's ``secrets``.
-
-        secret_values(launch, "b200-01", {"sglang-api-key": key})  # {"SGLANG_API_KEY": key}
-    """
+    """Values of the secrets the launch refers to, from host data's ``secrets``: ``{var: value}``
+    (``SGLANG_API_KEY``)."""
     values = {}
     for var, name in launch.secrets.items():
         if name not in secrets:
@@ -89,8 +87,7 @@ def secret_values(launch: Launch, host_name: str, secrets: Mapping[str, str]) ->
 
 
 def allowed_clients() -> list[str]:
-    """``sglang_allowed_clients`` (host data): the networks a server or router answers, besides
-    the host itself; empty means any."""
+    """``sglang_allowed_clients``: the networks a server or router answers (empty: any)."""
     return list(hostconfig.of(host).sglang_allowed_clients)
 
 
@@ -144,13 +141,11 @@ def stale_servers_stopped(launch: Launch, budget: int) -> Ops:
                            f"kill -KILL {p.pid}", units=[launch.unit])
 
 
-def drain_budget() -> int:
-    """Seconds a stopping server may take to finish its requests (host data, 10 minutes)."""
+def drain_budget() -> int:  # seconds a stopping server may take to finish its requests
     return hostconfig.of(host).drain_budget_seconds
 
 
-def startup_budget() -> int:
-    """Seconds a server may take to load and warm up (host data, default 30 minutes)."""
+def startup_budget() -> int:  # seconds a server may take to load and warm up
     return hostconfig.of(host).startup_budget_seconds
 
 
@@ -171,8 +166,7 @@ def installed_units() -> list[str]:
 
 @operation(is_idempotent=True)
 def retire_other_units(keep: list[str]) -> Ops:
-    """Stop and remove sglang units this profile no longer runs (fewer instances), with their
-    environment files.
+    """Stop and remove sglang units this profile no longer runs, with their environment files.
 
     + keep: the server units to leave alone; ``[]`` removes every one of them (teardown)
 
@@ -286,11 +280,9 @@ def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False,
 def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
                final: bool = False) -> Ops:
     """Once a wave of the host's servers has started: wait until each is ready (the gate's
-    health wait, within the startup budget, failing fast when its unit fails) before the next
-    wave starts; in a roll with ``--batch-instances``, put the wave back into the routers and
-    wait until they see it healthy. A wave that is not ready stops the waves: the host's later
-    servers keep what they run, untouched, and the gate puts the failed ones' last good
-    release back.
+    health wait, failing fast when its unit fails) before the next wave; with
+    ``--batch-instances``, put it back into the routers, seen healthy. A wave not ready stops
+    the waves: later servers keep what they run; the gate puts the last good release back.
 
     + profile: the profile the servers were rendered from
     + launches: the host's servers
@@ -311,6 +303,9 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
     if not due:
         if final and not waves.started:
             host.noop("no server restarted")
+        return
+    if spans_hosts(launches[0]) and groups.rank_of(host):  # rank >= 1: a dummy /health
+        waves.ready(due)  # says nothing; the gate reads its journal
         return
     by_unit = {launch.unit: launch for launch in launches}
     for unit in due:
@@ -367,17 +362,22 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
     if cfg.replace_stale_servers:
         stale_servers_stopped(name=f"Nothing else on port {launch.port}", launch=launch,
                               budget=drain_budget(), _if=waves.going)
+    changes = [unit, env, launcher, *restart_if]
+    if spans_hosts(launch):  # one rank of a group: the group restarts whole, rank 0 first
+        from sglang_fleet.stages.group_restart import restart_group  # it imports this module
+
+        restart_group(unit_name, changes, waves=waves, _if=waves.going)
+        return
     unit_running(name=f"Enable and start {unit_name} (restarted when its definition changed)",
-                 unit=unit_name, changes=[unit, env, launcher, *restart_if], routed=True,
-                 waves=waves, _if=waves.going)
+                 unit=unit_name, changes=changes, routed=True, waves=waves, _if=waves.going)
 
 
 @deploy("SGLang service")
 def install_service(profile: Profile, launches: list[Launch], release: Release,
                     restart_if: list[OperationMeta]) -> None:
     """One unit per server instance (``parallel.instances``, each on its own GPU set), restarted
-    in waves: the first alone, ready before the rest (all at once; ``--batch-instances`` at a
-    time in a roll). Each unit's files change only when its wave comes."""
+    in waves: the first alone, ready before the rest (``--batch-instances`` at a time in a
+    roll); a group's member restarts with its group (``group_restart``)."""
     secrets_directory()
     [launcher] = upload(LAUNCHER)  # keys in-process, never on the command line
     turn(name="In a roll, this host's turn (the batch before it back in the routers)")

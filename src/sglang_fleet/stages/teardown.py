@@ -16,7 +16,7 @@ from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 
-from sglang_fleet import paths
+from sglang_fleet import hostconfig, paths
 from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.ops import Ops, preview
 from sglang_fleet.ops.packages import remove_baseline
@@ -25,6 +25,7 @@ from sglang_fleet.rollout.fleet import RouterConfig
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.stages.driver import remove_driver
 from sglang_fleet.stages.engine import remove_engine
+from sglang_fleet.stages.group_restart import GroupRestart, group_stopped
 from sglang_fleet.stages.router import remove_router
 from sglang_fleet.stages.service import remove_service
 from sglang_fleet.stages.weights import remove_weights
@@ -86,9 +87,17 @@ class Purge:
 
 @deploy("Teardown")
 def teardown(purge: Purge, urls: list[str], routers: list[RouterConfig],
-             is_router: bool) -> None:
+             is_router: bool, group_units: list[str] | None = None) -> None:
+    """``group_units``: a multi-node group's member's server units. Its rank 0 (the one in the
+    routers) leaves them and stops first, in an operation of its own that every member builds,
+    so pyinfra runs it before any member's removal: a member stopped first is a lost peer for
+    rank 0, whose ranks then crash and restart under the teardown."""
     if urls and routers:
         out_of_routers(name="Out of the routers", routers=routers, urls=urls)
+    for unit in group_units or []:
+        group = hostconfig.of(host).sglang_group or ""
+        group_stopped(name=f"Group {group}: rank 0's {unit} stopped first", unit=unit,
+                      record=GroupRestart(group, wanted_by=["teardown"]), rank0=True)
     if is_router:
         remove_router()
     remove_service()

@@ -32,7 +32,7 @@ from sglang_fleet.facts.ports import Listener
 from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.ops import packages, secretfile
 from sglang_fleet.rollout import cutover, roll_directory
-from sglang_fleet.stages import driver, last_good, resize, service
+from sglang_fleet.stages import driver, group_restart, last_good, resize, service
 from sglang_fleet.stages.gate import GateResult
 from tests.conftest import field_profile
 from tests.fakes import RELEASE, Host, commands, driver_host
@@ -187,7 +187,8 @@ class Executing:
 
 
 MODULES = ("driver", "service", "last_good", "resize", "gate", "gate_program", "warmup",
-           "router", "compiled", "compiled_records", "teardown", "engine", "weights")
+           "router", "compiled", "compiled_records", "teardown", "engine", "weights",
+           "group_restart", "gate_group")
 Use = Callable[[dict[str, Any]], Host]
 
 
@@ -269,6 +270,14 @@ def restarts(use: Use) -> list[list[Any]]:
             commands(service.unit_running, "nvidia-dcgm-exporter.service", [Changed()])]
 
 
+def group_restarts(use: Use) -> list[list[Any]]:
+    """A group that restarts: rank 0 stopped first, then the others, all started together."""
+    use({})
+    record = group_restart.GroupRestart("g", wanted_by=["b200-02"])
+    return [commands(group_restart.group_stopped, "sglang.service", record, False),
+            commands(group_restart.group_started, "sglang.service", record)]
+
+
 def router_removed(use: Use) -> list[list[Any]]:
     use({"File": {"mode": 644}})
     return [commands(service.unit_absent, paths.ROUTER_UNIT)]
@@ -305,6 +314,8 @@ DRIVEN: dict[str, Callable[[Use], list[list[Any]]]] = {
     "stages.service.retire_other_units": retired_units,
     "stages.service.unit_running": restarts,
     "stages.service.unit_absent": router_removed,
+    "stages.group_restart.group_stopped": group_restarts,
+    "stages.group_restart.group_started": group_restarts,
     "stages.last_good.restore_unit": restores,
     "stages.resize.sized_restart": sized_restart,
 }
@@ -331,6 +342,10 @@ CALM = {
     "stages.gate.gate": "the checks; keeps the files as the last good release",
     "stages.gate.gate_failed": "a verdict",
     "stages.gate.host_capacity": "a sum",
+    "stages.gate_group.group_kept": "keeps the files as the last good release",
+    "stages.gate_group.group_unchanged": "reads each member's MainPID",
+    "stages.gate_group.member_started": "reads a member's journal",
+    "stages.group_restart.restart_wanted": "decides whether the group restarts; enables the unit",
     "stages.gate.smoke": "a smoke generation",
     "stages.last_good.check_restored": "health and a smoke generation",
     "stages.last_good.restore_files": "the files back without a restart (driven in restores)",

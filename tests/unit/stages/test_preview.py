@@ -20,6 +20,8 @@ from sglang_fleet.stages import (
     compiled_records,
     driver,
     gate,
+    gate_group,
+    group_restart,
     last_good,
     resize,
     router,
@@ -27,6 +29,8 @@ from sglang_fleet.stages import (
     teardown,
     warmup,
 )
+from sglang_fleet.stages.gate_group import GroupGate
+from sglang_fleet.stages.group_restart import GroupRestart
 from sglang_fleet.stages.waves import Waves
 from tests.conftest import field_profile
 from tests.fakes import RELEASE, Host, commands
@@ -89,6 +93,32 @@ CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
         (lambda: commands(gate.gate_failed, PROFILE, LAUNCH, 1800, gate.GateResult()),
          "if the gate of sglang.service failed: fails the host, saying what serves once the "
          "last good release is back", False)],
+    "stages.gate_group.member_started": [
+        (lambda: commands(gate_group.member_started, LAUNCH, 1800, GroupGate("g")),
+         "a rank >= 1 of group g: waits up to 1800 s for sglang.service's start line in its "
+         "journal, no exception after it (never its HTTP: a dummy health server); rank 0's gate "
+         "follows", False)],
+    "stages.gate_group.group_unchanged": [
+        (lambda: commands(gate_group.group_unchanged, "sglang.service", GroupGate("g")),
+         "checks that no member of group g restarted during its gate (each MainPID as when its "
+         "check passed)", False)],
+    "stages.gate_group.group_kept": [
+        (lambda: commands(gate_group.group_kept, "sglang.service", GroupGate("g"),
+                          gate.GateResult()),
+         "if every member of group g passed: keeps sglang.service and its environment as the "
+         "last good release", True)],
+    "stages.group_restart.restart_wanted": [
+        (lambda: commands(group_restart.restart_wanted, "sglang.service", [],
+                          GroupRestart("g")),
+         "may ask its group g to restart (when sglang.service is not running or what it runs "
+         "changed; the group restarts whole)", False)],
+    "stages.group_restart.group_stopped": [
+        (lambda: commands(group_restart.group_stopped, "sglang.service", GroupRestart("g"),
+                          True),
+         "may stop sglang.service if its group g restarts (rank 0 first)", True)],
+    "stages.group_restart.group_started": [
+        (lambda: commands(group_restart.group_started, "sglang.service", GroupRestart("g")),
+         "may start sglang.service with every member of group g at once", True)],
     "stages.gate.host_capacity": [
         (lambda: commands(gate.host_capacity, ["sglang-0.service", "sglang-1.service"], [],
                           "900000,1000"),
@@ -125,7 +155,8 @@ CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
          "takes this host's 1 worker URLs out of the 1 routers that still route to them",
          True)],
 }
-MODULES = (compiled_records, driver, gate, last_good, resize, router, service, teardown, warmup)
+MODULES = (compiled_records, driver, gate, gate_group, group_restart, last_good, resize, router,
+           service, teardown, warmup)
 
 
 class NoFacts(Host):
