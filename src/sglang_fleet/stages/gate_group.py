@@ -104,7 +104,19 @@ def member_started(launch: Launch, budget: int, record: GroupGate,
                            changes=False)
         return
     if not groups.rank_of(host):
-        host.noop(f"{who()}: its gate follows once every member has started")
+        # A member that failed earlier in this run (its start refused: a unit that would not
+        # start, a failed command) runs none of this: pyinfra skips a failed host's later
+        # operations, so only rank 0 can say that it never started; unsaid, rank 0's gate
+        # would wait out the rendezvous and fail on its own timeout, naming nobody.
+        failed = {h.name for h in state.failed_hosts}
+        for rank, member in enumerate(groups.group_hosts(host)):
+            if rank and member.name in failed:
+                error = record.failed(member.name, f"{member.name} (rank {rank} of group "
+                                      f"{record.group}): failed in this run before its start "
+                                      "could be checked (its error above)")
+                logger.warning(f"{host.print_prefix}{error}")
+        if record.failure() is None:
+            host.noop(f"{who()}: its gate follows once every member has started")
         return
     ok, output = run(shlex.join(program("python3", MEMBER, "--unit", launch.unit,
                                         "--budget", str(budget))))

@@ -37,6 +37,7 @@ SINCE = "Wed 2026-07-01 10:00:00 UTC"
 
 class Executing:
     is_executing = True
+    failed_hosts: frozenset[Any] = frozenset()  # hosts that failed earlier in the run
 
 
 def member(name: str, shell: dict[str, list[str]] | None = None) -> Host:
@@ -162,6 +163,26 @@ def test_a_member_with_its_start_line_passes_and_rank0_only_waits(
     assert commands(gate_group.member_started, launch, 60, record, GateResult()) == []
     assert rank0.noops == ["b200-01 (rank 0 of group g): its gate follows once every member "
                            "has started"]
+
+
+def test_a_member_failed_before_its_check_is_named_by_rank0(
+        use: Callable[[Host], Host], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A member whose start failed (pyinfra skips its later operations, its check included):
+    rank 0 names it, and its gate fails at once instead of waiting out the rendezvous."""
+    rank0 = use(member("b200-01"))
+    failed = Executing()
+    failed.failed_hosts = frozenset([inventory().get_host("b200-02")])
+    monkeypatch.setattr(gate_group, "state", failed)
+    launch = render_all(hostconfig.profile_for(rank0))[0]  # type: ignore[arg-type]
+    record = GroupGate("g")
+    assert commands(gate_group.member_started, launch, 60, record, GateResult()) == []
+    assert record.errors == {"b200-02": "b200-02 (rank 1 of group g): failed in this run "
+                             "before its start could be checked (its error above)"}
+    assert rank0.noops == []
+    result = GateResult()
+    assert commands(gate.gate, hostconfig.profile_for(rank0), launch, 60, "", result,  # type: ignore[arg-type]
+                    group=record) == []
+    assert result.error == f"group g: {record.errors['b200-02']}"
 
 
 def test_a_member_whose_main_pid_changed_during_the_gate_fails_named(
