@@ -163,14 +163,20 @@ def gpu_problems(profile: Profile, host_name: str, gpu_count: int | None) -> lis
                      + (", or raise parallel.nnodes" if par.nnodes > 1 else ""))]
 
 
+# What a member may set for itself: its rank, and the address its own HTTP server (rank 0's
+# API, a rank >= 1's dummy health server) listens on, which SGLang never shares between nodes.
+OWN_FLAGS = ("--node-rank", "--host")
+
+
 def same_launch(argvs: dict[str, tuple[str, ...]], rank0: str) -> list[Problem]:
-    """Every member's argv is rank 0's but for the ``--node-rank`` value: the members of a
-    group must start one server. ``argvs``: by host name, rank order."""
+    """Every member's argv is rank 0's but for its own ``--node-rank`` and ``--host``: the
+    members of a group must start one server. ``argvs``: by host name, rank order."""
     def masked(argv: tuple[str, ...]) -> list[str]:
         words = list(argv)
-        if "--node-rank" in words:
-            i = words.index("--node-rank")
-            del words[i:i + 2]
+        for flag in OWN_FLAGS:
+            if flag in words:
+                i = words.index(flag)
+                del words[i:i + 2]
         return words
 
     first = masked(argvs[rank0])

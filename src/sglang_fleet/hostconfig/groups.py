@@ -100,12 +100,17 @@ def partial_groups(selected: Iterable[str], hosts: Iterable[Host], what: str) ->
     return problems
 
 
+# Keys each member sets for itself: the servers a host sizes, and the address its own HTTP
+# server listens on (hosts bound to their own address: only --host differs, see same_launch).
+OWN_KEYS = ("parallel.instances", "server.host")
+
+
 def _differences(first: Profile, other: Profile) -> list[str]:
-    """The keys two profiles set differently (``instances`` aside: each host sizes its own)."""
+    """The keys two profiles set differently, but those each member sets for itself."""
     theirs = {spec.name: value for spec, value in keys.values(first)}
     return [f"{spec.name} {value!r} (rank 0: {theirs[spec.name]!r})"
             for spec, value in keys.values(other)
-            if spec.name != "parallel.instances" and value != theirs[spec.name]]
+            if spec.name not in OWN_KEYS and value != theirs[spec.name]]
 
 
 def _membership(host: Host, nnodes: int) -> list[Host]:

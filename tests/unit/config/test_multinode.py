@@ -150,6 +150,8 @@ def test_same_launch_names_the_member_that_differs() -> None:
     b = render(tp16(), rank=Rank(1, "10.0.0.11")).argv
     c = render(tp16({"memory.context_length": 8192}), rank=Rank(1, "10.0.0.11")).argv
     assert multinode.same_launch({"h1": a, "h2": b}, "h1") == []
+    own = render(tp16({"server.host": "10.0.0.12"}), rank=Rank(1, "10.0.0.11")).argv
+    assert multinode.same_launch({"h1": a, "h2": own}, "h1") == []  # its own listen address
     [problem] = multinode.same_launch({"h1": a, "h2": b, "h3": c}, "h1")
     assert problem.source == "pyinfra data of h3"
     assert "h3 renders another launch than h1 (rank 0): '8192' where h1 has '262144'" in \

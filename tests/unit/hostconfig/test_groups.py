@@ -82,6 +82,18 @@ def test_mismatched_member_profiles_are_refused_naming_the_host() -> None:
     assert "memory.max_running_requests 64 (rank 0: None)" in problem.message
 
 
+def test_each_member_may_listen_on_its_own_address() -> None:
+    """server.host is each member's own (its HTTP server: rank 0's API, a rank >= 1's dummy
+    health server), as on hosts that bind their own address (the lab's): not a difference."""
+    inv = fleet(("b200-01", {"sglang_group": "g", "sglang.server.host": "10.0.0.11"}),
+                ("b200-02", {"sglang_group": "g", "sglang.server.host": "10.0.0.12"}))
+    for name, address in (("b200-01", "10.0.0.11"), ("b200-02", "10.0.0.12")):
+        host = inv.get_host(name)
+        prof = hostconfig.profile_for(host)
+        [launch] = render_all(prof, rank=groups.rank_for(host, prof))
+        assert launch.argv[launch.argv.index("--host") + 1] == address
+
+
 def test_a_member_without_a_profile_is_named() -> None:
     inv = Inventory(  # type: ignore[no-untyped-call]
         ([("b200-01", {**TP16, "sglang_group": "g"}), ("b200-02", {"sglang_group": "g"})], {}))
