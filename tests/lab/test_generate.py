@@ -41,6 +41,19 @@ def fleet() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(autouse=True)
+def serving(fleet: None) -> None:
+    """Each test starts with the fleet whole in the router: a test that failed before it may
+    have left a server stopped (started again here, so one failure does not fail the rest)."""
+    deadline = time.monotonic() + 180
+    while not whole(router_health()) and time.monotonic() < deadline:
+        for host in HOSTS:
+            if ssh(host, "systemctl is-active --quiet sglang.service").returncode != 0:
+                start_again(host)
+        time.sleep(3)
+    assert whole(router_health()), router_health()
+
+
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Any:
     import boto3
@@ -139,6 +152,14 @@ def router_health() -> dict[str, bool]:
     return {host: bool(workers.get(url, {}).get("is_healthy")) for host, url in HOSTS.items()}
 
 
+def ended(job: subprocess.Popen[str]) -> tuple[str, str]:
+    """A job's output, killed first if it still runs (a test that gives up on it must not
+    wait for it, nor leave it running)."""
+    if job.poll() is None:
+        job.kill()
+    return job.communicate(timeout=60)
+
+
 def start_again(host: str) -> bool:
     """Start a stopped server. In the lab's nspawn guests systemd 252 can fail to remove a
     stopped unit's cgroup ("Failed to kill control group ...: Input/output error") and the next
@@ -160,7 +181,7 @@ def test_every_server_stopped_20_s_mid_job_pauses_it_and_fails_nothing(
     for 20 s in the middle of a job with --retries 2: the job pauses, says why, probes the
     fleet's health (1 s doubling: probes at 1, 3, 7 and 15 s fail), resumes by itself once the
     router has its workers back, and ends with every id once and no failed line."""
-    n = 1000  # ~60 s at 16 at a time (~1 s each): the outage lands in the middle
+    n = 2000  # ~2 min at 16 at a time (~1 s each): the outage lands in the middle
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"id": f"out-{i}", "max_tokens": 200, "messages": [
         {"role": "user", "content": f"task {i}"}]}) + "\n" for i in range(n)))
@@ -172,16 +193,20 @@ def test_every_server_stopped_20_s_mid_job_pauses_it_and_fails_nothing(
         stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not list(out.glob("shard-*.jsonl")):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        assert job.poll() is None and time.monotonic() < deadline, ended(job)
         time.sleep(0.5)
-    for host in HOSTS:
-        stopped = ssh(host, "systemctl stop sglang.service")
-        assert stopped.returncode == 0, stopped.stderr
-    time.sleep(OUTAGE)
-    assert job.poll() is None, "the job ended during the outage"
-    for host in HOSTS:
-        assert start_again(host), ssh(host, "systemctl status sglang.service --no-pager; "
-                                            "journalctl -u sglang -n 40 -o cat").stdout[-4000:]
+    try:
+        for host in HOSTS:
+            stopped = ssh(host, "systemctl stop sglang.service")
+            assert stopped.returncode == 0, stopped.stderr
+        time.sleep(OUTAGE)
+        assert job.poll() is None, ("the job ended during the outage: make it longer",
+                                    ended(job))
+    finally:  # the servers back whatever happened: the module's later tests need them
+        started = {host: start_again(host) for host in HOSTS}
+    assert all(started.values()), [ssh(h, "systemctl status sglang.service --no-pager; "
+                                          "journalctl -u sglang -n 40 -o cat").stdout[-4000:]
+                                   for h, ok in started.items() if not ok]
     stdout, stderr = job.communicate(timeout=900)
     assert job.returncode == 0, stderr[-3000:]
     events = [json.loads(line) for line in stdout.splitlines()]
@@ -271,7 +296,7 @@ def test_a_router_switch_to_smg_under_a_running_job_fails_nothing(
         stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not list(out.glob("shard-*.jsonl")):
-        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        assert job.poll() is None and time.monotonic() < deadline, ended(job)
         time.sleep(0.5)
     switched = pyinfra("deploys/router.py")
     assert switched.returncode == 0, (switched.stdout + switched.stderr)[-5000:]

@@ -31,9 +31,10 @@ def deployed() -> Iterator[None]:
         yield
 
 
-def rows() -> list[dict[str, Any]]:
+def rows(healthy: bool = True) -> list[dict[str, Any]]:
+    """``status --json``'s rows; it exits 0 for a healthy fleet, 1 for an unhealthy one."""
     result = run("sglang-fleet", "status", "inventories/lab.py", "--json", timeout=120)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == (0 if healthy else 1), (result.stdout + result.stderr)[-3000:]
     return list(json.loads(result.stdout))
 
 
@@ -87,8 +88,9 @@ def test_status_of_a_deployed_host(deployed: None) -> None:
     table = run("sglang-fleet", "status", "inventories/lab.py", timeout=120).stdout
     print(f"{table}\n(status took {time.monotonic() - started:.1f} s)")
     assert table.splitlines()[1].split()[:3] == ["lab1", "sglang-0.service", "active/running"]
-    assert f"fleet: {fleet['running']} running requests on 8 of 8 servers" in table
-    assert "servers' measured throughput (from the gates' soaks at " in table
+    words = " ".join(table.split())  # the lines below the table wrap to the terminal's width
+    assert f"fleet: {fleet['running']} running requests on 8 of 8 servers" in words
+    assert "servers' measured throughput (from the gates' soaks at " in words
 
 
 def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Path) -> None:
@@ -101,7 +103,9 @@ def test_a_fatal_xid_refuses_the_host_until_ignored(deployed: None, tmp_path: Pa
     assert "fix: reboot the host" in out and "gpu_health_ignore = ['xid-79']" in out
     assert "Beginning operation run" not in out  # refused while preparing: nothing ran
     assert main_pid() == pid
-    servers = {r["unit"]: r for r in rows() if r["kind"] == "server"}
+    found = rows(healthy=False)  # a fatal GPU finding: status exits 1 and says why
+    assert found[-1]["problems"] == ["lab1 sglang-0.service: GPU FATAL xid-79 (GPU 0)"]
+    servers = {r["unit"]: r for r in found if r["kind"] == "server"}
     assert servers["sglang-0.service"]["gpu_health"] == ["FATAL xid-79 (GPU 0)"]
     assert servers["sglang-1.service"]["gpu_health"] == []  # GPU 1's server: not that GPU
 

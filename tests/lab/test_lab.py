@@ -133,7 +133,7 @@ def test_down_leaves_nothing_behind(lab: None) -> None:
     # Other tests may run moto or http.server beside the lab, and other slots their own labs:
     # this lab's supervisors and nspawn name its state directory, its servers bind its site.
     left = [line for line in table if not line.lstrip().startswith("Z")
-            and ((any(p in line for p in ("systemd-nspawn", "lab.supervise"))
+            and ((any(p in line for p in ("systemd-nspawn", "lab.supervise", "gpg-agent"))
                   and f"{LAB.dir}/" in line)
                  or (any(p in line for p in ("moto_server", "http.server"))
                      and f"{SITE} " in line))]

@@ -349,8 +349,16 @@ def collect(inventory_path: str, data: dict[str, Any] | None = None,
     as ``--data`` would give it; the routers' rows only ``with_routers``)."""
     from sglang_fleet.rollout import planning  # loading an inventory patches it with gevent
 
-    logging.getLogger("pyinfra").setLevel(logging.CRITICAL)  # a table, not pyinfra's log
-    inventory = planning.load(inventory_path, data or {})
+    pyinfra_log = logging.getLogger("pyinfra")
+    level = pyinfra_log.level
+    pyinfra_log.setLevel(logging.CRITICAL)  # a table, not pyinfra's log
+    try:
+        return _collect(planning.load(inventory_path, data or {}), inventory_path, with_routers)
+    finally:  # a roll reads the fleet at its end, then goes on logging
+        pyinfra_log.setLevel(level)
+
+
+def _collect(inventory: Any, inventory_path: str, with_routers: bool) -> Fleet:
     hosts = fleet.serving_hosts(inventory)
     if not hosts and not fleet.routers(inventory):
         raise InputError.one(inventory_path, "sglang_profile", "no serving hosts and no router",

@@ -171,6 +171,13 @@ def _gpg(*args: str) -> subprocess.CompletedProcess[bytes]:
                           capture_output=True)
 
 
+def stop_agent() -> None:
+    """Stop the gpg-agent that signing started (it outlives ``gpg`` and would outlive the lab)."""
+    if GNUPG.exists():
+        subprocess.run(["gpgconf", "--homedir", str(GNUPG), "--kill", "gpg-agent"],
+                       check=False, capture_output=True)
+
+
 def signing_key() -> bytes:
     """The lab's archive key (created once), exported for the keyring package."""
     if not (GNUPG / "pubring.kbx").exists():

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from sglang_fleet_lab import hostpkgs, hosts, rootfs, site
+from sglang_fleet_lab import aptrepo, hostpkgs, hosts, rootfs, site
 from sglang_fleet_lab.state import Host, Lab, host_address, load
 
 
@@ -65,6 +65,7 @@ def down(quiet: bool = False) -> None:
         if hosts.power_off(name):
             print(f"{name}: a lab guest no lab state knew of: powered off", flush=True)
     site.stop()
+    aptrepo.stop_agent()
     if lab.hosts:
         lab.hosts = []
         lab.save()
