@@ -14,9 +14,6 @@ _lab = load()
 sglang_profile = "qwen3.6-27b-mtp"  # shipped with the product
 # The API key: made by `lab up` and kept in the lab's root-only state, never in the repository.
 secrets = {"sglang-api-key": _lab.api_key(), "sglang-router-admin-key": _lab.api_key("admin")}
-# The lab's site serves plain http on the host's loopback (a B200 site uses https).
-allow_insecure_urls = True
-
 # The lab's site serves plain http (its repository, wheelhouse and S3 endpoint live on
 # 127.0.0.2, 127.0.k.2 in lab slot k); a B200 site uses https, which every URL must be unless
 # this is set.

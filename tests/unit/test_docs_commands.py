@@ -150,6 +150,13 @@ def documented() -> list[tuple[str, str]]:
 RUN_HERE = [(where, c) for where, c in documented() if c not in ELSEWHERE]
 
 
+def files_before(where: str, command: str) -> list[str]:
+    """The here-documents the doc writes before ``command`` (a file the command reads): run
+    first, since the tests of one doc may run apart and in any order (two pytest workers)."""
+    earlier = [c for w, c in RUN_HERE if w == where]
+    return [c for c in earlier[:earlier.index(command)] if HEREDOC.search(c.splitlines()[0])]
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The checkout's top level as links, with README.md and docs/ copied."""
@@ -186,6 +193,8 @@ def test_the_command_runs(where: str, command: str, workdir: Path, tmp_path: Pat
         "in ELSEWHERE (tests/unit/test_docs_commands.py)")
     status, fragment = STATUS.get(command, (0, ""))
     log = tmp_path / "connections.log"
+    for before in files_before(where, command):
+        run(before, workdir, log)
     result = run(command, workdir, log)
     assert result.returncode == status, (where, command, result.stdout, result.stderr)
     assert fragment in result.stdout + result.stderr, (where, command, result.stderr)

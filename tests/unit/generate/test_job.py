@@ -23,16 +23,9 @@ import pytest
 
 from sglang_fleet.generate import Options, run_job
 from sglang_fleet.generate.progress import Stats
-from tests.conftest import ROOT
+from tests.conftest import ROOT, free_port
 
-REPO = ROOT
-MODEL = REPO / "lab" / "models" / "qwen3.6-27b"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+MODEL = ROOT / "lab" / "models" / "qwen3.6-27b"
 
 
 def wait_http(url: str, timeout: float = 30) -> None:
