@@ -38,6 +38,13 @@ noconnect.refuse_example_hosts()
 gevent.monkey.patch_all = lambda *args, **kwargs: True
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def roll_journals(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The rolls tests run (in-process and the commands they start) keep their journals in
+    the run's temporary directory, not this machine's ~/.local/state."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
 DATA = ROOT / "tests" / "data"
 PROFILES = sorted((ROOT / "src" / "sglang_fleet" / "profiles").glob("*.yaml"))
 FIELD_PROFILE = ROOT / "src" / "sglang_fleet" / "profiles" / "qwen3.6-27b-mtp.yaml"

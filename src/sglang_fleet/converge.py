@@ -21,7 +21,7 @@ from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.hostconfig import groups
 from sglang_fleet.report import metrics_targets
-from sglang_fleet.rollout import fleet
+from sglang_fleet.rollout import cutover, fleet
 from sglang_fleet.stages.compiled import announce_kernels, share_kernels
 from sglang_fleet.stages.driver import install_driver
 from sglang_fleet.stages.engine import Release, install_engine
@@ -100,6 +100,7 @@ def prepare() -> None:
     stage_weights(profile=profile)
     warm_caches(profile=profile, launches=launches, release=release, budget=startup_budget())
     announce_kernels(launches=launches, release=release)  # which kernels it will need
+    cutover.prepared(name="In a roll, this host prepared")
 
 
 def driver() -> None:

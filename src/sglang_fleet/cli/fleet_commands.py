@@ -28,21 +28,22 @@ if TYPE_CHECKING:
 
 def cmd_roll(args: argparse.Namespace) -> int:
     """Rolling redeploy through the router (see sglang_fleet.rollout.roll)."""
-    from sglang_fleet.rollout import roll
-    from sglang_fleet.rollout.planning import plan
+    from sglang_fleet.rollout import command
 
+    options = {"batch": args.batch, "drain_timeout": args.drain_timeout,
+               "health_timeout": args.health_timeout, "batch_instances": args.batch_instances,
+               "max_unavailable": args.max_unavailable, "tolerate": args.tolerate,
+               "resume": args.resume, "parallel": args.parallel}
     if not args.json:
-        return roll.main(args.inventory, args.data, args.batch, args.drain_timeout,
-                         args.health_timeout, args.batch_instances)
-    made = roll.Roll(plan(args.inventory, args.data, args.batch, args.batch_instances),
-                     args.drain_timeout, args.health_timeout)
+        return command.main(args.inventory, args.data, **options)
+    made = command.make(args.inventory, args.data, **options)
     ok, document = roll_as_json(made)
     print(json.dumps(document, indent=2))
     return 0 if ok else 1
 
 
 def roll_as_json(made: Roll) -> tuple[bool, dict[str, Any]]:
-    """The roll as ``roll.main`` runs it, its lines (the runs' output, the table, the fleet)
+    """The roll as ``command.main`` runs it, its lines (the runs' output, the table, the fleet)
     on stderr, and what it did as one JSON object: ``ok``, each host's outcome, the fleet as
     ``status --json`` sums it, the warnings, and ``errors`` (empty: an input problem stops a
     roll before it starts, and is printed instead of this). Each host carries its ``cause``:
@@ -73,6 +74,7 @@ def roll_as_json(made: Roll) -> tuple[bool, dict[str, Any]]:
     return ok, {
         "ok": ok,
         "cause": made.cause(),  # the first failure's, with its host ("" when none)
+        "skipped": made.skipped,  # host -> why (unreachable, its preparation failed)
         "hosts": [asdict(outcome) for outcome in made.outcomes.values()],
         "fleet": fleet.as_json()[-1] if fleet is not None
         else {"kind": "fleet", "not_read": output.as_json(unread.problems if unread else [])},
@@ -118,14 +120,34 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         examples=["sglang-fleet roll inventories/b200.py",
                   "sglang-fleet roll inventories/b200.py --batch 2 "
                   "--data sglang.memory.max_running_requests=48",
-                  "sglang-fleet roll inventories/b200.py --batch-instances 2 --json"],
+                  "sglang-fleet roll inventories/b200.py --batch-instances 2 --json",
+                  "sglang-fleet roll inventories/b200.py --batch 10% --max-unavailable 12% "
+                  "--tolerate 2%",
+                  "sglang-fleet roll inventories/b200.py --batch 10% --resume"],
         exit_codes=["0  every host converged",
                     "1  a host failed (its first cause named: the host unreachable over SSH, "
                     "the router, its deploy) or an input problem",
                     "2  a usage error"])
     usage.files(p.add_argument("inventory", help=inventory_help))
-    p.add_argument("--batch", type=usage.count(1, "--batch 1"), default=1,
-                   help="hosts at a time (default 1)")
+    p.add_argument("--batch", type=usage.share(1, "--batch 10%"), default="1",
+                   metavar="N|P%", help="hosts at a time, a multi-node group counting as one: a "
+                   "number, or a percentage of them rounded up (default 1)")
+    p.add_argument("--max-unavailable", type=usage.share(1, "--max-unavailable 10%"),
+                   default=None, metavar="N|P%", help="hosts that may be out of service at "
+                   "once: the batch's and those already unhealthy in a router; a batch that "
+                   "would go past it stops the roll (default: the batch's own, so every other "
+                   "host must be serving)")
+    p.add_argument("--tolerate", type=usage.share(0, "--tolerate 2%"), default="0",
+                   metavar="N|P%", help="hosts that may fail their preparation or not answer "
+                   "over SSH at the start: skipped and reported, serving as they were, and left "
+                   "for --resume (a percentage rounds down; default 0: any such host stops the "
+                   "roll)")
+    p.add_argument("--resume", action="store_true", help="go on where the last roll of this "
+                   "inventory with the same --data stopped: the hosts it converged are not "
+                   "rolled again (its journal is under $XDG_STATE_HOME/sglang-fleet/rolls)")
+    p.add_argument("--parallel", type=usage.count(1, "--parallel 50"), default=None,
+                   metavar="N", help="hosts each pyinfra run works on at once (default: "
+                   "pyinfra's, 20 per CPU of this machine, within its open-files limit)")
     p.add_argument("--batch-instances", type=usage.count(1, "--batch-instances 2"),
                    default=None, metavar="K",
                    help="a host's servers restarted K at a time (after the first, alone), "

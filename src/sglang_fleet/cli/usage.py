@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import textwrap
 from collections.abc import Callable
@@ -113,6 +114,21 @@ def count(low: int, example: str) -> Callable[[str], int]:
         return value
 
     return _typed("count", read)
+
+
+def share(low: int, example: str) -> Callable[[str], str]:
+    """A count of at least ``low``, or a percentage from 1% to 100% (of hosts, resolved once
+    the inventory is read): ``share(1, "--batch 10%")("0")`` is refused."""
+    def read(text: str) -> str:
+        found = re.fullmatch(r"(\d{1,6})(%?)", text.strip())
+        if not found or (found[2] and not 0 < int(found[1]) <= 100) or \
+                (not found[2] and int(found[1]) < low):
+            raise argparse.ArgumentTypeError(
+                f"must be a count of at least {low} or a percentage from 1% to 100%, got "
+                f"{text!r} (e.g. {example})")
+        return text.strip()
+
+    return _typed("count or percentage", read)
 
 
 def seconds(low: float, high: float | None, example: str) -> Callable[[str], float]:

@@ -58,6 +58,24 @@ def turn() -> Ops:
         yield FunctionCommand(_await_turn, (), {})
 
 
+@operation(is_idempotent=True)
+def prepared() -> Ops:
+    """In a roll, tell it this host is prepared (every operation before this one succeeded on
+    it): a roll that tolerates failed preparations skips the hosts that never say so.
+
+        prepared(name="In a roll, this host prepared")
+    """
+    if current() is not None:
+        yield FunctionCommand(_say_prepared, (), {})
+
+
+def _say_prepared(state: Any, host: Any) -> bool:
+    roll_dir = current()
+    if roll_dir is not None and host.name in roll_dir.hosts():
+        roll_dir.give("prepared", [host.name])
+    return True
+
+
 def _await_turn(state: Any, host: Any) -> bool:
     roll_dir = current()
     if roll_dir is None or host.name not in roll_dir.hosts():

@@ -51,6 +51,15 @@ class Outcome:
                 for i, (urls, seconds) in enumerate(self.waves, 1)]
 
 
+def hosts_text(names: list[str]) -> str:
+    """The hosts named, or counted when there are many (a roll of 100+ hosts).
+
+        hosts_text([f"h{i:03}" for i in range(1, 121)])   # '120 hosts (h001, h002, h003, …, h120)'
+    """
+    return ", ".join(names) if len(names) <= 12 else \
+        f"{len(names)} hosts ({', '.join(names[:3])}, …, {names[-1]})"
+
+
 def table(outcomes: Iterable[Outcome]) -> str:
     """One row per host, its cause of failure and notes (waves, drains, kernels) under it."""
     rows = [f"{'host':<16}{'result':<44}{'seconds':>8}{'out of router (s)':>20}"]

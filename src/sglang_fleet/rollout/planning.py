@@ -10,7 +10,7 @@ routers.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,7 @@ from sglang_fleet.config import preflight, validators
 from sglang_fleet.config.render import render_all
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.hostconfig import groups
-from sglang_fleet.rollout import fleet
+from sglang_fleet.rollout import fleet, scale
 from sglang_fleet.rollout.router_api import Router
 
 
@@ -43,6 +43,9 @@ class Plan:
     # host -> unit -> the URLs a router may know it by (with the inventory; with --data)
     units: dict[str, dict[str, list[str]]] = field(default_factory=dict)
     batch_instances: int | None = None  # a host's servers restarted at a time (None: whole)
+    # host -> the hosts that leave and come back with it (its group, or itself alone)
+    unit_of: dict[str, list[str]] = field(default_factory=dict)
+    done: list[str] = field(default_factory=list)  # converged by the roll this one resumes
 
 
 _DATA_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -139,11 +142,12 @@ def data_warning(data: Sequence[str]) -> str | None:
             "it in the inventory's host or group data")
 
 
-def plan(inventory: str, data: Sequence[str], batch: int,
-         batch_instances: int | None = None) -> Plan:
-    if batch < 1:
-        raise InputError.one("--batch", "", f"must be at least 1, got {batch}",
-                             "hosts converged at a time, e.g. --batch 1")
+def plan(inventory: str, data: Sequence[str], batch: int | str,
+         batch_instances: int | None = None, done: Collection[str] = ()) -> Plan:
+    """The roll of ``inventory`` with ``data``, ``batch`` units (a group, or a host alone) at
+    a time (a count, or a percentage of the units to roll); the hosts in ``done`` (converged by
+    the roll this one resumes) are not rolled again, but still counted as serving."""
+    scale.amount("--batch", batch, 1)  # a bad value is refused before the inventory loads
     if batch_instances is not None and batch_instances < 1:
         raise InputError.one("--batch-instances", "",
                              f"must be at least 1, got {batch_instances}",
@@ -189,13 +193,17 @@ def plan(inventory: str, data: Sequence[str], batch: int,
             known[:0] = [url] if url not in known else []
     _leave_with_rank0(units, members, {h.name: h for h in hosts})
     whole = groups.units_of(hosts)  # each group one unit: never split across batches
+    unit_of = {h.name: [m.name for m in unit] for unit in whole for h in unit}
+    todo = [unit for unit in whole if not all(h.name in done for h in unit)]
+    size = scale.amount("--batch", batch, len(whole))  # of the fleet, resumed or not
     return Plan(inventory=inventory, data=list(data),
-                batches=[[h for unit in whole[i:i + batch] for h in unit]
-                         for i in range(0, len(whole), batch)],
+                batches=[[h for unit in todo[i:i + size] for h in unit]
+                         for i in range(0, len(todo), size)],
                 before={name: list(by_unit.values()) for name, by_unit in before.items()},
                 after=after,
                 routers=[r.api() for r in routers], units=units,
-                batch_instances=batch_instances)
+                batch_instances=batch_instances, unit_of=unit_of,
+                done=[n for n in unit_of if n in done])
 
 
 def _leave_with_rank0(units: dict[str, dict[str, list[str]]], members: dict[str, list[str]],

@@ -7,26 +7,30 @@ for the restart and the gate; it is put back and seen healthy by the routers bef
 batch. The first failure stops the roll: the batch goes back to its last good release
 (``sglang_fleet.converge.restore``), is put back, and the rest is left untouched.
 
+At fleet scale: ``--batch`` may be a percentage; ``--max-unavailable`` bounds the hosts out of
+service at once, counting those already unhealthy (``budget``); ``--tolerate`` lets that many
+hosts that do not answer or fail their preparation be skipped, reported, serving as they were;
+a journal of what converged lets ``--resume`` go on where a stopped roll stopped (``scale``).
+
     sglang-fleet roll inventories/b200.py --batch 1 --data sglang.memory.max_running_requests=48
 """
 
 from __future__ import annotations
 
-import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 
 from pyinfra.api.host import Host
 
-from sglang_fleet.errors import InputError
 from sglang_fleet.report import status
-from sglang_fleet.rollout.outcome import Outcome, fleet_lines, table
-from sglang_fleet.rollout.planning import Plan, data_warning, parse_data, plan
+from sglang_fleet.rollout import budget
+from sglang_fleet.rollout.outcome import Outcome, fleet_lines, hosts_text, table
+from sglang_fleet.rollout.planning import Plan, parse_data
 from sglang_fleet.rollout.reach import unreachable
 from sglang_fleet.rollout.roll_directory import RollDirectory
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.rollout.runs import Start, Started, pyinfra
+from sglang_fleet.rollout.scale import Journal
 from sglang_fleet.stages import compiled_exchange
 
 
@@ -38,8 +42,18 @@ class Roll:
     def __init__(self, plan: Plan, drain_timeout: float, health_timeout: float,
                  run: Start = pyinfra,
                  read_fleet: Callable[[], status.Fleet] | None = None,
-                 reach: Callable[[list[Host]], dict[str, str]] = unreachable) -> None:
+                 reach: Callable[[list[Host]], dict[str, str]] = unreachable,
+                 max_unavailable: int | None = None, tolerate: int = 0,
+                 journal: Journal | None = None) -> None:
         self.plan = plan
+        # Hosts out of service at once, the batch's and those already unhealthy (None: the
+        # batch's own, so that every other host must serve)
+        self.max_unavailable = max_unavailable
+        # Hosts that may be skipped (unreachable at the start, or their preparation failed)
+        self.tolerate = tolerate
+        self.journal = journal  # what converged, for --resume
+        self.batches = [list(b) for b in plan.batches]  # without the hosts skipped
+        self.skipped: dict[str, str] = {}  # host -> why it was left out
         # Which hosts do not answer over SSH, and the connection's error: a failure's first
         # cause, said before whatever failed after it (a run, a router).
         self.reach = reach
@@ -51,11 +65,13 @@ class Roll:
         self.run = run
         self.hosts = {h.name: h for b in plan.batches for h in b}
         self.outcomes = {name: Outcome(name) for name in self.hosts}
+        for name in plan.done:
+            self.outcomes[name] = Outcome(name, "converged by the roll it resumes")
         self.serving = dict(plan.before)  # host -> the URLs it serves at now
         self.out_since: dict[str, float] = {}  # host -> when it left the routers (wall clock)
         self.roll_dir: RollDirectory | None = None  # shared with the runs while the roll lasts
         self.started: list[Started] = []  # runs not yet waited for
-        self.settled: set[str] = set()  # hosts whose batch ended (converged or restored)
+        self.settled: set[str] = set(plan.done)  # hosts whose batch ended, or skipped
 
     def start(self, deploy: str, names: list[str], data: Sequence[str]) -> Started:
         assert self.roll_dir is not None
@@ -92,14 +108,15 @@ class Roll:
     def causes(self, names: list[str], otherwise: str) -> None:
         """Each host's first cause of a failure: its SSH error when it does not answer,
         else ``otherwise`` (what failed)."""
-        down = self.reach([self.hosts[n] for n in names])
+        down = self.reach([self.hosts[n] for n in names]) if names else {}
         for name in names:
             self.outcomes[name].cause = down.get(name, otherwise)
 
     def cause(self) -> str:
         """The roll's first cause of failure, with its host ("" when none)."""
-        return next((f"{self.nth(o.host)}: {o.cause}" for o in self.outcomes.values()
-                     if o.cause), "")
+        causes = [o for o in self.outcomes.values() if o.cause]
+        failed = [o for o in causes if o.host not in self.skipped] or causes
+        return f"{self.nth(failed[0].host)}: {failed[0].cause}" if failed else ""
 
     def not_touched(self, names: list[str], why: str) -> bool:
         """The hosts ``names`` failed before their turn (nothing that serves changed, none
@@ -142,20 +159,25 @@ class Roll:
             self.came_back(name)
             say(f"{name}: out of the {routers} for {self.outcomes[name].out_text()} s")
 
-    def others_healthy(self, names: list[str]) -> None:
-        """Every other host must be serving before this batch leaves: capacity stays N - K."""
-        for router in self.plan.routers:
-            workers = router.workers()
-            for name, urls in self.serving.items():
-                sick = [u for u in urls if name not in names
-                        and not workers.get(u, {}).get("is_healthy")]
-                if sick:
-                    ssh = self.reach([self.hosts[name]]).get(name) if name in self.hosts \
-                        else None
-                    raise RouterError(f"{name}{': ' + ssh + ';' if ssh else ''} "
-                                      f"({', '.join(sick)}) is not healthy in "
-                                      f"{router.url}: taking {', '.join(names)} out too would "
-                                      "leave less than N - batch hosts serving")
+    def within_budget(self, names: list[str]) -> None:
+        """The batch may leave only if the hosts then out of service, its own and those
+        already unhealthy in a router, stay within ``max_unavailable`` (by default the
+        batch's own: every other host must be serving, capacity stays N - K)."""
+        unhealthy = budget.unhealthy(self.plan.routers, self.serving, self.plan.unit_of, names)
+        if not unhealthy:
+            return
+        limit = len(names) if self.max_unavailable is None else self.max_unavailable
+        out = len(names) + len(unhealthy)
+        if out <= limit:
+            say(f"already out of service: {budget.listed(unhealthy)}; with {', '.join(names)} "
+                f"out too, {out} of --max-unavailable {limit}")
+            return
+        reached = [self.hosts[n] for n in list(unhealthy)[:budget.SHOWN] if n in self.hosts]
+        ssh = self.reach(reached) if reached else {}
+        bound = (f"--max-unavailable {limit}" if self.max_unavailable is not None else
+                 "the batch's own hosts (--max-unavailable, by default)")
+        raise RouterError(f"{budget.listed(unhealthy, ssh)}: taking {', '.join(names)} out "
+                          f"too would make {out} hosts unavailable, more than {bound}")
 
     def batch(self, hosts: list[Host], run: Started, following: list[str]) -> bool:
         """The batch's turn and go: its run (started earlier, and prepared) may change what
@@ -164,7 +186,7 @@ class Roll:
         nothing) while this one goes back into the routers."""
         names = [h.name for h in hosts]
         tic = time.monotonic()
-        self.others_healthy(names)
+        self.within_budget(names)
         if not self.ready(run, names):
             return self.not_touched(names, "its deploy stopped before its turn (its output "
                                     "above)")
@@ -195,6 +217,8 @@ class Roll:
             self.outcomes[name].result = "converged" if ok else "failed"
         if not ok:
             self.restore(names)
+        if ok and self.journal is not None:
+            self.journal.converged(names)
         for name in names:
             self.outcomes[name].seconds = time.monotonic() - tic
             self.came_back(name, still_out=True)  # only if no put_back brought it back
@@ -225,29 +249,57 @@ class Roll:
         if back:
             self.put_back(names, self.plan.before)
 
-    def prepare(self, names: list[str], first: list[str], run: Started) -> bool:
-        """The hosts after the first batch at once, while all of them serve, and the first
-        batch in its own run meanwhile (``run``, until it waits for its turn): the release
-        installed, the weights staged, the caches warmed, so a host out of the router only
-        restarts."""
+    def prepare(self, names: list[str], first: list[str], run: Started | None) -> bool:
+        """``names`` at once, while all of them serve, and the first batch in its own run
+        meanwhile (``run``, until it waits for its turn; None: it is among ``names``): the
+        release installed, the weights staged, the caches warmed, so a host out of the router
+        only restarts. A host whose preparation fails is skipped when ``--tolerate`` allows,
+        else the roll stops with nothing taken out."""
         tic = time.monotonic()
         if names:
-            say(f"{', '.join(names)}: preparing (release, weights, warm-up) while serving")
-            if not self.finish(self.start("prepare", names, self.plan.data), []):
-                self.causes(names, "")
+            say(f"{hosts_text(names)}: preparing (release, weights, warm-up) while serving")
+            ok = self.finish(self.start("prepare", names, self.plan.data), [])
+            assert self.roll_dir is not None
+            failed = [n for n in names if not self.roll_dir.has(n, "prepared")]
+            failed = failed or ([] if ok else names)  # a run that failed before it could say
+            self.causes(failed, "its preparation failed (its output above)")
+            if failed and not self.skip({n: self.outcomes[n].cause for n in failed},
+                                        "preparing failed"):
                 for name in self.outcomes:
-                    self.outcomes[name].result = "not touched: preparing failed"
-                for name in names:
-                    if self.outcomes[name].cause:
-                        say(f"{self.nth(name)}: {self.outcomes[name].cause}")
-                say("preparing failed: no host was taken out of the router")
+                    if name not in self.settled:
+                        self.outcomes[name].result = "not touched: preparing failed"
+                for name in failed:
+                    say(f"{self.nth(name)}: {self.outcomes[name].cause}")
+                over = f" (more hosts to skip than --tolerate {self.tolerate})" \
+                    if self.tolerate else ""
+                say(f"preparing failed{over}: no host was taken out of the router")
                 return False
         # The first batch's run says it is prepared when it waits for its turn; one that
         # ended before then failed (e.g. a host it could not reach), and is not prepared.
-        if not self.ready(run, first):
+        if run is not None and not self.ready(run, first):
             return self.not_touched(first, "its deploy stopped before its turn (its output "
                                     "above)")
         say(f"prepared in {time.monotonic() - tic:.0f} s")
+        return True
+
+    def skip(self, reasons: dict[str, str], result: str) -> bool:
+        """Leave hosts out of the roll (each serving as it did; a group whole), said and
+        reported, if ``--tolerate`` allows that many; else False, nothing skipped."""
+        whole = {member: (why if member == name else f"{name} of its group: {why}")
+                 for name, why in reasons.items()
+                 for member in self.plan.unit_of.get(name, [name]) if member in self.hosts}
+        if len({**self.skipped, **whole}) > self.tolerate:
+            return False
+        for name, why in whole.items():
+            self.skipped[name] = why
+            self.outcomes[name].result = f"skipped: {result}"
+            self.outcomes[name].cause = why
+            self.settled.add(name)
+            say(f"{self.nth(name)}: skipped, serving as it did ({why})")
+        self.batches = [b for b in ([h for h in b if h.name not in self.skipped]
+                                    for b in self.batches) if b]
+        if self.journal is not None:
+            self.journal.skip(whole)
         return True
 
     def unstage(self) -> None:
@@ -266,13 +318,21 @@ class Roll:
                                           "not restarted: last good files NOT back")
 
     def __call__(self) -> bool:
-        order = [h.name for b in self.plan.batches for h in b]
-        say(f"order: {' → '.join(order)} ({len(self.plan.batches)} batches); routers: "
+        order = [h.name for b in self.batches for h in b]
+        if self.plan.done:
+            say(f"resuming: {hosts_text(self.plan.done)} converged by the roll it resumes; "
+                "not rolled again")
+        if not order:
+            say("nothing left to roll")
+            return self.ended(True)
+        shown = " → ".join(order) if len(order) <= 12 else \
+            f"{' → '.join(order[:3])} → … → {order[-1]} ({len(order)} hosts)"
+        say(f"order: {shown} ({len(self.batches)} batches); routers: "
             f"{', '.join(r.url for r in self.plan.routers)}")
         # Every host answers over SSH before any run starts: one that does not would fail its
         # run, and is named here as the cause rather than by what fails after it.
         down = self.reach(list(self.hosts.values()))
-        if down:
+        if down and not self.skip(down, "unreachable"):
             for name in order:
                 self.outcomes[name].result = ("not touched: unreachable" if name in down else
                                               "not touched: the roll stopped before it")
@@ -280,19 +340,16 @@ class Roll:
                 if name in down:
                     say(f"{self.nth(name)}: {down[name]}")
             say("stopped before any host was touched: the fleet serves as it did")
-            return False
+            return self.ended(False)
         self.roll_dir = RollDirectory.create()
         self.roll_dir.plan({n: self.serving.get(n, []) for n in order}, self.drain_timeout,
                           units=self.plan.units, batch_instances=self.plan.batch_instances,
                           health_timeout=self.health_timeout)
-        first = [h.name for h in self.plan.batches[0]]
         try:
-            # The first batch's run prepares its hosts itself, beside the others' preparation;
-            # it changes nothing that serves before its turn.
-            say(f"{', '.join(first)}: preparing in its own run, then waiting for its turn")
-            run = self.start("serve", first, self.plan.data)
-            rest = [n for n in order if n not in first]
-            return self.prepare(rest, first, run) and self.cutover(run)
+            return self.ended(self.run_batches())
+        except RouterError:
+            self.ended(False)
+            raise
         finally:
             self.roll_dir.abort()  # a run still waiting for its turn or go stops there
             for run in list(self.started):
@@ -300,11 +357,32 @@ class Roll:
             self.unstage()
             self.roll_dir.close()
 
-    def cutover(self, first: Started) -> bool:
+    def run_batches(self) -> bool:
+        if not self.batches:
+            return False
+        names = [h.name for b in self.batches for h in b]
+        if self.tolerate:  # every host prepared in one run, so a failure is one host's
+            return self.prepare(names, [], None) and bool(self.batches) and self.cutover(None)
+        # The first batch's run prepares its hosts itself, beside the others' preparation;
+        # it changes nothing that serves before its turn.
+        first = [h.name for h in self.batches[0]]
+        say(f"{', '.join(first)}: preparing in its own run, then waiting for its turn")
+        run = self.start("serve", first, self.plan.data)
+        return self.prepare(names[len(first):], first, run) and self.cutover(run)
+
+    def ended(self, ok: bool) -> bool:
+        """The roll's end in its journal: complete when every host converged (a skipped host
+        is left for ``--resume``)."""
+        ok = ok and not self.skipped
+        if self.journal is not None:
+            self.journal.end("complete" if ok else f"stopped: {self.cause()}")
+        return ok
+
+    def cutover(self, first: Started | None) -> bool:
         """Batch after batch; each batch's run starts when the batch before it gets its turn,
         so its facts, uploads and checks are done by the time its own turn comes."""
-        batches = self.plan.batches
-        runs = [first]
+        batches = self.batches
+        runs = [first or self.start("serve", [h.name for h in batches[0]], self.plan.data)]
         for i, hosts in enumerate(batches):
             if i + 1 < len(batches):
                 runs.append(self.start("serve", [h.name for h in batches[i + 1]],
@@ -319,33 +397,3 @@ class Roll:
 
     def fleet_lines(self) -> list[str]:
         return fleet_lines(self.read_fleet)
-
-
-def _seconds(option: str, value: float) -> None:
-    if not math.isfinite(value) or not 0 <= value <= 86400:
-        raise InputError.one(option, "", f"must be seconds from 0 to 86400, got {value}",
-                             f"e.g. {option} 600")
-
-
-def main(inventory: str, data: Sequence[str], batch: int, drain_timeout: float,
-         health_timeout: float, batch_instances: int | None = None) -> int:
-    _seconds("--drain-timeout", drain_timeout)
-    _seconds("--health-timeout", health_timeout)
-    roll = Roll(plan(inventory, data, batch, batch_instances), drain_timeout, health_timeout)
-    warning = data_warning(data)
-    if warning:
-        say(warning)
-    try:
-        ok = roll()
-    except RouterError as err:
-        say(f"stopped: {err}")
-        ok = False
-    print(roll.report(), flush=True)  # before the fleet is read: it takes a moment
-    print("\n".join(roll.fleet_lines()))
-    if warning:
-        print(f"roll: {warning}", file=sys.stderr)
-    if not ok:
-        cause = roll.cause()
-        print(f"roll: stopped at the first failure{' (' + cause + ')' if cause else ''}; "
-              "hosts after it were not touched", file=sys.stderr)
-    return 0 if ok else 1

@@ -2,9 +2,10 @@
 ``SGLANG_FLEET_CUTOVER``): the roll writes ``plan.json`` (every host of the roll, the worker URLs
 it serves at now and the unit each belongs to, the drain and health bounds, ``batch_instances``,
 the roll's pid), ``<host>.turn``, ``<host>.go``, and ``abort`` when it stops; a run writes
-``<host>.waiting`` (prepared, at its turn), ``<host>.took`` (past its turn: its files may have
-changed) and ``<host>.json`` (when it left the routers, whole or wave by wave, what the drain
-left: ``OutOfRouters``). Each file is written whole or not at all.
+``<host>.prepared`` (its preparation done), ``<host>.waiting`` (prepared, at its turn),
+``<host>.took`` (past its turn: its files may have changed) and ``<host>.json`` (when it left
+the routers, whole or wave by wave, what the drain left: ``OutOfRouters``). Each file is
+written whole or not at all.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ class RollDirectory:
             self._write(f"{name}.{step}", {})
 
     def has(self, name: str, mark: str) -> bool:
-        """Whether ``<name>.<mark>`` was written (turn, go, waiting, took)."""
+        """Whether ``<name>.<mark>`` was written (turn, go, prepared, waiting, took)."""
         return (self.directory / f"{name}.{mark}").exists()
 
     def abort(self) -> None:

@@ -90,8 +90,15 @@ USAGE_ERRORS = [
      "argument --sglang-version: SGLang 0.5.99 is not a supported release"),
     (["smoke", "10.0.0.1:30000"], "argument URL: '10.0.0.1:30000' is not an http(s) URL"),
     (["smoke", "http://user:secret@h:1"], "argument URL: 'http://h:1' holds credentials"),
-    (["roll", INVENTORY, "--batch", "0"], "argument --batch: must be at least 1, got 0"),
-    (["roll", INVENTORY, "--batch", "two"], "argument --batch: must be a whole number"),
+    (["roll", INVENTORY, "--batch", "0"], "argument --batch: must be a count of at least 1 "
+     "or a percentage from 1% to 100%, got '0'"),
+    (["roll", INVENTORY, "--batch", "two"], "argument --batch: must be a count of at least 1"),
+    (["roll", INVENTORY, "--batch", "0%"], "a percentage from 1% to 100%, got '0%'"),
+    (["roll", INVENTORY, "--max-unavailable", "101%"], "argument --max-unavailable: must be "
+     "a count of at least 1 or a percentage from 1% to 100%, got '101%'"),
+    (["roll", INVENTORY, "--tolerate", "-1"], "argument --tolerate: must be a count of at "
+     "least 0"),
+    (["roll", INVENTORY, "--parallel", "0"], "argument --parallel: must be at least 1"),
     (["roll", INVENTORY, "--batch-instances", "0"],
      "argument --batch-instances: must be at least 1, got 0"),
     (["roll", INVENTORY, "--batch-instances", "-2"],

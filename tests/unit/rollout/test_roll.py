@@ -61,14 +61,15 @@ class Started:
 
 
 class Runs:
-    """pyinfra runs, recorded when started; ``fail`` names the (deploy, host) that fails. A
-    serve or restore run restarts each host's server (unless ``restarts`` is False), which
-    waits for the host's turn and takes it out of the routers, through the deploy's own code
-    (``cutover``) and the roll's directory."""
+    """pyinfra runs, recorded when started; ``fail`` (or ``failing``) names the (deploy, host)
+    that fails. A serve or restore run restarts each host's server (unless ``restarts`` is
+    False), which waits for the host's turn and takes it out of the routers, through the
+    deploy's own code (``cutover``) and the roll's directory."""
 
     def __init__(self, fail: tuple[str, str] | None = None, restarts: bool = True,
-                 unreached: set[str] | None = None) -> None:
-        self.fail = fail
+                 unreached: set[str] | None = None,
+                 failing: set[tuple[str, str]] | None = None) -> None:
+        self.fails = (failing or set()) | ({fail} if fail else set())  # (deploy, host)
         self.restarts = restarts
         self.unreached = unreached or set()  # hosts pyinfra cannot connect to: the run ends
         self.calls: list[tuple[str, list[str], list[str]]] = []
@@ -78,8 +79,11 @@ class Runs:
         self.calls.append((deploy, hosts, list(data)))
         if self.unreached & set(hosts):  # ends at connect, before any operation
             return Started(lambda: 1)
+        roll_dir = RollDirectory(Path(env[roll_directory.ENV]))
         if deploy == "serve":  # prepared, at the service stage's turn (cutover.turn)
-            RollDirectory(Path(env[roll_directory.ENV])).give("waiting", hosts)
+            roll_dir.give("waiting", hosts)
+        if deploy == "prepare":  # each host that prepared says so (cutover.prepared)
+            roll_dir.give("prepared", [h for h in hosts if ("prepare", h) not in self.fails])
         return Started(lambda: self.work(deploy, hosts, env))
 
     def work(self, deploy: str, hosts: list[str], env: dict[str, str]) -> int:
@@ -92,8 +96,7 @@ class Runs:
                         return 1  # no turn or go: the roll stopped before it
             finally:
                 del os.environ[roll_directory.ENV]
-        return 1 if self.fail and (deploy, self.fail[1]) == self.fail and \
-            self.fail[1] in hosts else 0
+        return 1 if any((deploy, h) in self.fails for h in hosts) else 0
 
 
 def answering(hosts: list[Any]) -> dict[str, str]:

@@ -328,6 +328,7 @@ CALM = {
                                     "stopped every server; never in a roll",
     "ops.secretfile.secrets_absent": "teardown: the secret files",
     "ops.secretfile.secret_file": "a file; the restart it may cause is unit_running's",
+    "rollout.cutover.prepared": "tells the roll the host is prepared (a file on the controller)",
     "rollout.cutover.turn": "waits for the host's turn",
     "stages.compiled.kernels_announced": "says which kernels the host needs",
     "stages.compiled.kernels_received": "unpacks kernels into the caches before any restart",
