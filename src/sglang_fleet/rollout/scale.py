@@ -65,7 +65,7 @@ class Journal:
 
     path: Path
     inventory: str
-    data: list[str]
+    pairs: list[str]  # its --data
     done: list[str] = field(default_factory=list)  # converged, in the order they were
     skipped: dict[str, str] = field(default_factory=dict)  # host -> why it was skipped
     started: float = field(default_factory=time.time)
@@ -86,7 +86,7 @@ class Journal:
             record: dict[str, Any] = json.loads(self.path.read_text())
         except (OSError, ValueError):
             raise InputError.one("--resume", str(self.path), "no stopped roll of "
-                                 f"{self.inventory} with --data {' '.join(self.data) or '(none)'}"
+                                 f"{self.inventory} with --data {' '.join(self.pairs) or '(none)'}"
                                  " to resume", "run the roll without --resume (the same "
                                  "--data, in the same order, names the same roll)") from None
         if record.get("ended") == "complete":
@@ -116,7 +116,7 @@ class Journal:
         part = self.path.with_suffix(".part")
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            json.dump({"inventory": self.inventory, "data": self.data, "done": self.done,
+            json.dump({"inventory": self.inventory, "data": self.pairs, "done": self.done,
                        "skipped": self.skipped, "started": self.started,
                        "ended": self.ended}, out)
         part.replace(self.path)

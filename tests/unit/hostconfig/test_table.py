@@ -17,7 +17,8 @@ SRC = ROOT / "src" / "sglang_fleet"
 HOSTCONFIG = SRC / "hostconfig"
 REGENERATE = "uv run python -m sglang_fleet.hostconfig --write docs/host-data.md"
 # ``.data`` that is not a host's: the command line's and a roll's --data pairs, an SSE event's.
-NOT_HOST_DATA = {"args.data", "plan.data", "self.plan.data", "made.plan.data", "event.data"}
+NOT_HOST_DATA = {"args.data", "plan.data", "self.plan.data", "made.plan.data", "roll.plan.data",
+                 "event.data"}
 # Ways into pyinfra's host and group data besides ``host.data``.
 DATA_ATTRIBUTES = {"data", "datas", "get_data", "get_host_data", "get_group_data",
                    "get_groups_data", "get_override_data"}
