@@ -7,6 +7,7 @@ run, and its report: the table, the fleet, and how to go on when it stopped.
 from __future__ import annotations
 
 import math
+import shlex
 import sys
 from collections.abc import Sequence
 from functools import partial
@@ -44,23 +45,48 @@ def make(inventory: str, data: Sequence[str], batch: int | str = 1,
     found = plan(inventory, data, batch, batch_instances, done=journal.done)
     hosts = len(found.unit_of)
     budget = None if max_unavailable is None else amount("--max-unavailable",
-                                                         max_unavailable, hosts)
+                                                         max_unavailable, hosts, up=False)
     largest = max((len(b) for b in found.batches), default=0)
     if budget is not None and budget < largest:
         raise InputError.one("--max-unavailable", "", f"{max_unavailable} allows {budget} "
                              f"host{'s' if budget != 1 else ''} out at once, fewer than a batch "
                              f"({largest} hosts)", f"give at least {largest}, or a smaller "
                              "--batch")
+    tolerated = amount("--tolerate", tolerate, hosts, 0, up=False)
+    if tolerated == 0 and tolerate.strip() not in ("0", ""):
+        say(f"warning: --tolerate {tolerate} of {hosts} hosts is none: any unreachable host or "
+            "failed preparation stops the roll (give a count, e.g. --tolerate 1)")
+    try:
+        journal.save()  # here, so that a journal it cannot write stops it before any change
+    except OSError as err:
+        raise InputError.one(str(journal.path), "", f"cannot write the roll's journal: "
+                             f"{err.strerror or err}", "set XDG_STATE_HOME to a directory "
+                             "root can write (the journal lets --resume go on)") from None
     return Roll(found, drain_timeout, health_timeout,
-                run=partial(pyinfra, parallel=parallel) if parallel else pyinfra,
-                max_unavailable=budget, tolerate=amount("--tolerate", tolerate, hosts, 0),
-                journal=journal)
+                run=partial(pyinfra, parallel=parallel, tolerant=tolerated > 0),
+                max_unavailable=budget, tolerate=tolerated, journal=journal)
 
 
-def resume_hint(roll: Roll) -> str:
-    """How to go on where the roll stopped (its journal kept what converged)."""
-    data = "".join(f" --data {d}" for d in roll.plan.data)
-    return f"sglang-fleet roll {roll.plan.inventory}{data} --resume"
+# Options a resumed roll repeats, with the value that needs no repeating.
+_REPEATED = {"batch": "1", "max_unavailable": None, "tolerate": "0", "parallel": None,
+             "batch_instances": None, "drain_timeout": 600, "health_timeout": 300}
+
+
+def resume_hint(roll: Roll, options: dict[str, Any]) -> str:
+    """The command that goes on where the roll stopped (its journal kept what converged):
+    the same inventory, ``--data`` and options, quoted for a shell.
+
+        resume_hint(roll, {"batch": "10%"})
+        # 'sglang-fleet roll inventories/b200.py --batch 10% --resume'
+    """
+    argv = ["sglang-fleet", "roll", roll.plan.inventory,
+            *(a for d in roll.plan.data for a in ("--data", d))]
+    for key, default in _REPEATED.items():
+        value = options.get(key, default)
+        if value is not None and str(value) != str(default):
+            argv += [f"--{key.replace('_', '-')}", f"{value:g}" if isinstance(value, float)
+                     else str(value)]
+    return shlex.join([*argv, "--resume"])
 
 
 def main(inventory: str, data: Sequence[str], **options: Any) -> int:
@@ -81,10 +107,11 @@ def main(inventory: str, data: Sequence[str], **options: Any) -> int:
                             for o in roll.outcomes.values()):
         print(f"roll: every host converged but {len(roll.skipped)} skipped "
               f"({hosts_text(list(roll.skipped))}: causes above); once they answer, "
-              f"{resume_hint(roll)} rolls them", file=sys.stderr)
+              f"{resume_hint(roll, options)} rolls them", file=sys.stderr)
     elif not ok:
         cause = roll.cause()
         print(f"roll: stopped at the first failure{' (' + cause + ')' if cause else ''}; "
-              f"hosts after it were not touched; {resume_hint(roll)} goes on from there",
+              f"hosts after it were not touched; {resume_hint(roll, options)} goes on from "
+              "there",
               file=sys.stderr)
     return 0 if ok else 1

@@ -51,13 +51,13 @@ class Outcome:
                 for i, (urls, seconds) in enumerate(self.waves, 1)]
 
 
-def hosts_text(names: list[str]) -> str:
-    """The hosts named, or counted when there are many (a roll of 100+ hosts).
+def hosts_text(names: list[str], sep: str = ", ") -> str:
+    """The hosts named, or the first and last when there are many (a roll of 100+ hosts).
 
-        hosts_text([f"h{i:03}" for i in range(1, 121)])   # '120 hosts (h001, h002, h003, …, h120)'
+        hosts_text([f"h{i:03}" for i in range(1, 121)])   # 'h001, h002, h003, …, h120 (120 hosts)'
     """
-    return ", ".join(names) if len(names) <= 12 else \
-        f"{len(names)} hosts ({', '.join(names[:3])}, …, {names[-1]})"
+    return sep.join(names) if len(names) <= 12 else \
+        f"{sep.join(names[:3])}{sep}…{sep}{names[-1]} ({len(names)} hosts)"
 
 
 def table(outcomes: Iterable[Outcome]) -> str:

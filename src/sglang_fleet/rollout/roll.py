@@ -46,11 +46,8 @@ class Roll:
                  max_unavailable: int | None = None, tolerate: int = 0,
                  journal: Journal | None = None) -> None:
         self.plan = plan
-        # Hosts out of service at once, the batch's and those already unhealthy (None: the
-        # batch's own, so that every other host must serve)
-        self.max_unavailable = max_unavailable
-        # Hosts that may be skipped (unreachable at the start, or their preparation failed)
-        self.tolerate = tolerate
+        self.max_unavailable = max_unavailable  # hosts out at once (None: the batch's own)
+        self.tolerate = tolerate  # hosts that may be skipped (unreachable, failed preparing)
         self.journal = journal  # what converged, for --resume
         self.batches = [list(b) for b in plan.batches]  # without the hosts skipped
         self.skipped: dict[str, str] = {}  # host -> why it was left out
@@ -64,9 +61,10 @@ class Roll:
         self.health_timeout = health_timeout
         self.run = run
         self.hosts = {h.name: h for b in plan.batches for h in b}
-        self.outcomes = {name: Outcome(name) for name in self.hosts}
-        for name in plan.done:
-            self.outcomes[name] = Outcome(name, "converged by the roll it resumes")
+        self.outcomes = {name: Outcome(name, "converged by the roll it resumes" if name in
+                                       plan.done else "untouched")  # in inventory order
+                         for name in [*plan.unit_of, *self.hosts] if name in self.hosts
+                         or name in plan.done}
         self.serving = dict(plan.before)  # host -> the URLs it serves at now
         self.out_since: dict[str, float] = {}  # host -> when it left the routers (wall clock)
         self.roll_dir: RollDirectory | None = None  # shared with the runs while the roll lasts
@@ -159,26 +157,6 @@ class Roll:
             self.came_back(name)
             say(f"{name}: out of the {routers} for {self.outcomes[name].out_text()} s")
 
-    def within_budget(self, names: list[str]) -> None:
-        """The batch may leave only if the hosts then out of service, its own and those
-        already unhealthy in a router, stay within ``max_unavailable`` (by default the
-        batch's own: every other host must be serving, capacity stays N - K)."""
-        unhealthy = budget.unhealthy(self.plan.routers, self.serving, self.plan.unit_of, names)
-        if not unhealthy:
-            return
-        limit = len(names) if self.max_unavailable is None else self.max_unavailable
-        out = len(names) + len(unhealthy)
-        if out <= limit:
-            say(f"already out of service: {budget.listed(unhealthy)}; with {', '.join(names)} "
-                f"out too, {out} of --max-unavailable {limit}")
-            return
-        reached = [self.hosts[n] for n in list(unhealthy)[:budget.SHOWN] if n in self.hosts]
-        ssh = self.reach(reached) if reached else {}
-        bound = (f"--max-unavailable {limit}" if self.max_unavailable is not None else
-                 "the batch's own hosts (--max-unavailable, by default)")
-        raise RouterError(f"{budget.listed(unhealthy, ssh)}: taking {', '.join(names)} out "
-                          f"too would make {out} hosts unavailable, more than {bound}")
-
     def batch(self, hosts: list[Host], run: Started, following: list[str]) -> bool:
         """The batch's turn and go: its run (started earlier, and prepared) may change what
         serves and restart; each host leaves the routers at its first restart. Once it passed
@@ -186,7 +164,7 @@ class Roll:
         nothing) while this one goes back into the routers."""
         names = [h.name for h in hosts]
         tic = time.monotonic()
-        self.within_budget(names)
+        budget.within(self, names, say)
         if not self.ready(run, names):
             return self.not_touched(names, "its deploy stopped before its turn (its output "
                                     "above)")
@@ -260,16 +238,22 @@ class Roll:
             say(f"{hosts_text(names)}: preparing (release, weights, warm-up) while serving")
             ok = self.finish(self.start("prepare", names, self.plan.data), [])
             assert self.roll_dir is not None
-            failed = [n for n in names if not self.roll_dir.has(n, "prepared")]
-            failed = failed or ([] if ok else names)  # a run that failed before it could say
-            self.causes(failed, "its preparation failed (its output above)")
+            # A tolerant preparation goes on past a failed host, and each host that prepared
+            # says so; otherwise the run stopped at the first failure (each host's SSH error
+            # is said, the rest is the run's output).
+            failed = [n for n in names if not self.roll_dir.has(n, "prepared")] \
+                if self.tolerate else []
+            failed = failed or ([] if ok else names)
+            self.causes(failed, "its preparation failed (its output above)" if self.tolerate
+                        else "")
             if failed and not self.skip({n: self.outcomes[n].cause for n in failed},
                                         "preparing failed"):
                 for name in self.outcomes:
                     if name not in self.settled:
                         self.outcomes[name].result = "not touched: preparing failed"
                 for name in failed:
-                    say(f"{self.nth(name)}: {self.outcomes[name].cause}")
+                    if self.outcomes[name].cause:
+                        say(f"{self.nth(name)}: {self.outcomes[name].cause}")
                 over = f" (more hosts to skip than --tolerate {self.tolerate})" \
                     if self.tolerate else ""
                 say(f"preparing failed{over}: no host was taken out of the router")
@@ -325,9 +309,7 @@ class Roll:
         if not order:
             say("nothing left to roll")
             return self.ended(True)
-        shown = " → ".join(order) if len(order) <= 12 else \
-            f"{' → '.join(order[:3])} → … → {order[-1]} ({len(order)} hosts)"
-        say(f"order: {shown} ({len(self.batches)} batches); routers: "
+        say(f"order: {hosts_text(order, ' → ')} ({len(self.batches)} batches); routers: "
             f"{', '.join(r.url for r in self.plan.routers)}")
         # Every host answers over SSH before any run starts: one that does not would fail its
         # run, and is named here as the cause rather than by what fails after it.
@@ -347,8 +329,8 @@ class Roll:
                           health_timeout=self.health_timeout)
         try:
             return self.ended(self.run_batches())
-        except RouterError:
-            self.ended(False)
+        except RouterError as err:
+            self.ended(False, str(err))
             raise
         finally:
             self.roll_dir.abort()  # a run still waiting for its turn or go stops there
@@ -370,12 +352,12 @@ class Roll:
         run = self.start("serve", first, self.plan.data)
         return self.prepare(names[len(first):], first, run) and self.cutover(run)
 
-    def ended(self, ok: bool) -> bool:
+    def ended(self, ok: bool, why: str = "") -> bool:
         """The roll's end in its journal: complete when every host converged (a skipped host
         is left for ``--resume``)."""
         ok = ok and not self.skipped
         if self.journal is not None:
-            self.journal.end("complete" if ok else f"stopped: {self.cause()}")
+            self.journal.end("complete" if ok else f"stopped: {why or self.cause()}")
         return ok
 
     def cutover(self, first: Started | None) -> bool:

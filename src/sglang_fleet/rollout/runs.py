@@ -1,6 +1,6 @@
 """A roll's pyinfra runs: one process per batch, limited to its hosts, stopping at the first
-error (a preparation: on every host it can); its output held until the roll shows it, so two
-batches' lines never mix.
+error (a tolerant preparation: on every host it can); its output held until the roll shows it,
+so two batches' lines never mix.
 
     run = pyinfra("inventories/b200.py", "serve", ["b200-01"], [], roll_dir.env())
     run.wait()      # its output shown, then its exit status
@@ -67,15 +67,17 @@ class PyinfraRun:
 
 
 def pyinfra(inventory: str, deploy: str, hosts: list[str], data: Sequence[str],
-            env: dict[str, str], parallel: int | None = None) -> Started:
-    """One pyinfra run limited to ``hosts`` (never asks). A run that may change what serves
-    stops at the first error; a preparation goes on on every host it can (each says when it is
-    prepared, and the roll decides what a host that did not means). ``parallel``: hosts at
-    once (pyinfra's own default: 20 per CPU of this machine, at most as many as its open-files
-    limit allows)."""
-    argv = [sys.executable, "-m", "pyinfra", "-y",
-            *(["--fail-percent", "0"] if deploy != "prepare" else []),
-            *([f"--parallel={parallel}"] if parallel else []), inventory,
+            env: dict[str, str], parallel: int | None = None,
+            tolerant: bool = False) -> Started:
+    """One pyinfra run limited to ``hosts`` (never asks) that stops at the first error; a
+    preparation of a roll that ``tolerant``-ly skips failed hosts goes on on every host it can
+    (each says when it is prepared). ``parallel``: hosts a preparation works on at once
+    (pyinfra's default: 20 per CPU of this machine); a batch's run works on all its hosts at
+    once, since they wait for their turn together, each holding one of pyinfra's places."""
+    stop = [] if deploy == "prepare" and tolerant else ["--fail-percent", "0"]
+    at_once = parallel if deploy == "prepare" else max(parallel or 0, len(hosts))
+    argv = [sys.executable, "-m", "pyinfra", "-y", *stop,
+            *([f"--parallel={at_once}"] if at_once else []), inventory,
             f"{DEPLOYS}.{deploy}", *(f"--limit={h}" for h in hosts),
             *(f"--data={d}" for d in data)]
     return PyinfraRun(argv, env)

@@ -3,7 +3,7 @@
 where it stopped (``--resume``).
 
     amount("--batch", "10%", 120)          # 12
-    amount("--tolerate", "2%", 120, 0)     # 2 (a percentage rounds down where 0 is allowed)
+    amount("--tolerate", "2%", 120, 0, up=False)   # 2
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from sglang_fleet.errors import InputError
 _AMOUNT = re.compile(r"(\d{1,6})(%?)")
 
 
-def amount(option: str, text: str | int, total: int, minimum: int = 1) -> int:
-    """``text`` (N, or P% of ``total``) as a count, at least ``minimum``. A percentage rounds
-    up when the least is 1 (a batch is never empty) and down when 0 is allowed (a budget of
-    failures is never more than asked).
+def amount(option: str, text: str | int, total: int, minimum: int = 1,
+           up: bool = True) -> int:
+    """``text`` (N, or P% of ``total``) as a count, at least ``minimum``; a percentage rounds
+    ``up`` (a batch: never empty) or down (a budget: never more than asked).
 
-        amount("--batch", "25%", 6)    # 2
-        amount("--batch", "3", 6)      # 3
+        amount("--batch", "25%", 6)                    # 2
+        amount("--max-unavailable", "25%", 6, up=False)   # 1
+        amount("--batch", "3", 6)                      # 3
     """
     found = _AMOUNT.fullmatch(str(text).strip())
     if not found or (found[2] and not 0 < int(found[1]) <= 100):
@@ -39,11 +40,12 @@ def amount(option: str, text: str | int, total: int, minimum: int = 1) -> int:
     number = int(found[1])
     if found[2]:
         exact = number * total / 100
-        number = math.ceil(exact) if minimum >= 1 else math.floor(exact)
+        number = math.ceil(exact) if up else math.floor(exact)
+        return max(number, minimum)
     if number < minimum:
         raise InputError.one(option, "", f"must be at least {minimum}, got {text}",
                              f"e.g. {option} {max(minimum, 1)}")
-    return max(number, minimum)
+    return number
 
 
 def state_dir() -> Path:

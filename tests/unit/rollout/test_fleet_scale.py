@@ -5,6 +5,7 @@ a stopped roll resumed from its journal."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from pyinfra.api.inventory import Inventory
 
 from sglang_fleet.errors import InputError
-from sglang_fleet.rollout import command, cutover, fleet, planning, scale
+from sglang_fleet.rollout import command, cutover, fleet, planning, runs, scale
 from sglang_fleet.rollout.roll import Roll
 from sglang_fleet.rollout.router_api import RouterError
 from tests.conftest import FIELD_PROFILE
@@ -106,8 +107,9 @@ def test_the_budget_counts_hosts_already_unhealthy_and_the_roll_resumes(
     assert "already out of service: b100 (" in out and "with b001, b002" in out  # 17 of 18
     assert served(runs)[:38] == NAMES[:38]  # three batches converged
     assert not any(op == "remove" and u == url("b039") for op, u in router.log)
-    journal = scale.Journal.of("inv.py", ["sglang.memory.page_size=64"]).load()
-    assert journal.done == NAMES[:38]
+    journal = scale.Journal.of("inv.py", ["sglang.memory.page_size=64"])
+    assert json.loads(journal.path.read_text())["ended"].startswith("stopped: b060 (")
+    assert journal.load().done == NAMES[:38]
 
     # fixed: the roll resumes at the fourth batch, the three before it not rolled again
     for u in router.known:
@@ -130,7 +132,9 @@ def test_the_budget_counts_hosts_already_unhealthy_and_the_roll_resumes(
 
 def test_a_tolerant_preparation_skips_failed_hosts_and_reports_them(
         router: FakeRouter, capsys: pytest.CaptureFixture[str]) -> None:
-    # b093 does not answer; b002's preparation fails, so its group (b001, b002) is skipped
+    # b093 does not answer (nor serves); b002's preparation fails, so its group (b001, b002) is
+    # skipped. The default budget lets the batches leave beside the hosts the roll skipped.
+    router.known[url("b093")] = False
     runs = Runs(failing={("prepare", "b002")})
     made = rolling(runs, {"b093"}, batch="10%", tolerate="3%")  # 3 hosts
     assert not made()  # every other host converged, but not every host
@@ -146,6 +150,7 @@ def test_a_tolerant_preparation_skips_failed_hosts_and_reports_them(
     assert "b001            skipped: preparing failed" in report
     out = capsys.readouterr().out
     assert "host 93 of 120 b093: skipped, serving as it did (SSH to b093" in out
+    assert "already out of service: b093 (http://10.0.1.93:30000 is not healthy" in out
 
     # once they answer and prepare, --resume rolls exactly them, group first
     again = Runs()
@@ -167,3 +172,47 @@ def test_more_failed_preparations_than_tolerated_stop_before_any_host_leaves(
     assert made.cause() == "host 2 of 120 b002: its preparation failed (its output above)"
     assert "preparing failed (more hosts to skip than --tolerate 2): no host was taken out" \
         in capsys.readouterr().out
+
+
+def test_the_resume_command_repeats_the_options_quoted(router: FakeRouter) -> None:
+    made = command.make("inv.py", ["sglang.model.served_name=a b;c"], batch="10%")
+    assert command.resume_hint(made, {"batch": "10%", "tolerate": "3%", "drain_timeout": 900.0,
+                                      "health_timeout": 300, "parallel": None}) == (
+        "sglang-fleet roll inv.py --data 'sglang.model.served_name=a b;c' --batch 10% "
+        "--tolerate 3% --drain-timeout 900 --resume")
+
+
+def test_budgets_round_down_and_batches_up() -> None:
+    assert scale.amount("--batch", "12%", 101) == 13
+    assert scale.amount("--max-unavailable", "12%", 101, up=False) == 12
+    assert scale.amount("--max-unavailable", "1%", 20, up=False) == 1  # never none
+    assert scale.amount("--tolerate", "2%", 40, 0, up=False) == 0
+    for bad in ("0", "0%", "101%", "ten", "-1"):
+        with pytest.raises(InputError, match="--batch"):
+            scale.amount("--batch", bad, 120)
+
+
+def test_a_journal_that_cannot_be_written_stops_the_roll_before_it_starts(
+        router: FakeRouter, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "file"))
+    with pytest.raises(InputError, match=r"file/sglang-fleet/rolls/inv-\w+\.json: cannot "
+                       r"write the roll's journal: Not a directory\n.*fix: set XDG_STATE_HOME"):
+        command.make("inv.py", [])
+
+
+def test_a_batch_runs_all_its_hosts_at_once_and_only_a_tolerant_preparation_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's hosts wait for their turn together, each holding one of pyinfra's places: a
+    run with fewer places than hosts would never let the last ones say they wait."""
+    argvs: list[list[str]] = []
+    monkeypatch.setattr(runs, "PyinfraRun", lambda argv, env: argvs.append(argv))
+    batch = [f"b{i:03}" for i in range(1, 51)]
+    runs.pyinfra("inv.py", "serve", batch, [], {}, parallel=10)
+    runs.pyinfra("inv.py", "restore", batch[:2], [], {})
+    runs.pyinfra("inv.py", "prepare", NAMES, [], {}, parallel=10, tolerant=True)
+    runs.pyinfra("inv.py", "prepare", NAMES, [], {})
+    options = [[a for a in argv if a.startswith("--") and not a.startswith("--limit")]
+               for argv in argvs]
+    assert options == [["--fail-percent", "--parallel=50"], ["--fail-percent", "--parallel=2"],
+                       ["--parallel=10"], ["--fail-percent"]]
