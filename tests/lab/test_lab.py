@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from sglang_fleet_lab import state, supervise
 from tests.lab.conftest import LAB, SITE, address, booted_lab, mounted_here, pyinfra, run, ssh
 
 pytestmark = pytest.mark.lab
@@ -28,6 +29,19 @@ def test_status_lists_three_running_hosts(lab: None) -> None:
     out = json.loads(run("sglang-fleet", "lab", "status", "--json").stdout)
     assert [(h["name"], h["running"]) for h in out] == [(h, True) for h in HOSTS]
     assert len({h["address"] for h in out}) == 3
+
+
+def test_each_host_has_control_groups_of_its_own(lab: None) -> None:
+    """A unit on lab1 is not in lab2's cgroup tree: hosts that shared one (nspawn's payload
+    group) broke each other's starts of the same unit (supervise.cgroups)."""
+    probe = "find /sys/fs/cgroup -maxdepth 4 -name cg-probe.service"
+    assert ssh("lab1", "systemd-run --unit=cg-probe sleep 300").returncode == 0
+    try:
+        assert "cg-probe.service" in ssh("lab1", probe).stdout
+        for other in HOSTS[1:]:
+            assert ssh(other, probe).stdout == ""
+    finally:
+        ssh("lab1", "systemctl stop cg-probe")
 
 
 def test_pyinfra_reaches_every_host_and_nvidia_smi_is_absent(lab: None) -> None:
@@ -139,6 +153,8 @@ def test_down_leaves_nothing_behind(lab: None) -> None:
                      and f"{SITE} " in line))]
     assert left == []
     assert mounted_here() == []
+    # nor the hosts' control groups
+    assert [g.parent for g in supervise.cgroups(state.SLOT, "lab1") if g.parent.exists()] == []
     listeners = run("ss", "-Hltn").stdout
     for bound in (SITE, *(address(h) for h in HOSTS)):
         assert f"{bound}:" not in listeners
