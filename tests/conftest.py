@@ -82,7 +82,7 @@ LAB_MINUTES = {
     "tests/lab/test_recovery.py": 6, "tests/lab/test_gpu_status.py": 4,
     "tests/lab/test_target_running_requests.py": 3, "tests/lab/test_security.py": 2.5,
     "tests/lab/test_dp.py": 1.5, "tests/lab/test_lab.py": 1.5, "tests/lab/test_driver.py": 1.5,
-    "tests/lab/test_multinode.py": 9, "tests/lab/test_demo.py": 3,
+    "tests/lab/test_multinode.py": 7, "tests/lab/test_demo.py": 3,
 }
 
 
