@@ -51,11 +51,11 @@ def cgroups(slot: int, name: str) -> list[Path]:
     found = []
     for line in Path("/proc/self/mounts").read_text().splitlines():
         _, point, kind, options = line.split()[:4]
-        hierarchy = {"cgroup2": ""}.get(kind)
+        tree = "" if kind == "cgroup2" else None
         if kind == "cgroup" and "name=systemd" in options.split(","):
-            hierarchy = "name=systemd"
-        if hierarchy is not None and hierarchy in own:
-            found.append(Path(point, own[hierarchy].lstrip("/"), f"sglang-fleet-lab-{slot}", name))
+            tree = "name=systemd"
+        if tree is not None and tree in own:
+            found.append(Path(point, own[tree].lstrip("/"), f"sglang-fleet-lab-{slot}", name))
     return found
 
 
