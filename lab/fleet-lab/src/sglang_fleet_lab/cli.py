@@ -55,9 +55,15 @@ def cmd_lab_status(args: argparse.Namespace) -> int:
 
 
 def cmd_lab_ssh(args: argparse.Namespace) -> int:
-    from sglang_fleet_lab import manage
+    from sglang_fleet_lab import hosts, state  # not manage: the lab's site imports pyinfra
 
-    return manage.ssh(args.host, args.command)
+    lab = state.load()
+    host = hosts.find(lab, args.host)
+    if host is None:
+        known = ", ".join(h.name for h in lab.hosts) or "none (run: sglang-fleet lab up)"
+        print(f"sglang-fleet lab: no host {args.host!r}; hosts: {known}", file=sys.stderr)
+        return 1
+    return hosts.ssh(host, lab, " ".join(args.command) or None, tty=not args.command).returncode
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -111,6 +111,11 @@ def wait_ssh(host: Host, lab: Lab, timeout: float = 60) -> None:
     raise RuntimeError(f"{host.name} did not come up in {timeout} s; see {host.dir}/console.log")
 
 
+def find(lab: Lab, name: str) -> Host | None:
+    """The lab's host called ``name``, if it has one."""
+    return next((h for h in lab.hosts if h.name == name), None)
+
+
 def ssh(host: Host, lab: Lab, command: str | None = None, capture: bool = False,
         tty: bool = False) -> subprocess.CompletedProcess[str]:
     argv = ["ssh", "-i", str(lab.ssh_key), "-o", f"UserKnownHostsFile={lab.known_hosts}",

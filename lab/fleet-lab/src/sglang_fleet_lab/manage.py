@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import time
 from typing import Any
 
@@ -79,14 +78,3 @@ def status() -> list[dict[str, Any]]:
     return [{"name": h.name, "address": h.address, "gpus": h.gpus, "hgx": h.hgx,
              "running": states[h.name] != "stopped", "state": states[h.name]}
             for h in lab.hosts]
-
-
-def ssh(name: str, command: list[str]) -> int:
-    lab = load()
-    host = next((h for h in lab.hosts if h.name == name), None)
-    if host is None:
-        known = ", ".join(h.name for h in lab.hosts) or "none (run: sglang-fleet lab up)"
-        print(f"sglang-fleet lab: no host {name!r}; hosts: {known}", file=sys.stderr)
-        return 1
-    return hosts.ssh(host, lab, " ".join(command) or None, tty=not command).returncode
-
