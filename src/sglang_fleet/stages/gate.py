@@ -66,7 +66,7 @@ class GateResult:
     """What the gate of one unit found, for the operations after it: the operations are all
     built before any runs, so the gate writes here when it runs and they read it then
     (``last_good.restore_unit`` and ``gate_failed`` its error, ``host_capacity`` what it
-    measured, ``resize`` the size it found).
+    measured, ``resize`` the size it found, ``serving`` what ``restored`` found after it).
 
         result = GateResult(); result.error = "soak: 3 of 32 failed"; result.failed()  # True
     """
@@ -74,6 +74,7 @@ class GateResult:
     error: str | None = None
     measured: dict[str, Any] | None = None  # the GATE line's "measured", once it passed
     resize: int | None = None  # the mamba cache size for the target: restart once with it
+    serving: str = ""  # what serves once the last good release is back, as checked
 
     def failed(self) -> bool:
         return self.error is not None
@@ -156,32 +157,52 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, result: GateRe
 
 
 @operation(is_idempotent=True)
-def gate_failed(profile: Profile, launch: Launch, budget: int, result: GateResult) -> Ops:
-    """Fail the deploy with the gate's error and what serves after the last good release was
-    put back (its health, checked within the startup budget).
+def restored(profile: Profile, launch: Launch, budget: int, result: GateResult) -> Ops:
+    """After a failed gate and its restore: what serves on the launch's port (its health,
+    checked within the startup budget), kept for the verdict. The host's every restored server
+    is checked before any verdict fails the host, so none is left starting unchecked.
 
     + profile: the profile the server was rendered from
     + launch: the rendered server
     + budget: seconds the restored server may take to become healthy
     + result: what ``gate`` found (the operation does nothing when the gate passed)
 
-        gate_failed(name="Gate verdict", profile=profile, launch=launch, budget=1800,
-                    result=result)
+        restored(name="What serves", profile=profile, launch=launch, budget=1800,
+                 result=result)
     """
     if not state.is_executing:  # ``result`` is the gate's, written when it runs
-        yield from preview(f"if the gate of {launch.unit} failed: fails the host, saying what "
-                           "serves once the last good release is back", changes=False)
+        yield from preview(f"if the gate of {launch.unit} failed: waits for the last good "
+                           "release to answer", changes=False)
         return
     if not result.failed():
         return
     if spans_hosts(launch) and groups.rank_of(host):  # its HTTP is a dummy server's: rank 0's
         # verdict says what serves
-        yield fail(f"{result.error}; the group's last good release is back on every member and "
-                   f"restarted together: rank 0 {groups.group_hosts(host)[0].name} says whether "
-                   "it serves")
+        result.serving = (f"the group's last good release is back on every member and "
+                          f"restarted together: rank 0 {groups.group_hosts(host)[0].name} "
+                          "says whether it serves")
+    else:
+        back, lines = check(profile, launch, "--health-only", budget=budget, show=False)
+        result.serving = what_serves(launch, back, lines)
+    host.noop(f"{launch.unit}: {result.serving}")
+    yield from ()
+
+
+@operation(is_idempotent=True)
+def gate_failed(launch: Launch, result: GateResult) -> Ops:
+    """Fail the host with the gate's error and what ``restored`` found serving after it.
+
+    + launch: the rendered server
+    + result: what ``gate`` and ``restored`` found (nothing to do when the gate passed)
+
+        gate_failed(name="Gate verdict", launch=launch, result=result)
+    """
+    if not state.is_executing:  # ``result`` is the gate's, written when it runs
+        yield from preview(f"if the gate of {launch.unit} failed: fails the host, saying what "
+                           "serves once the last good release is back", changes=False)
         return
-    back, lines = check(profile, launch, "--health-only", budget=budget, show=False)
-    yield fail(f"{result.error}; {what_serves(launch, back, lines)}")
+    if result.failed():
+        yield fail(f"{result.error}; {result.serving or 'what serves was not checked'}")
 
 
 @operation(is_idempotent=True)
@@ -343,9 +364,13 @@ def run_gate(profile: Profile, launches: list[Launch], release: Release) -> None
         host_capacity(name=f"Capacity of the host ({len(launches)} server"
                       f"{'s' if len(launches) > 1 else ''}): summed from the gates",
                       units=[launch.unit for launch in launches], results=results, job=job)
-    # Every server is gated (and a failed one put back) before a verdict fails the host: a
-    # first server's failure must not leave the others on a release nobody checked.
+    # Every server is gated, a failed one put back and what then serves checked, before a
+    # verdict fails the host: a first server's failure must not leave the others on a release
+    # nobody checked, nor a restored one still starting when the deploy ends.
+    for launch, result in zip(launches, results, strict=True):
+        restored(name=f"What serves on {launch.unit} after the restore (only if the gate "
+                 "failed)", profile=profile, launch=launch, budget=startup_budget(),
+                 result=result, _if=result.failed)
     for launch, result in zip(launches, results, strict=True):
         gate_failed(name=f"Gate verdict on {launch.unit} (if it failed: what serves now)",
-                    profile=profile, launch=launch, budget=startup_budget(), result=result,
-                    _if=result.failed)
+                    launch=launch, result=result, _if=result.failed)

@@ -342,6 +342,7 @@ CALM = {
     "stages.engine.uv_tool": "the product's uv",
     "stages.gate.gate": "the checks; keeps the files as the last good release",
     "stages.gate.gate_failed": "a verdict",
+    "stages.gate.restored": "waits for a restored server to answer",
     "stages.gate.host_capacity": "a sum",
     "stages.gate_group.group_kept": "keeps the files as the last good release",
     "stages.gate_group.group_unchanged": "reads each member's MainPID",

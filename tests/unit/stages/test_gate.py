@@ -170,12 +170,15 @@ def test_a_failed_gate_without_a_last_good_release_fails_at_once(
 def test_gate_failed_says_what_serves_after_the_restore(
         use: Callable[[Host], Host], launch: Launch) -> None:
     use(GateHost({"PortListeners": []}))
-    assert commands(gate.gate_failed, field_profile(gpus=1), launch, 60,
-                    gate.GateResult()) == []
-    [command] = commands(gate.gate_failed, field_profile(gpus=1), launch, 60,
-                         gate.GateResult("soak: 3 of 32 failed"))
+    passed = gate.GateResult()
+    assert commands(gate.restored, field_profile(gpus=1), launch, 60, passed) == []
+    assert commands(gate.gate_failed, launch, passed) == [] and passed.serving == ""
+    result = gate.GateResult("soak: 3 of 32 failed")
+    assert commands(gate.restored, field_profile(gpus=1), launch, 60, result) == []
+    [command] = commands(gate.gate_failed, launch, result)
     assert ("error: soak: 3 of 32 failed; the last good release serves again (sglang.service "
             "alone on port 30000, /health_generate 200, /server_info: SGLang 0.5.22") in command
+
 
 
 def test_restore_unit_puts_back_the_unit_and_the_current_link(

@@ -90,9 +90,13 @@ CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
         (lambda: commands(gate.gate, PROFILE, LAUNCH, 60, "", gate.GateResult(), soak=0),
          GATE.replace("1800", "60").replace("soak, ", ""), True)],
     "stages.gate.gate_failed": [
-        (lambda: commands(gate.gate_failed, PROFILE, LAUNCH, 1800, gate.GateResult()),
+        (lambda: commands(gate.gate_failed, LAUNCH, gate.GateResult()),
          "if the gate of sglang.service failed: fails the host, saying what serves once the "
          "last good release is back", False)],
+    "stages.gate.restored": [
+        (lambda: commands(gate.restored, PROFILE, LAUNCH, 1800, gate.GateResult()),
+         "if the gate of sglang.service failed: waits for the last good release to answer",
+         False)],
     "stages.gate_group.member_started": [
         (lambda: commands(gate_group.member_started, LAUNCH, 1800, GroupGate("g")),
          "a rank >= 1 of group g: waits up to 1800 s for sglang.service's start line in its "
