@@ -48,21 +48,14 @@ def roll_as_json(made: Roll) -> tuple[bool, dict[str, Any]]:
     ``status --json`` sums it, the warnings, and ``errors`` (empty: an input problem stops a
     roll before it starts, and is printed instead of this). Each host carries its ``cause``:
     its SSH error when it did not answer, else what failed (the router, its deploy)."""
-    from sglang_fleet.rollout import roll
+    from sglang_fleet.rollout import command
     from sglang_fleet.rollout.outcome import fleet_lines
     from sglang_fleet.rollout.planning import data_warning
-    from sglang_fleet.rollout.router_api import RouterError
 
     warning = data_warning(made.plan.data)
     fleet: Fleet | None = None
     with contextlib.redirect_stdout(sys.stderr):
-        if warning:
-            roll.say(warning)
-        try:
-            ok = made()
-        except RouterError as err:
-            roll.say(f"stopped: {err}")
-            ok = False
+        ok = command.run(made)
         print(made.report(), flush=True)
         try:
             fleet = made.read_fleet()

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import textwrap
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from sglang_fleet.config import releases, validators
-from sglang_fleet.errors import Problem
+from sglang_fleet.errors import InputError, Problem
+from sglang_fleet.rollout import scale
 
 USAGE_ERROR = 2
 HELP_WIDTH = 88
@@ -120,12 +120,12 @@ def share(low: int, example: str) -> Callable[[str], str]:
     """A count of at least ``low``, or a percentage from 1% to 100% (of hosts, resolved once
     the inventory is read): ``share(1, "--batch 10%")("0")`` is refused."""
     def read(text: str) -> str:
-        found = re.fullmatch(r"(\d{1,6})(%?)", text.strip())
-        if not found or (found[2] and not 0 < int(found[1]) <= 100) or \
-                (not found[2] and int(found[1]) < low):
+        try:  # the roll's own reading of it, with no fleet yet to take the percentage of
+            scale.amount(example.split()[0], text, total=0, minimum=low)
+        except InputError:
             raise argparse.ArgumentTypeError(
                 f"must be a count of at least {low} or a percentage from 1% to 100%, got "
-                f"{text!r} (e.g. {example})")
+                f"{text!r} (e.g. {example})") from None
         return text.strip()
 
     return _typed("count or percentage", read)

@@ -89,16 +89,25 @@ def resume_hint(roll: Roll, options: dict[str, Any]) -> str:
     return shlex.join([*argv, "--resume"])
 
 
-def main(inventory: str, data: Sequence[str], **options: Any) -> int:
-    roll = make(inventory, data, **options)
-    warning = data_warning(data)
+def run(roll: Roll) -> bool:
+    """The roll, its ``--data`` warning said first; a router that fails mid-way stops it.
+
+        ok = run(make("inventories/b200.py", []))
+    """
+    warning = data_warning(roll.plan.data)
     if warning:
         say(warning)
     try:
-        ok = roll()
+        return roll()
     except RouterError as err:
         say(f"stopped: {err}")
-        ok = False
+        return False
+
+
+def main(inventory: str, data: Sequence[str], **options: Any) -> int:
+    roll = make(inventory, data, **options)
+    ok = run(roll)
+    warning = data_warning(data)
     print(roll.report(), flush=True)  # before the fleet is read: it takes a moment
     print("\n".join(roll.fleet_lines()))
     if warning:
