@@ -55,7 +55,7 @@ def roll_as_json(made: Roll) -> tuple[bool, dict[str, Any]]:
     warning = data_warning(made.plan.data)
     fleet: Fleet | None = None
     with contextlib.redirect_stdout(sys.stderr):
-        ok = command.run(made)
+        ok = command.run(made, warning)
         print(made.report(), flush=True)
         try:
             fleet = made.read_fleet()

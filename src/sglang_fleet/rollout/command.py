@@ -89,12 +89,12 @@ def resume_hint(roll: Roll, options: dict[str, Any]) -> str:
     return shlex.join([*argv, "--resume"])
 
 
-def run(roll: Roll) -> bool:
-    """The roll, its ``--data`` warning said first; a router that fails mid-way stops it.
+def run(roll: Roll, warning: str | None) -> bool:
+    """The roll, its ``--data`` warning (``planning.data_warning``) said first; a router that
+    fails mid-way stops it.
 
-        ok = run(make("inventories/b200.py", []))
+        ok = run(roll, data_warning(roll.plan.data))
     """
-    warning = data_warning(roll.plan.data)
     if warning:
         say(warning)
     try:
@@ -106,8 +106,8 @@ def run(roll: Roll) -> bool:
 
 def main(inventory: str, data: Sequence[str], **options: Any) -> int:
     roll = make(inventory, data, **options)
-    ok = run(roll)
     warning = data_warning(data)
+    ok = run(roll, warning)
     print(roll.report(), flush=True)  # before the fleet is read: it takes a moment
     print("\n".join(roll.fleet_lines()))
     if warning:
