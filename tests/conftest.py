@@ -95,7 +95,7 @@ def lab_scope(nodeid: str) -> str | None:
 
 def schedule_order(scopes: list[str]) -> list[str]:
     """Lab modules first, longest first (each worker takes the next when it is nearly done,
-    so the two workers' labs end about together), then every other test in collection order,
+    so the workers' labs end about together), then every other test in collection order,
     filling in.
 
     >>> schedule_order(["tests/a.py::t", "tests/lab/test_dp.py", "tests/lab/test_fleet.py"])
@@ -107,8 +107,8 @@ def schedule_order(scopes: list[str]) -> list[str]:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Two workers, each with a lab slot of its own (``lab_slot``): every lab module on one
-    worker, its tests in order (they share the module's lab), the modules spread over both
+    """Workers each with a lab slot of its own (``lab_slot``): every lab module on one
+    worker, its tests in order (they share the module's lab), the modules spread over the
     workers, longest first; everything else one by one on either. (xdist's own
     ``xdist_group`` marks do not reach its scheduler under pytest 9: the node id suffix it
     relies on is not kept.)"""
