@@ -43,7 +43,10 @@ def roll(*data: str) -> tuple[int, str]:
 
 
 def ready(out: str, host: str) -> list[float]:
-    return [float(s) for s in re.findall(rf"\[{host}\] ready in ([\d.]+) s", out)]
+    """Each server's time to ready, from its gate's lines (named: a host's servers are checked
+    at once)."""
+    return [float(s) for s in
+            re.findall(rf"\[{host}\] sglang-\d\.service: ready in ([\d.]+) s", out)]
 
 
 def records(host: str, version: str) -> list[dict[str, object]]:

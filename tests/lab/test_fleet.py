@@ -203,7 +203,7 @@ def test_a_deploy_replaces_a_hand_started_server_when_asked(
     assert result.returncode == 0, out[-5000:]
     assert re.search(r"\[lab2\] stopping pid \d+ .*python3 -m http.server 30000", out), out[-3000:]
     assert ssh("lab2", "pgrep -f 'http[.]server 30000'").returncode != 0
-    assert "[lab2] health: /health_generate 200" in out
+    assert "[lab2] sglang-0.service: health: /health_generate 200" in out
     deadline = time.monotonic() + 60
     while not router_workers().get(url("lab2", 30000)) and time.monotonic() < deadline:
         time.sleep(1)

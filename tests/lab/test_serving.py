@@ -57,18 +57,21 @@ def changed_ops(out: str) -> int:
 def test_fresh_hosts_converge_and_pass_the_gate(lab: None) -> None:
     code, out = deploy()
     assert code == 0, out[-5000:]
+    assert f"Gate | Gate checks of {GPUS} servers at once" in out  # one operation for all
     for host in HOSTS:
-        assert f"[{host}] health: /health_generate 200" in out
-        assert re.search(rf"\[{host}\] arguments: SGLang 0\.5\.23, EAGLE, model "
-                         rf"{re.escape(LAB_MODEL)}: as rendered", out)
-        assert re.search(rf"\[{host}\] smoke: '4\..*', TTFT \d+ ms, \d+ tok/s, accept length "
-                         r"\d\.\d\d", out)
-        assert re.search(rf"\[{host}\] capacity: KV tokens \d+, mamba slots \d+ .*max running "
-                         r"requests \d+, GPU memory free", out)
-        assert f"[{host}] advice: max running requests" in out
-        assert re.search(rf"\[{host}\] soak: \d+ concurrent requests, all answered in [\d.]+ "
-                         r"s; sglang-0\.service still serving; \d+ output tokens, [\d,]+ tok/s",
-                         out)
+        for unit in (f"sglang-{k}.service" for k in range(GPUS)):  # each one's lines named
+            line = rf"\[{host}\] {re.escape(unit)}: "
+            assert re.search(rf"{line}health: /health_generate 200", out)
+            assert re.search(rf"{line}arguments: SGLang 0\.5\.23, EAGLE, model "
+                             rf"{re.escape(LAB_MODEL)}: as rendered", out)
+            assert re.search(rf"{line}smoke: '4\..*', TTFT \d+ ms, \d+ tok/s, accept length "
+                             r"\d\.\d\d", out)
+            assert re.search(rf"{line}capacity: KV tokens \d+, mamba slots \d+ .*max running "
+                             r"requests \d+, GPU memory free", out)
+            assert re.search(rf"{line}advice: max running requests", out)
+            assert re.search(rf"{line}soak: \d+ concurrent requests, all answered in [\d.]+ "
+                             rf"s; {re.escape(unit)} still serving; \d+ output tokens, [\d,]+ "
+                             r"tok/s", out)
         every = f"{GPUS} of {GPUS} servers"
         assert re.search(rf"\[{host}\] host: \d+ running requests on {every}", out)
         assert re.search(rf"\[{host}\] host: [\d,]+ output tok/s, the sum of {every}' "
@@ -86,9 +89,10 @@ def ready_in_parts(host: str, out: str) -> None:
     """The gate's time to ready, from the journal: the simulator loads its weights in 2 s
     (SGLANG_SIM_LOAD_SECONDS) and captures three graphs of 0.5 s (target verify, draft decode,
     draft extend); the same parts in the gate's JSON (its GATE line, run again on the host)."""
-    found = re.search(rf"\[{host}\] ready in (\d+\.\d) s: start→weights (\d+\.\d) s, "
-                      r"→KV\+mamba (\d+\.\d) s, →graphs (\d+\.\d) s, →ready (\d+\.\d) s, "
-                      r"→first generation (\d+\.\d) s", out)
+    found = re.search(rf"\[{host}\] sglang-0\.service: ready in (\d+\.\d) s: "
+                      r"start→weights (\d+\.\d) s, →KV\+mamba (\d+\.\d) s, "
+                      r"→graphs (\d+\.\d) s, →ready (\d+\.\d) s, →first generation (\d+\.\d) s",
+                      out)
     assert found, out[-3000:]
     total, weights, kv, graphs, ready, first = (float(x) for x in found.groups())
     assert weights >= 2.0 and graphs >= 1.5 and first < 30
@@ -147,8 +151,8 @@ def test_failed_start_is_shown_and_the_previous_release_keeps_serving(lab: None)
     assert code != 0
     assert time.monotonic() - tic < 30 + 15  # fails within 30 s of the restart (+ pyinfra)
     # loading runs in SGLang's scheduler: its exception is the cause the gate names
-    assert "[lab1] error: sglang-0.service failed to start: Scheduler hit an exception: " \
-           "RuntimeError: simulated startup failure" in out, out[-3000:]
+    assert "[lab1] sglang-0.service: error: sglang-0.service failed to start: Scheduler hit an " \
+           "exception: RuntimeError: simulated startup failure" in out, out[-3000:]
     assert "the last good release serves again" in out
     assert server_info("lab1")["max_running_requests"] == 16
     assert "SGLANG_SIM_FAIL_STARTUP" not in ssh("lab1", "cat /etc/sglang/sglang-0.env").stdout
@@ -215,7 +219,8 @@ def test_a_new_release_compiles_once_on_a_host_whose_every_gpu_serves(lab: None)
     code, out = deploy(jit, f"sglang.engine.version={other}", limit="lab1")
     assert code == 0, out[-4000:]
     assert "[lab1] warm-up skipped: no GPUs beside the servers'" in out, out[-4000:]
-    ready = [float(s) for s in re.findall(r"\[lab1\] ready in ([\d.]+) s", out)]
+    ready = [float(s) for s in
+             re.findall(r"\[lab1\] sglang-\d\.service: ready in ([\d.]+) s", out)]
     assert len(ready) == GPUS and ready[0] >= 8, out[-4000:]  # sglang-0 compiled
     assert max(ready[1:]) < 8, ready  # the others found its kernels
     assert main_pid("lab1") != pid and server_info("lab1")["version"] == other

@@ -30,9 +30,10 @@ HOST_DIR = f"{PYTHONPATH}/{PACKAGE}"
 SOURCE = Path(remote.__file__).resolve().parent
 # Every module of the package: the programs a stage runs, and the parts they import.
 MODULES = ("cache_archive", "cache_copy", "cache_pack", "cache_unpack", "capacity",
-           "capacity_figures", "capacity_log", "check_server", "crash", "download_model", "eta",
-           "gate_http", "gate_smoke", "gate_soak", "gate_unit", "member_start", "progress",
-           "prune_caches", "readiness", "start_server", "start_router", "warm_caches")
+           "capacity_figures", "capacity_log", "check_server", "check_servers", "crash",
+           "download_model", "eta", "gate_http", "gate_smoke", "gate_soak", "gate_unit",
+           "member_start", "progress", "prune_caches", "readiness", "start_server",
+           "start_router", "warm_caches")
 
 
 def module_file(module: str) -> str:

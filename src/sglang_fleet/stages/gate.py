@@ -10,7 +10,6 @@ own operation, ``last_good.restore_unit``) and fails the deploy.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +21,10 @@ from pyinfra.facts.files import File
 
 from sglang_fleet import hostconfig
 from sglang_fleet.config.profile import Profile
-from sglang_fleet.config.render import MAMBA_STRATEGY_DESTS, Launch
+from sglang_fleet.config.render import Launch
 from sglang_fleet.hostconfig import groups
 from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.host_programs import module_file, upload
-from sglang_fleet.paths import gate_record
 from sglang_fleet.remote import eta
 from sglang_fleet.report import summary
 from sglang_fleet.stages import last_good, resize
@@ -40,25 +38,18 @@ from sglang_fleet.stages.gate_group import (
     member_started,
     who,
 )
-from sglang_fleet.stages.gate_program import CHECKER, check, error_of, result_of
+from sglang_fleet.stages.gate_program import (
+    CHECKER,
+    TOGETHER,
+    check,
+    check_together,
+    error_of,
+    gate_flags,
+    result_of,
+)
 from sglang_fleet.stages.group_restart import restart_group, shared
 from sglang_fleet.stages.group_unit import spans_hosts
 from sglang_fleet.stages.service import foreign_listeners, startup_budget
-
-
-def expectations(launch: Launch) -> dict[str, Any]:
-    """What /server_info must report for this launch (SGLang resolves the rest itself)."""
-    args = launch.args
-    expect: dict[str, Any] = {"model_path": args["model_path"], "version": launch.version,
-                              "served_model_name": args.get("served_model_name")}
-    if args.get("speculative_algorithm"):
-        expect["speculative_algorithm"] = args["speculative_algorithm"]
-    for dest in MAMBA_STRATEGY_DESTS:
-        if args.get(dest) not in (None, "auto"):
-            expect[dest] = args[dest]
-    if args.get("max_running_requests") is not None:
-        expect["max_running_requests"] = args["max_running_requests"]
-    return expect
 
 
 @dataclass
@@ -75,6 +66,8 @@ class GateResult:
     measured: dict[str, Any] | None = None  # the GATE line's "measured", once it passed
     resize: int | None = None  # the mamba cache size for the target: restart once with it
     serving: str = ""  # what serves once the last good release is back, as checked
+    checked: tuple[bool, list[str]] | None = None  # check_server's, run with the host's others
+
 
     def failed(self) -> bool:
         return self.error is not None
@@ -119,12 +112,10 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, result: GateRe
         result.error = group.failed(host.name, f"group {group.group}: {failure}")
         logger.warning(f"{host.print_prefix}{unit}: not gated: {failure}")
         return
-    target = profile.memory.target_running_requests
-    ok, lines = check(profile, launch, "--expect", json.dumps(expectations(launch)),
-                      *(["--job", job] if job else []), "--record", gate_record(unit),
-                       *(["--soak-requests", str(soak)] if soak is not None else []),
-                       *(["--target", str(target)] if target else []),
-                       budget=budget)
+    if result.checked is not None:  # checked with the host's other servers (gate_together)
+        (ok, lines), result.checked = result.checked, None  # a gate after a restart checks anew
+    else:
+        ok, lines = check(profile, launch, *gate_flags(profile, launch, job, soak), budget=budget)
     printed = result_of(lines)
     error = None if ok else error_of(lines)
     if error is None:
@@ -331,7 +322,7 @@ def smoke_test(profile: Profile, launches: list[Launch]) -> None:
 def gate_programs() -> None:
     """The host programs the gate runs (``check_server`` and what it imports), uploaded before
     the service stage so that none of it happens while the server restarts."""
-    upload("capacity", "crash", "eta", "readiness", CHECKER, MEMBER)
+    upload("capacity", "crash", "eta", "readiness", CHECKER, TOGETHER, MEMBER)
 
 
 @deploy("Gate")
@@ -344,14 +335,21 @@ def run_gate(profile: Profile, launches: list[Launch], release: Release) -> None
     cfg = hostconfig.of(host)
     job = cfg.job_estimate or ""  # "COMPLETIONS,TOKENS", e.g. "900000,1000"
     soak = cfg.gate_soak_requests
-    results = []
     target = profile.memory.target_running_requests
-    for launch in launches:
+    results = [GateResult() for _ in launches]
+    alone = [(launch, result) for launch, result in zip(launches, results, strict=True)
+             if not spans_hosts(launch)]
+    if len(alone) > 1:  # the host's gate as long as its slowest server's, not their sum
+        check_together(name=f"Gate checks of {len(alone)} servers at once: health, arguments, "
+                       "smoke generation, soak, capacity (each judged below)", profile=profile,
+                       launches=[launch for launch, _ in alone],
+                       flags=[gate_flags(profile, launch, job, soak) for launch, _ in alone],
+                       budget=startup_budget(), results=[result for _, result in alone])
+    for index, launch in enumerate(launches):
         if spans_hosts(launch):  # one rank of a group (its only server): the group's gate
-            results.append(_group_gate(profile, launch, job, soak))
+            results[index] = _group_gate(profile, launch, job, soak)
             continue
-        result = GateResult()
-        results.append(result)
+        result = results[index]
         gate(name=f"Gate {launch.unit}: health, arguments, smoke generation, soak, capacity",
              profile=profile, launch=launch, budget=startup_budget(), job=job,
              result=result, soak=soak, final=target is None)

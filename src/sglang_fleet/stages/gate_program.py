@@ -1,27 +1,33 @@
 """The gate's host program, ``check_server``, run on the host for one server: the gate's full
 checks, or one of its waits (health within the startup budget, a smoke generation). The gate
-and the service stage's restart waves both run it.
+and the service stage's restart waves both run it. ``check_together`` runs the full checks of
+a host's servers at once (``check_servers``), for the gate of each to read.
 
     ok, lines = check(profile, launch, "--health-only", budget=1800)
 """
 
 from __future__ import annotations
 
+import json
 import shlex
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from pyinfra import logger
-from pyinfra.context import host
+from pyinfra.api.operation import operation
+from pyinfra.context import host, state
 
 from sglang_fleet.config.profile import Profile
-from sglang_fleet.config.render import Launch
-from sglang_fleet.ops import result_line, run
+from sglang_fleet.config.render import MAMBA_STRATEGY_DESTS, Launch
+from sglang_fleet.ops import Ops, preview, result_line, run
 from sglang_fleet.ops.host_programs import program
-from sglang_fleet.paths import env_file
+from sglang_fleet.paths import env_file, gate_record
 from sglang_fleet.remote.check_server import RESULT_MARK
+from sglang_fleet.remote.check_servers import DONE_MARK
 from sglang_fleet.rollout.fleet import ANY_ADDRESS
 
 CHECKER = "check_server"  # the host program (remote/check_server.py), run by the system python
+TOGETHER = "check_servers"  # check_server for several servers at once (remote/check_servers.py)
 
 
 def url(profile: Profile, launch: Launch) -> str:
@@ -31,18 +37,118 @@ def url(profile: Profile, launch: Launch) -> str:
     return f"http://{'127.0.0.1' if address in ANY_ADDRESS else address}:{launch.port}"
 
 
+def expectations(launch: Launch) -> dict[str, Any]:
+    """What /server_info must report for this launch (SGLang resolves the rest itself)."""
+    args = launch.args
+    expect: dict[str, Any] = {"model_path": args["model_path"], "version": launch.version,
+                              "served_model_name": args.get("served_model_name")}
+    if args.get("speculative_algorithm"):
+        expect["speculative_algorithm"] = args["speculative_algorithm"]
+    for dest in MAMBA_STRATEGY_DESTS:
+        if args.get(dest) not in (None, "auto"):
+            expect[dest] = args[dest]
+    if args.get("max_running_requests") is not None:
+        expect["max_running_requests"] = args["max_running_requests"]
+    return expect
+
+
+def gate_flags(profile: Profile, launch: Launch, job: str, soak: int | None) -> list[str]:
+    """check_server's flags for the gate's full checks of a launch (beyond ``arguments``')."""
+    target = profile.memory.target_running_requests
+    return ["--expect", json.dumps(expectations(launch)), *(["--job", job] if job else []),
+            "--record", gate_record(launch.unit),
+            *(["--soak-requests", str(soak)] if soak is not None else []),
+            *(["--target", str(target)] if target else [])]
+
+
+def arguments(profile: Profile, launch: Launch, *flags: str,
+              budget: int | None = None) -> list[str]:
+    """check_server's arguments for one launch: the server, then ``flags``."""
+    return ["--unit", launch.unit, "--url", url(profile, launch), "--env-file",
+            env_file(launch.unit), "--model", profile.model.served_name,
+            *(["--budget", str(budget)] if budget is not None else []), *flags]
+
+
+def show_lines(lines: list[str], label: str = "") -> None:
+    """check_server's human lines (after ``label``), not its result line (for result_of)."""
+    for line in lines:
+        if not line.startswith(f"{RESULT_MARK} "):
+            logger.info(f"{host.print_prefix}{label}{line}")
+
+
 def check(profile: Profile, launch: Launch, *flags: str, budget: int | None = None,
           show: bool = True, label: str = "") -> tuple[bool, list[str]]:
     """Run check_server on the host for one launch; show its human lines (after ``label``)."""
-    argv = program("python3", CHECKER, "--unit", launch.unit, "--url", url(profile, launch),
-                   "--env-file", env_file(launch.unit), "--model", profile.model.served_name,
-                   *(["--budget", str(budget)] if budget is not None else []), *flags)
+    argv = program("python3", CHECKER, *arguments(profile, launch, *flags, budget=budget))
     ok, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
     lines = list(output.stdout_lines)
-    for line in lines if show else ():
-        if not line.startswith(f"{RESULT_MARK} "):  # the result line: for result_of
-            logger.info(f"{host.print_prefix}{label}{line}")
+    if show:
+        show_lines(lines, label)
     return ok, lines
+
+
+class Checked(Protocol):
+    """Where ``check_together`` leaves a server's check for its gate (gate.GateResult)."""
+
+    checked: tuple[bool, list[str]] | None
+
+
+def split(launches: Sequence[Launch], lines: list[str]) -> list[tuple[bool, list[str]]]:
+    """check_servers' output, one ``(passed, lines)`` per launch in order: each server's lines
+    end at its ``CHECKED`` line. A server with no such line (the program cut short) failed,
+    with what it printed and a result saying so.
+
+        split([launch], ["health: ...", 'GATE {"ok": true}', 'CHECKED {"exit": 0}'])
+        # [(True, ['health: ...', 'GATE {"ok": true}'])]
+    """
+    found: list[tuple[bool, list[str]]] = []
+    own: list[str] = []
+    for line in lines:
+        if line.startswith(f"{DONE_MARK} ") and len(found) < len(launches):
+            done = result_line([line], DONE_MARK) or {}
+            found.append((done.get("exit") == 0, own))
+            own = []
+        else:
+            own.append(line)
+    for launch in launches[len(found):]:
+        cut = {"ok": False, "error": f"the checks of {launch.unit} ended before they said "
+                                    "whether it passed (check_servers cut short)"}
+        found.append((False, [*own, f"{RESULT_MARK} {json.dumps(cut)}"]))
+        own = []
+    return found
+
+
+@operation(is_idempotent=True)
+def check_together(profile: Profile, launches: list[Launch], flags: list[list[str]],
+                   budget: int, results: Sequence[Checked]) -> Ops:
+    """Run the gate's checks of a host's servers at once (``check_servers``, one process for
+    each, started together), leaving each server's in its result for its own gate operation,
+    which judges it then.
+
+    + profile: the profile the servers were rendered from
+    + launches: the host's servers
+    + flags: check_server's flags for each launch (``gate_flags``), in the same order
+    + budget: seconds each server may take to become healthy
+    + results: where each launch's check goes (``checked``), in the same order
+
+        check_together(name="Gate checks of 8 servers at once", profile=profile,
+                       launches=launches, flags=[gate_flags(...), ...], budget=1800,
+                       results=results)
+    """
+    if not state.is_executing:  # it checks the servers the run has just (re)started
+        yield from preview(f"the gate's checks of {len(launches)} servers at once, each "
+                           "judged by its own gate", changes=False)
+        return
+    each = [arguments(profile, launch, *own, budget=budget)
+            for launch, own in zip(launches, flags, strict=True)]
+    argv = program("python3", TOGETHER, "--servers", json.dumps(each))
+    _, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
+    for launch, result, found in zip(launches, results, split(launches, list(
+            output.stdout_lines)), strict=True):
+        show_lines(found[1], f"{launch.unit}: ")
+        result.checked = found
+    host.noop(f"the gate's checks of {len(launches)} servers ran at once")
+    yield from ()
 
 
 def result_of(lines: list[str]) -> dict[str, Any]:

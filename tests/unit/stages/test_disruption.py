@@ -341,6 +341,7 @@ CALM = {
     "stages.engine.release_dir": "a new release beside the serving one",
     "stages.engine.uv_tool": "the product's uv",
     "stages.gate.gate": "the checks; keeps the files as the last good release",
+    "stages.gate_program.check_together": "the checks of a host's servers at once",
     "stages.gate.gate_failed": "a verdict",
     "stages.gate.restored": "waits for a restored server to answer",
     "stages.gate.host_capacity": "a sum",

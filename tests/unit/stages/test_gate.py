@@ -12,7 +12,7 @@ import pytest
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sglang_fleet import ops
-from sglang_fleet.config.render import Launch, render
+from sglang_fleet.config.render import Launch, render, render_all
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.ops.live import LiveCommand
 from sglang_fleet.paths import (
@@ -179,6 +179,60 @@ def test_gate_failed_says_what_serves_after_the_restore(
     assert ("error: soak: 3 of 32 failed; the last good release serves again (sglang.service "
             "alone on port 30000, /health_generate 200, /server_info: SGLang 0.5.22") in command
 
+
+
+class TogetherHost(GateHost):
+    """A host whose check_servers answers for each server it is given: ``failing`` units'
+    checks fail, the last one's output is cut short (no CHECKED line) when ``cut``."""
+
+    def __init__(self, failing: tuple[str, ...] = (), cut: bool = False) -> None:
+        super().__init__({"Sha256File": sums(), "File": lambda path: {"mode": 600}})
+        self.failing, self.cut = failing, cut
+
+    def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
+        if "sglang_fleet_remote.check_servers" not in command:
+            return super().run_shell_command(command, **kwargs)
+        self.ran.append(command)
+        lines = []
+        for argv in json.loads(shlex.split(command)[-1]):
+            unit = argv[argv.index("--unit") + 1]
+            error = f"{unit}: soak: 1 of 32 failed" if unit in self.failing else None
+            lines += [f"health: {unit}", f"GATE {json.dumps({'ok': not error, 'error': error})}",
+                      f"CHECKED {json.dumps({'unit': unit, 'exit': 1 if error else 0})}"]
+        return True, CommandOutput([OutputLine("stdout", x) for x in lines[:-1 if self.cut
+                                                                             else None]])
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_hosts_servers_are_checked_at_once_and_each_gate_judges_its_own(
+        use: Callable[[Host], Host], monkeypatch: pytest.MonkeyPatch, cut: bool) -> None:
+    """One check_servers call runs every server's full checks; each server's gate then judges
+    what was found for it, without running check_server again (a gate after a sized restart
+    does: the check is used once). A cut-short output fails the server it left unfinished."""
+    monkeypatch.setattr(checker, "state", Executing())
+    profile = field_profile(gpus=3)
+    launches = render_all(profile)
+    fake = use(TogetherHost(failing=("sglang-1.service",), cut=cut))
+    results = [gate.GateResult() for _ in launches]
+    flags = [checker.gate_flags(profile, launch, "", None) for launch in launches]
+    assert commands(checker.check_together, profile, launches, flags, 600, results) == []
+    [command] = fake.ran  # type: ignore[attr-defined]
+    argv = shlex.split(command)
+    assert argv[:5] == program("python3", "check_servers") and argv[5] == "--servers"
+    assert json.loads(argv[6]) == [checker.arguments(profile, launch, *own, budget=600)
+                                   for launch, own in zip(launches, flags, strict=True)]
+    assert [r.checked and r.checked[0] for r in results] == [True, False, not cut]
+    for launch, result in zip(launches, results, strict=True):
+        commands(gate.gate, profile, launch, 600, "", result)
+        assert result.checked is None
+    assert len(fake.ran) == 1  # type: ignore[attr-defined]
+    assert [r.error for r in results] == [
+        None, "sglang-1.service: soak: 1 of 32 failed",
+        "the checks of sglang-2.service ended before they said whether it passed "
+        "(check_servers cut short)" if cut else None]
+    commands(gate.gate, profile, launches[0], 600, "", results[0])  # checks anew
+    assert len(fake.ran) == 2  # type: ignore[attr-defined]
+    assert "sglang_fleet_remote.check_server " in fake.ran[-1]  # type: ignore[attr-defined]
 
 
 def test_restore_unit_puts_back_the_unit_and_the_current_link(

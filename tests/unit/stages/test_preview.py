@@ -21,6 +21,7 @@ from sglang_fleet.stages import (
     driver,
     gate,
     gate_group,
+    gate_program,
     group_restart,
     last_good,
     resize,
@@ -93,6 +94,10 @@ CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
         (lambda: commands(gate.gate_failed, LAUNCH, gate.GateResult()),
          "if the gate of sglang.service failed: fails the host, saying what serves once the "
          "last good release is back", False)],
+    "stages.gate_program.check_together": [
+        (lambda: commands(gate_program.check_together, PROFILE, [LAUNCH, LAUNCH], [[], []],
+                          1800, [gate.GateResult(), gate.GateResult()]),
+         "the gate's checks of 2 servers at once, each judged by its own gate", False)],
     "stages.gate.restored": [
         (lambda: commands(gate.restored, PROFILE, LAUNCH, 1800, gate.GateResult()),
          "if the gate of sglang.service failed: waits for the last good release to answer",
@@ -159,8 +164,8 @@ CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
          "takes this host's 1 worker URLs out of the 1 routers that still route to them",
          True)],
 }
-MODULES = (compiled_records, driver, gate, gate_group, group_restart, last_good, resize, router,
-           service, teardown, warmup)
+MODULES = (compiled_records, driver, gate, gate_group, gate_program, group_restart, last_good,
+           resize, router, service, teardown, warmup)
 
 
 class NoFacts(Host):
