@@ -93,10 +93,11 @@ class Checked(Protocol):
     checked: tuple[bool, list[str]] | None
 
 
-def split(launches: Sequence[Launch], lines: list[str]) -> list[tuple[bool, list[str]]]:
+def split(launches: Sequence[Launch], lines: list[str],
+          why: str = "check_servers cut short") -> list[tuple[bool, list[str]]]:
     """check_servers' output, one ``(passed, lines)`` per launch in order: each server's lines
     end at its ``CHECKED`` line. A server with no such line (the program cut short) failed,
-    with what it printed and a result saying so.
+    with what it printed and a result saying so (``why``: the program's last error line).
 
         split([launch], ["health: ...", 'GATE {"ok": true}', 'CHECKED {"exit": 0}'])
         # [(True, ['health: ...', 'GATE {"ok": true}'])]
@@ -112,7 +113,7 @@ def split(launches: Sequence[Launch], lines: list[str]) -> list[tuple[bool, list
             own.append(line)
     for launch in launches[len(found):]:
         cut = {"ok": False, "error": f"the checks of {launch.unit} ended before they said "
-                                    "whether it passed (check_servers cut short)"}
+                                    f"whether it passed ({why})"}
         found.append((False, [*own, f"{RESULT_MARK} {json.dumps(cut)}"]))
         own = []
     return found
@@ -143,8 +144,10 @@ def check_together(profile: Profile, launches: list[Launch], flags: list[list[st
             for launch, own in zip(launches, flags, strict=True)]
     argv = program("python3", TOGETHER, "--servers", json.dumps(each))
     _, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
-    for launch, result, found in zip(launches, results, split(launches, list(
-            output.stdout_lines)), strict=True):
+    errors = output.stderr_lines
+    why = f"check_servers cut short: {errors[-1]}" if errors else "check_servers cut short"
+    for launch, result, found in zip(launches, results, split(
+            launches, list(output.stdout_lines), why), strict=True):
         show_lines(found[1], f"{launch.unit}: ")
         result.checked = found
     host.noop(f"the gate's checks of {len(launches)} servers ran at once")

@@ -199,8 +199,8 @@ class TogetherHost(GateHost):
             error = f"{unit}: soak: 1 of 32 failed" if unit in self.failing else None
             lines += [f"health: {unit}", f"GATE {json.dumps({'ok': not error, 'error': error})}",
                       f"CHECKED {json.dumps({'unit': unit, 'exit': 1 if error else 0})}"]
-        return True, CommandOutput([OutputLine("stdout", x) for x in lines[:-1 if self.cut
-                                                                             else None]])
+        out = [OutputLine("stdout", x) for x in lines[:-1 if self.cut else None]]
+        return True, CommandOutput(out + [OutputLine("stderr", "Killed")] * self.cut)
 
 
 @pytest.mark.parametrize("cut", [False, True])
@@ -229,7 +229,7 @@ def test_a_hosts_servers_are_checked_at_once_and_each_gate_judges_its_own(
     assert [r.error for r in results] == [
         None, "sglang-1.service: soak: 1 of 32 failed",
         "the checks of sglang-2.service ended before they said whether it passed "
-        "(check_servers cut short)" if cut else None]
+        "(check_servers cut short: Killed)" if cut else None]
     commands(gate.gate, profile, launches[0], 600, "", results[0])  # checks anew
     assert len(fake.ran) == 2  # type: ignore[attr-defined]
     assert "sglang_fleet_remote.check_server " in fake.ran[-1]  # type: ignore[attr-defined]
