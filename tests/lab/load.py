@@ -6,22 +6,42 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from typing import Self
 
 import httpx
 
 
-class Load:
+class Background:
+    """``_run`` on a thread of its own for the length of a ``with`` block: it runs until
+    ``stopping`` is set, which leaving the block does before waiting for it."""
+
+    def __init__(self) -> None:
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join()
+
+
+class Load(Background):
     """``rate`` chat completions per second against ``url`` until stopped."""
 
     def __init__(self, url: str, api_key: str, model: str, rate: float = 25) -> None:
+        super().__init__()
         self.url, self.rate, self.model = url.rstrip("/"), rate, model
         self.client = httpx.Client(headers={"Authorization": f"Bearer {api_key}"}, timeout=120,
                                    limits=httpx.Limits(max_connections=64))
         self.results: Counter[str] = Counter()
         self.errors: list[str] = []
         self.lock = threading.Lock()
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
         self.started = 0.0
         self.seconds = 0.0
 
@@ -47,14 +67,6 @@ class Load:
                 tick += 1 / self.rate
                 time.sleep(max(0.0, tick - time.monotonic()))
         self.seconds = time.monotonic() - self.started
-
-    def __enter__(self) -> Load:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        self.thread.join()
 
     @property
     def sent(self) -> int:

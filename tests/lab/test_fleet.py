@@ -10,7 +10,6 @@ import json
 import re
 import shlex
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +28,7 @@ from tests.lab.conftest import (
     ssh,
     url,
 )
-from tests.lab.load import Load
+from tests.lab.load import Background, Load
 
 pytestmark = pytest.mark.lab
 HOSTS = ("lab1", "lab2", "lab3")
@@ -246,31 +245,22 @@ def test_release_failing_to_start_stops_the_roll_at_the_first_host(
     assert router_workers() == EVERY_WORKER
 
 
-class Healthy:
+class Healthy(Background):
     """The fewest healthy workers the router listed while a roll ran (polled every 0.5 s)."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.fewest: int | None = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._poll, daemon=True)
 
-    def _poll(self) -> None:
-        while not self.stop.is_set():
+    def _run(self) -> None:
+        while not self.stopping.is_set():
             try:
                 healthy = sum(router_workers().values())
             except (ValueError, KeyError):  # the router answering mid-change: look again
                 healthy = None
             if healthy is not None:
                 self.fewest = healthy if self.fewest is None else min(self.fewest, healthy)
-            time.sleep(0.5)
-
-    def __enter__(self) -> Healthy:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
+            self.stopping.wait(0.5)
 
 
 def compile_seconds(host: str, unit: str, since: float) -> list[int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 from collections.abc import Iterator
 from itertools import pairwise
@@ -20,7 +19,7 @@ import httpx
 import pytest
 
 from tests.lab.conftest import ADMIN_KEY_FILE, KEY_FILE, ROUTER, address, booted_lab, run, ssh, url
-from tests.lab.load import Load
+from tests.lab.load import Background, Load
 
 pytestmark = pytest.mark.lab
 INVENTORY = "inventories/lab_multinode.py"
@@ -184,16 +183,15 @@ def test_a_killed_rank_1_restarts_its_group_alone(group: str) -> None:
     assert chat(ROUTER).status_code == 200
 
 
-class Sampler:
+class Sampler(Background):
     """The router's worker list every ``every`` seconds, in a thread, until stopped: each
     sample (wall clock, the listed workers) or the error reading it."""
 
     def __init__(self, every: float = 0.5) -> None:
+        super().__init__()
         self.every = every
         self.samples: list[tuple[float, list[dict[str, Any]]]] = []
         self.errors: list[str] = []
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self.stopping.is_set():
@@ -202,14 +200,6 @@ class Sampler:
             except (httpx.HTTPError, ValueError, KeyError) as exc:
                 self.errors.append(f"{time.strftime('%H:%M:%S')} {type(exc).__name__}: {exc}")
             self.stopping.wait(self.every)
-
-    def __enter__(self) -> Sampler:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        self.thread.join()
 
 
 def serving(sample: list[dict[str, Any]]) -> set[str]:
