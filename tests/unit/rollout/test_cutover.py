@@ -30,6 +30,7 @@ class Router:
         self.url, self.registered, self.broken = url, list(registered), broken
         self.unhealthy = unhealthy
         self.waited: list[tuple[str, float]] = []
+        self.listed_at_wait: list[list[str]] = []  # what was registered at each wait
 
     def remove(self, url: str) -> bool:
         if self.broken:
@@ -52,6 +53,7 @@ class Router:
 
     def wait_healthy(self, url: str, timeout: float) -> None:
         self.waited.append((url, timeout))
+        self.listed_at_wait.append(list(self.registered))
         if url in self.unhealthy:
             raise RouterError(f"router {self.url}: gave up waiting {timeout:.0f} s for the "
                               f"router to see {url} healthy")
@@ -307,6 +309,7 @@ def test_with_batch_instances_only_the_restarting_servers_leave_and_drain(
     assert cutover._rejoin(STATE, HOST, [u1, u2])
     assert sorted(a.registered) == sorted(b.registered) == sorted(SERVERS.values())
     assert a.waited == [(u1, 42), (u2, 42)] and b.waited == a.waited
+    assert {u1, u2} <= set(a.listed_at_wait[0])  # both back before the first is waited for
     out = roll_dir.out_of_routers("b200-01")
     assert out is not None and out.waves[0].back is not None and out.still_out() is None
     # the next wave opens a wave of its own

@@ -195,6 +195,22 @@ def test_bad_input_is_named() -> None:
             planning.plan("inventories/b200.py", [], 1, batch_instances=bad)
 
 
+def test_a_hosts_servers_all_go_back_before_any_is_waited_for(router: FakeRouter) -> None:
+    """The router checks the health of a host's servers together, not one after another."""
+    class Waits(FakeRouter):
+        def wait_healthy(self, url: str, timeout: float) -> None:
+            self.log.append(("healthy", url))
+            super().wait_healthy(url, timeout)
+
+    waits = Waits({})
+    rolled = make(cast(FakeRouter, waits), Runs())
+    rolled.went_out("h1")
+    rolled.put_back(["h1"], {"h1": ["http://h1:30000", "http://h1:30001"]})
+    assert waits.log == [("add", "http://h1:30000"), ("add", "http://h1:30001"),
+                         ("healthy", "http://h1:30000"), ("healthy", "http://h1:30001")]
+    assert rolled.outcomes["h1"].out_seconds is not None
+
+
 def test_batch_instances_larger_than_a_hosts_servers_is_named(tmp_path: Path) -> None:
     after = {"h1": ["http://h1:30000", "http://h1:30001"], "h2": ["http://h2:30000"]}
     planning._fits(None, after)
