@@ -235,7 +235,9 @@ class Peers:
                 ready = select.select([c for c, _ in self.clients], [], [], WATCH_SECONDS)[0]
                 for conn in ready:
                     if self._eof(conn) and not self.closing:
-                        lost(dict(self.clients)[conn], bool(state))
+                        # whether a batch runs now, not at the last look: the next
+                        # iteration's broadcast, idle, or a forward's collective, busy
+                        lost(dict(self.clients)[conn], busy())
                         return
         threading.Thread(target=run, daemon=True, name="tp-peers").start()
 
