@@ -31,7 +31,8 @@ from sglang_fleet.config import releases
 
 HOSTS = 3
 SLACK = 10.0  # seconds a warm start may take beyond its load and capture
-_READY = re.compile(r"^\[(\w+)\] ready in ([\d.]+) s: (.*)$", re.M)
+# a host's servers are gated at once, each one's lines named (one server alone: not named)
+_READY = re.compile(r"^\[(\w+)\] (?:sglang-(\d+)\.service: )?ready in ([\d.]+) s: (.*)$", re.M)
 _PART = re.compile(r"→([\w+ ]+?) ([\d.]+) s")
 _KERNELS = re.compile(r"^\[(\w+)\] (kernels: .*|shared the kernels .*)$", re.M)
 
@@ -61,14 +62,12 @@ class Start:
 
 
 def starts(out: str) -> list[Start]:
-    """Every "ready in" line of the roll's output, numbered per host in the order its gates
-    ran (one gate per server, sglang-0 first)."""
+    """Every "ready in" line of the roll's output, each with its host and its server's number
+    (sglang-K; 0 for a host's only server)."""
     found: list[Start] = []
-    seen: dict[str, int] = {}
-    for host, ready, rest in _READY.findall(ANSI.sub("", out)):
+    for host, server, ready, rest in _READY.findall(ANSI.sub("", out)):
         parts = {name.strip(): float(s) for name, s in _PART.findall(rest)}
-        found.append(Start(host, seen.get(host, 0), float(ready), parts))
-        seen[host] = seen.get(host, 0) + 1
+        found.append(Start(host, int(server or 0), float(ready), parts))
     return found
 
 

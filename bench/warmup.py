@@ -68,8 +68,9 @@ def roll(label: str, *data: str) -> Result:
     if proc.returncode != 0:
         sys.exit(f"{label}: the roll failed:\n{out[-3000:]}")
     table = re.findall(r"^(lab\d)\s+converged\s+\d+\s+([\d.]+)$", out, re.M)
-    ready = {h: float(s) for h, s in re.findall(r"\[(lab\d)\] ready in ([\d.]+) s", out)}
-    parts = re.findall(r"\[(lab\d)\] ready in [\d.]+ s: start→weights ([\d.]+) s, "
+    named = r"\[(lab\d)\] (?:sglang-\d+\.service: )?"  # a host's servers' lines are named
+    ready = {h: float(s) for h, s in re.findall(named + r"ready in ([\d.]+) s", out)}
+    parts = re.findall(named + r"ready in [\d.]+ s: start→weights ([\d.]+) s, "
                        r"→KV(?:\+mamba)? ([\d.]+) s, →graphs ([\d.]+) s", out)
     if len(table) != HOSTS:
         sys.exit(f"{label}: the roll's table lacks hosts:\n{out[-3000:]}")

@@ -20,25 +20,26 @@ def bench() -> ModuleType:
     return module
 
 
-def ready(host: str, seconds: float, after_graphs: float, pool: str = "KV+mamba") -> str:
-    """A gate's "ready in" line as the roll shows it."""
-    return (f"[{host}] ready in {seconds} s: start→weights 2.0 s, →{pool} 0.1 s, →graphs 1.6 s, "
-            f"→ready {after_graphs} s, →first generation 0.3 s")
+def ready(host: str, server: int, seconds: float, after_graphs: float,
+          pool: str = "KV+mamba") -> str:
+    """A gate's "ready in" line as the roll shows it (a host's servers, gated at once, named)."""
+    return (f"[{host}] sglang-{server}.service: ready in {seconds} s: start→weights 2.0 s, "
+            f"→{pool} 0.1 s, →graphs 1.6 s, →ready {after_graphs} s, →first generation 0.3 s")
 
 
 # As the roll shows the gate's lines and the kernels' (lab1 compiled, lab2 received).
 OUT = "\n".join([
     "[lab1] kernels: compiles itself: the first host of the roll with its inputs (...)",
-    ready("lab1", 125.1, 121.1), ready("lab1", 4.2, 0.6),
+    ready("lab1", 0, 125.1, 121.1), ready("lab1", 1, 4.2, 0.6),
     "[lab1] shared the kernels compiled for 0123: 4 files, 0 MB packed, on the controller",
     "[lab2] kernels: received from lab1: 4 kernels placed, 0 there already (0 MB in 1.4 s)",
-    ready("lab2", 4.3, 0.6, pool="KV"), ready("lab2", 19.0, 15.3), ""])
+    ready("lab2", 1, 4.3, 0.6, pool="KV"), ready("lab2", 0, 19.0, 15.3), ""])
 
 
-def test_starts_are_read_per_host_in_gate_order() -> None:
+def test_starts_are_read_with_their_host_and_server() -> None:
     found = bench().starts(OUT)
-    assert [(s.host, s.server) for s in found] == [("lab1", 0), ("lab1", 1), ("lab2", 0),
-                                                   ("lab2", 1)]
+    assert [(s.host, s.server) for s in found] == [("lab1", 0), ("lab1", 1), ("lab2", 1),
+                                                   ("lab2", 0)]
     assert found[0].ready == 125.1 and round(found[2].load_capture, 1) == 3.7
     assert [s.paid(120) for s in found] == [True, False, False, False]
     assert [s.within() for s in found] == [False, True, True, False]

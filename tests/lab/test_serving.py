@@ -129,7 +129,8 @@ def test_one_profile_change_restarts_each_server_once(lab: None) -> None:
         fired = ssh(host, "journalctl -u sglang-0 -o cat | grep -c 'fired up'").stdout.strip()
         assert int(fired) == int(before[host]) + 1  # exactly one restart
         assert server_info(host)["max_running_requests"] == 16
-        assert f"[{host}] health: /health_generate 200" in out
+        for unit in (f"sglang-{k}.service" for k in range(GPUS)):  # gated again, each
+            assert f"[{host}] {unit}: arguments: SGLang 0.5.23, EAGLE" in out, out[-3000:]
 
 
 def test_bad_input_fails_in_preflight_and_changes_nothing(lab: None) -> None:
