@@ -245,8 +245,19 @@ class FaultyProxy:
         return f"http://127.0.0.1:{self.port}"
 
     def close(self) -> None:
+        """Stop serving: every connection's task ended (cancelled) and the upstream client
+        closed while the loop still runs, so none is left for the garbage collector to finish
+        on a stopped loop."""
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+
+    async def _shutdown(self) -> None:
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.http.aclose()
 
 
 def test_retries_503_and_dropped_connections_lose_nothing(sims: Sims, tmp_path: Path) -> None:
