@@ -68,7 +68,6 @@ class GateResult:
     serving: str = ""  # what serves once the last good release is back, as checked
     checked: tuple[bool, list[str]] | None = None  # check_server's, run with the host's others
 
-
     def failed(self) -> bool:
         return self.error is not None
 
@@ -112,7 +111,7 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, result: GateRe
         result.error = group.failed(host.name, f"group {group.group}: {failure}")
         logger.warning(f"{host.print_prefix}{unit}: not gated: {failure}")
         return
-    if result.checked is not None:  # checked with the host's other servers (gate_together)
+    if result.checked is not None:  # checked with the host's other servers (check_together)
         (ok, lines), result.checked = result.checked, None  # a gate after a restart checks anew
     else:
         ok, lines = check(profile, launch, *gate_flags(profile, launch, job, soak), budget=budget)
@@ -342,8 +341,7 @@ def run_gate(profile: Profile, launches: list[Launch], release: Release) -> None
     if len(alone) > 1:  # the host's gate as long as its slowest server's, not their sum
         check_together(name=f"Gate checks of {len(alone)} servers at once: health, arguments, "
                        "smoke generation, soak, capacity (each judged below)", profile=profile,
-                       launches=[launch for launch, _ in alone],
-                       flags=[gate_flags(profile, launch, job, soak) for launch, _ in alone],
+                       launches=[launch for launch, _ in alone], job=job, soak=soak,
                        budget=startup_budget(), results=[result for _, result in alone])
     for index, launch in enumerate(launches):
         if spans_hosts(launch):  # one rank of a group (its only server): the group's gate

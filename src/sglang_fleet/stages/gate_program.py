@@ -120,7 +120,7 @@ def split(launches: Sequence[Launch], lines: list[str],
 
 
 @operation(is_idempotent=True)
-def check_together(profile: Profile, launches: list[Launch], flags: list[list[str]],
+def check_together(profile: Profile, launches: list[Launch], job: str, soak: int | None,
                    budget: int, results: Sequence[Checked]) -> Ops:
     """Run the gate's checks of a host's servers at once (``check_servers``, one process for
     each, started together), leaving each server's in its result for its own gate operation,
@@ -128,20 +128,20 @@ def check_together(profile: Profile, launches: list[Launch], flags: list[list[st
 
     + profile: the profile the servers were rendered from
     + launches: the host's servers
-    + flags: check_server's flags for each launch (``gate_flags``), in the same order
+    + job: ``COMPLETIONS,TOKENS`` for the job estimate, or empty
+    + soak: concurrent requests of each soak (None: twice max running requests; 0: none)
     + budget: seconds each server may take to become healthy
     + results: where each launch's check goes (``checked``), in the same order
 
         check_together(name="Gate checks of 8 servers at once", profile=profile,
-                       launches=launches, flags=[gate_flags(...), ...], budget=1800,
-                       results=results)
+                       launches=launches, job="", soak=None, budget=1800, results=results)
     """
     if not state.is_executing:  # it checks the servers the run has just (re)started
         yield from preview(f"the gate's checks of {len(launches)} servers at once, each "
                            "judged by its own gate", changes=False)
         return
-    each = [arguments(profile, launch, *own, budget=budget)
-            for launch, own in zip(launches, flags, strict=True)]
+    each = [arguments(profile, launch, *gate_flags(profile, launch, job, soak), budget=budget)
+            for launch in launches]
     argv = program("python3", TOGETHER, "--servers", json.dumps(each))
     _, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
     errors = output.stderr_lines

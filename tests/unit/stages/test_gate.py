@@ -214,13 +214,13 @@ def test_a_hosts_servers_are_checked_at_once_and_each_gate_judges_its_own(
     launches = render_all(profile)
     fake = use(TogetherHost(failing=("sglang-1.service",), cut=cut))
     results = [gate.GateResult() for _ in launches]
-    flags = [checker.gate_flags(profile, launch, "", None) for launch in launches]
-    assert commands(checker.check_together, profile, launches, flags, 600, results) == []
+    assert commands(checker.check_together, profile, launches, "", None, 600, results) == []
     [command] = fake.ran  # type: ignore[attr-defined]
     argv = shlex.split(command)
     assert argv[:5] == program("python3", "check_servers") and argv[5] == "--servers"
-    assert json.loads(argv[6]) == [checker.arguments(profile, launch, *own, budget=600)
-                                   for launch, own in zip(launches, flags, strict=True)]
+    assert json.loads(argv[6]) == [checker.arguments(
+        profile, launch, *checker.gate_flags(profile, launch, "", None), budget=600)
+        for launch in launches]
     assert [r.checked and r.checked[0] for r in results] == [True, False, not cut]
     for launch, result in zip(launches, results, strict=True):
         commands(gate.gate, profile, launch, 600, "", result)

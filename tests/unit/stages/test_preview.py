@@ -95,7 +95,7 @@ CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
          "if the gate of sglang.service failed: fails the host, saying what serves once the "
          "last good release is back", False)],
     "stages.gate_program.check_together": [
-        (lambda: commands(gate_program.check_together, PROFILE, [LAUNCH, LAUNCH], [[], []],
+        (lambda: commands(gate_program.check_together, PROFILE, [LAUNCH, LAUNCH], "", None,
                           1800, [gate.GateResult(), gate.GateResult()]),
          "the gate's checks of 2 servers at once, each judged by its own gate", False)],
     "stages.gate.restored": [
