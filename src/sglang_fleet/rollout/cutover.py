@@ -259,10 +259,7 @@ def _rejoin(state: Any, host: Any, urls: list[str]) -> bool:
     timeout = roll_dir.health_timeout()
     try:
         for router in (config.api() for config in fleet.routers(state.inventory)):
-            for url in urls:  # all added before any is waited for (as Roll.put_back)
-                router.add(url)
-            for url in urls:
-                router.wait_healthy(url, timeout)
+            for url in router.rejoin(urls, timeout):
                 logger.info(f"{host.print_prefix}{url} back, healthy in the router {router.url}")
     except RouterError as err:
         logger.error(f"{host.print_prefix}putting {', '.join(urls)} back: {err}")

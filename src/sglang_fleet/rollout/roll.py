@@ -144,10 +144,7 @@ class Roll:
         for name in names:
             self.serving[name] = urls.get(name, [])
             for router in self.plan.routers:
-                for url in urls.get(name, []):  # all added before any is waited for: the
-                    router.add(url)  # router's health checks of a host's servers overlap
-                for url in urls.get(name, []):
-                    router.wait_healthy(url, self.health_timeout)
+                for url in router.rejoin(urls.get(name, []), self.health_timeout):
                     say(f"{name}: {url} healthy in {router.url}")
             routers = f"router{'s' if len(self.plan.routers) > 1 else ''}"
             if name not in self.out_since:

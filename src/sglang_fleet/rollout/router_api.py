@@ -20,6 +20,7 @@ lists or is still registering (``WORKER_ALREADY_EXISTS``, ``WORKER_CREATE_IN_PRO
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -123,6 +124,19 @@ class Router:
     def wait_healthy(self, url: str, timeout: float) -> None:
         self._wait(lambda: bool(self.workers().get(url, {}).get("is_healthy")), timeout,
                    f"the router to see {url} healthy")
+
+    def rejoin(self, urls: list[str], timeout: float) -> Iterator[str]:
+        """Add each of ``urls``, then yield each once the router sees it healthy. All are added
+        before any is waited for, so the router's health checks of them overlap.
+
+            for url in router.rejoin(urls, timeout=120):
+                print(f"{url} healthy")
+        """
+        for url in urls:
+            self.add(url)
+        for url in urls:
+            self.wait_healthy(url, timeout)
+            yield url
 
     def _wait(self, done: Any, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

@@ -15,7 +15,7 @@ import pytest
 from pyinfra.api.command import FunctionCommand
 
 from sglang_fleet.hostconfig import HostConfig
-from sglang_fleet.rollout import cutover, fleet, roll_directory
+from sglang_fleet.rollout import cutover, fleet, roll_directory, router_api
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.stages import driver, last_good, service
 from tests.fakes import Host, commands, driver_host
@@ -57,6 +57,8 @@ class Router:
         if url in self.unhealthy:
             raise RouterError(f"router {self.url}: gave up waiting {timeout:.0f} s for the "
                               f"router to see {url} healthy")
+
+    rejoin = router_api.Router.rejoin  # the real order of adds and waits, over this fake's
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from sglang_fleet.errors import InputError
-from sglang_fleet.rollout import cutover, fleet, planning, roll, roll_directory
+from sglang_fleet.rollout import cutover, fleet, planning, roll, roll_directory, router_api
 from sglang_fleet.rollout.roll_directory import RollDirectory
 from sglang_fleet.rollout.router_api import RouterError
 from sglang_fleet.stages import compiled_exchange
@@ -45,6 +45,8 @@ class FakeRouter:
     def wait_healthy(self, url: str, timeout: float) -> None:
         if not self.known.get(url):
             raise RouterError(f"{url} not healthy")
+
+    rejoin = router_api.Router.rejoin  # the real order of adds and waits, over this fake's
 
 
 class Started:
