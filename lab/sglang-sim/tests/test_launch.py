@@ -63,6 +63,22 @@ def test_extra_buffer_with_radix_cache_disabled_0_5_12(sims: Launcher) -> None:
     assert "mamba extra_buffer is not compatible with --disable-radix-cache" in result.stderr
 
 
+def test_native_grpc_with_a_key_refused_as_sglang_refuses_it(sims: Launcher) -> None:
+    result = sims.run(*MTP, "--grpc-port", "31000", "--api-key", "k")
+    assert result.returncode == 1
+    assert ("ValueError: --grpc-port is incompatible with --api-key/--admin-api-key: the native "
+            "gRPC listener bypasses HTTP auth middleware.") in result.stderr
+
+
+@pytest.mark.parametrize("flags", [("--smg-grpc-mode",), ("--grpc-port", "31000")])
+def test_grpc_serving_is_not_imitated(sims: Launcher, flags: tuple[str, ...]) -> None:
+    """SGLang accepts these; the simulator, serving HTTP only, says so rather than serve HTTP
+    where SGLang would serve gRPC."""
+    result = sims.run(*MTP, *flags)
+    assert result.returncode == 1 and "gRPC serving" in result.stderr
+    assert "is not imitated" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_no_gpus(sims: Launcher) -> None:
     result = sims.run(env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 1 and "No CUDA GPUs are available" in result.stderr

@@ -206,6 +206,9 @@ def _secrets(profile: Profile, table: flags.FlagTable, problems: list[Problem]) 
 _INVERTED = {key.name for key in keys.declared(Profile) if key.negated}
 # Flags that would write a key into the (world-readable) unit file.
 _SECRET_FLAGS = ("--api-key", "--admin-api-key")
+# gRPC in place of HTTP, or beside it (grpc_port); how each release with it refuses it with a key.
+_GRPC_DESTS = ("smg_grpc_mode", "grpc_mode", "grpc_port")
+GRPC_PORT_WITH_KEY = "the native gRPC listener bypasses HTTP auth middleware"
 _REPEATABLE = ("_AppendAction", "_AppendConstAction", "_CountAction")
 
 
@@ -299,6 +302,8 @@ def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[s
             setter = "the inventory" if owned[flag.dest] == multinode.GROUP_KEY else "the profile"
             problem(f"{option} is set by {setter} (its key {owned[flag.dest]}), not extra_args",
                     _semantic_fix(owned[flag.dest], flag, value, flag.dest in set_by_profile))
+        elif flag.dest in _GRPC_DESTS and (grpc := _grpc_problem(profile, table, option)):
+            problem(*grpc)
         elif flag.alias_of or flag.deprecated:
             new = flag.alias_of or table.option_for(flag.dest) or "its replacement"
             problem(f"{option} is deprecated in SGLang {table.version}", f"use {new}")
@@ -306,6 +311,25 @@ def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[s
             problem(f"{option} is given twice (SGLang would silently keep the last)",
                     "keep one of them")
         seen.add(flag.dest if flag else option)
+
+
+def _grpc_problem(profile: Profile, table: flags.FlagTable, option: str) -> tuple[str, str] | None:
+    """(message, fix) for a gRPC flag in extra_args that cannot serve here."""
+    if table.flags[option].dest != "grpc_port":
+        return (f"{option} makes SGLang {table.version} serve gRPC in place of HTTP on its port: "
+                "the gate, status, warm-up, the roll's drain and the router reach every server "
+                "over HTTP (gRPC to the workers is not offered: docs/rolls.md, Router over "
+                "gRPC)", "remove it")
+    native = "remove --grpc-port (smg does not call SGLang's native gRPC service)"
+    if profile.server.api_key_secret or profile.server.admin_api_key_secret:
+        return (f"SGLang {table.version} refuses --grpc-port with --api-key/--admin-api-key "
+                f"(server.api_key_secret, server.admin_api_key_secret): \"{GRPC_PORT_WITH_KEY}\"",
+                native)
+    if profile.parallel.instances == 1:
+        return None
+    return (f"{option} is one port for every server of a host (parallel.instances "
+            f"{profile.parallel.instances}): the second to start cannot bind it",
+            f"{native}, or set parallel.instances: 1")
 
 
 def _architecture(profile: Profile, version: str, problems: list[Problem]) -> None:

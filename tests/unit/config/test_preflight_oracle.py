@@ -31,7 +31,7 @@ from sglang_sim import args as sim_args
 from sglang_sim import rules as sim_rules
 
 from sglang_fleet.config import flags, preflight, profile, releases
-from sglang_fleet.config.render import render
+from sglang_fleet.config.render import GRPC_PORT_WITH_KEY, render
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.oracle
@@ -250,3 +250,21 @@ def test_a_dp_server_resolves_as_the_simulator_resolves_it(version: str) -> None
                                             "max_running_requests")}
         assert mine == {k: real["resolved"][k] for k in mine}, (argv[-2:], real["resolved"])
     assert real["resolved"]["load_balance_method"] == "total_requests"
+
+
+GRPC_PORT_RELEASES = [v for v in releases.supported() if flags.load(v).get("--grpc-port")]
+
+
+@pytest.mark.parametrize("version", GRPC_PORT_RELEASES)
+def test_every_release_with_grpc_port_refuses_it_with_a_key(version: str) -> None:
+    """render refuses extra_args --grpc-port beside server.api_key_secret in SGLang's words:
+    each release that has the flag raises them under a check of api_key or admin_api_key."""
+    hits = []
+    for path in (release_source(version) / "srt").rglob("*.py"):
+        lines = path.read_text(errors="replace").splitlines()
+        for i, line in enumerate(lines):
+            if GRPC_PORT_WITH_KEY in line:
+                hits.append("\n".join(lines[max(0, i - 4):i]))
+    assert hits, (version, "no release source says it")
+    assert all("api_key" in above and "admin_api_key" in above for above in hits), hits
+

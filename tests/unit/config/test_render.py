@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -151,6 +152,37 @@ def test_extra_args_deprecated_alias(write_profile: Write) -> None:
     with pytest.raises(InputError) as exc:
         render(p, "0.5.19")
     assert "deprecated" in str(exc.value) and "--cuda-graph-max-bs-decode" in str(exc.value)
+
+
+@pytest.mark.parametrize(("version", "option"), [("0.5.23", "--smg-grpc-mode"),
+                                                   ("0.5.23", "--grpc-mode"),
+                                                   ("0.5.12", "--grpc-mode")])
+def test_extra_args_grpc_mode_refused(write_profile: Write, version: str, option: str) -> None:
+    """gRPC in place of HTTP: the gate and the router would find no server; the release's
+    deprecated alias gets the same answer, not a pointer to the new spelling."""
+    p = profile.load(write_profile(MINIMAL + f"extra_args: ['{option}']\n"))
+    with pytest.raises(InputError) as exc:
+        render(p, version)
+    message = str(exc.value)
+    assert f"{option} makes SGLang {version} serve gRPC in place of HTTP" in message
+    assert "Router over gRPC" in message and "deprecated" not in message
+
+
+@pytest.mark.parametrize(("body", "refused"), [
+    ("server: {api_key_secret: k}\n", "refuses --grpc-port with --api-key"),
+    ("server: {admin_api_key_secret: k}\n", "refuses --grpc-port with --api-key"),
+    ("parallel: {instances: 2}\n", "one port for every server of a host (parallel.instances 2)"),
+    ("", None),
+])
+def test_extra_args_native_grpc_port(write_profile: Write, body: str, refused: str | None) -> None:
+    """SGLang's native gRPC beside HTTP: refused where SGLang refuses it or a second server
+    could not bind it; one server without a key takes it as SGLang does."""
+    p = profile.load(write_profile(MINIMAL + body + "extra_args: ['--grpc-port', '31000']\n"))
+    if refused is None:
+        assert render(p, "0.5.23").args["grpc_port"] == 31000
+        return
+    with pytest.raises(InputError, match=r"extra_args: .*" + re.escape(refused)):
+        render(p, "0.5.23")
 
 
 def test_instances_get_their_own_port_and_gpus(write_profile: Write) -> None:

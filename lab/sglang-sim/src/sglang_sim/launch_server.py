@@ -56,6 +56,9 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
     table = args_mod.table(release)
     shape = model.load(args.model_path)
     rules.resolve(args, shape.architecture, release, table["speculative_algorithms"])
+    if rules.grpc_mode(args):  # accepted by SGLang, served by no part of this stand-in
+        sys.exit("sglang-sim: gRPC serving (--smg-grpc-mode, --grpc-mode, --grpc-port) is not "
+                 "imitated; the simulator serves SGLang's HTTP interface only")
     multinode.check(args, release)
     dp.resolve_load_balance_method(args)
     gpus = gpus_mod.discover()  # ServerArgs sizes memory from the first GPU, in this process

@@ -201,11 +201,27 @@ def is_hybrid(arch: str, rel: tuple[int, ...]) -> bool:
     return arch in _archs(rel, "radix_cache") or arch in _archs(rel, "radix_cache_disabled")
 
 
+def grpc_mode(args: Namespace) -> bool:
+    """gRPC asked for: in place of HTTP (--smg-grpc-mode, --grpc-mode) or beside it."""
+    return bool(getattr(args, "smg_grpc_mode", False) or getattr(args, "grpc_mode", False)
+                or getattr(args, "grpc_port", None) is not None)
+
+
+def _native_grpc(args: Namespace) -> None:
+    """0.5.16 server_args.py:3377-3381, 0.5.23 arg_groups/serving_hook.py:428-432."""
+    legacy = getattr(args, "smg_grpc_mode", False) or getattr(args, "grpc_mode", False)
+    if getattr(args, "grpc_port", None) is not None and not legacy and (
+            args.api_key or getattr(args, "admin_api_key", None)):
+        raise ValueError("--grpc-port is incompatible with --api-key/--admin-api-key: "
+                         "the native gRPC listener bypasses HTTP auth middleware.")
+
+
 def resolve(args: Namespace, arch: str, release: str, spec_names: dict[str, Any]) -> None:
     """Apply the release's resolution to ``args`` in place; raise as SGLang raises. The model's
     rules run before the speculative ones, as in ServerArgs.__post_init__ and the 0.5.15+
     resolution pipeline."""
     rel = release_tuple(release)
+    _native_grpc(args)
     if not is_hybrid(arch, rel):
         _not_mamba(args, arch, rel)
     else:
