@@ -63,8 +63,11 @@ def test_extra_buffer_with_radix_cache_disabled_0_5_12(sims: Launcher) -> None:
     assert "mamba extra_buffer is not compatible with --disable-radix-cache" in result.stderr
 
 
-def test_native_grpc_with_a_key_refused_as_sglang_refuses_it(sims: Launcher) -> None:
-    result = sims.run(*MTP, "--grpc-port", "31000", "--api-key", "k")
+@pytest.mark.parametrize(("flags", "env"), [(("--grpc-port", "31000"), {}),
+                                           ((), {"SGLANG_GRPC_PORT": "31000"})])
+def test_native_grpc_with_a_key_refused_as_sglang_refuses_it(
+        sims: Launcher, flags: tuple[str, ...], env: dict[str, str]) -> None:
+    result = sims.run(*MTP, *flags, "--api-key", "k", env=env)
     assert result.returncode == 1
     assert ("ValueError: --grpc-port is incompatible with --api-key/--admin-api-key: the native "
             "gRPC listener bypasses HTTP auth middleware.") in result.stderr

@@ -302,7 +302,8 @@ def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[s
             setter = "the inventory" if owned[flag.dest] == multinode.GROUP_KEY else "the profile"
             problem(f"{option} is set by {setter} (its key {owned[flag.dest]}), not extra_args",
                     _semantic_fix(owned[flag.dest], flag, value, flag.dest in set_by_profile))
-        elif flag.dest in _GRPC_DESTS and (grpc := _grpc_problem(profile, table, option)):
+        elif flag.dest in _GRPC_DESTS and (grpc := _grpc_problem(profile, table, option,
+                                                                 flag.dest)):
             problem(*grpc)
         elif flag.alias_of or flag.deprecated:
             new = flag.alias_of or table.option_for(flag.dest) or "its replacement"
@@ -313,16 +314,17 @@ def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[s
         seen.add(flag.dest if flag else option)
 
 
-def _grpc_problem(profile: Profile, table: flags.FlagTable, option: str) -> tuple[str, str] | None:
-    """(message, fix) for a gRPC flag in extra_args that cannot serve here."""
-    if table.flags[option].dest != "grpc_port":
+def _grpc_problem(profile: Profile, table: flags.FlagTable, option: str,
+                  dest: str) -> tuple[str, str] | None:
+    """(message, fix) for a gRPC flag (or SGLANG_GRPC_PORT) that cannot serve here."""
+    if dest != "grpc_port":
         return (f"{option} makes SGLang {table.version} serve gRPC in place of HTTP on its port: "
                 "the gate, status, warm-up, the roll's drain and the router reach every server "
                 "over HTTP (gRPC to the workers is not offered: docs/rolls.md, Router over "
                 "gRPC)", "remove it")
-    native = "remove --grpc-port (smg does not call SGLang's native gRPC service)"
+    native = f"remove {option} (smg does not call SGLang's native gRPC service)"
     if profile.server.api_key_secret or profile.server.admin_api_key_secret:
-        return (f"SGLang {table.version} refuses --grpc-port with --api-key/--admin-api-key "
+        return (f"SGLang {table.version} refuses {option} with --api-key/--admin-api-key "
                 f"(server.api_key_secret, server.admin_api_key_secret): \"{GRPC_PORT_WITH_KEY}\"",
                 native)
     if profile.parallel.instances == 1:
@@ -380,6 +382,9 @@ def render(profile: Profile, version: str | None = None, instance: int = 0,
     args += multinode.group_args(profile, table, rank, problems)
     secrets = _secrets(profile, table, problems)
     _check_extra_args(profile, table, args, problems)
+    if "SGLANG_GRPC_PORT" in profile.env and table.get("--grpc-port") and (grpc := _grpc_problem(
+            profile, table, "SGLANG_GRPC_PORT", "grpc_port")):  # --grpc-port's fallback
+        problems.append(Problem(profile.source_of("env"), "env.SGLANG_GRPC_PORT", *grpc))
     _architecture(profile, version, problems)
     if problems:
         raise InputError(problems)

@@ -185,6 +185,15 @@ def test_extra_args_native_grpc_port(write_profile: Write, body: str, refused: s
         render(p, "0.5.23")
 
 
+def test_grpc_port_from_the_environment_held_as_the_flag(write_profile: Write) -> None:
+    """SGLANG_GRPC_PORT: --grpc-port's fallback from 0.5.16 on; no meaning before."""
+    body = MINIMAL + "server: {api_key_secret: k}\nenv: {SGLANG_GRPC_PORT: '31000'}\n"
+    with pytest.raises(InputError, match=r"env.SGLANG_GRPC_PORT: SGLang 0.5.16 refuses "
+                                         r"SGLANG_GRPC_PORT with --api-key"):
+        render(profile.load(write_profile(body)), "0.5.16")
+    assert render(profile.load(write_profile(body)), "0.5.15").env["SGLANG_GRPC_PORT"] == "31000"
+
+
 def test_instances_get_their_own_port_and_gpus(write_profile: Write) -> None:
     p = profile.load(write_profile(MINIMAL + "parallel: {tp: 2, instances: 4}\n"))
     from sglang_fleet.config.render import render_all

@@ -208,9 +208,14 @@ def grpc_mode(args: Namespace) -> bool:
 
 
 def _native_grpc(args: Namespace) -> None:
-    """0.5.16 server_args.py:3377-3381, 0.5.23 arg_groups/serving_hook.py:428-432."""
+    """--grpc-port, or SGLANG_GRPC_PORT in its place, refused with a key: 0.5.16
+    server_args.py:3316-3381, 0.5.23 arg_groups/serving_hook.py:360-432."""
+    if not hasattr(args, "grpc_port"):
+        return  # before 0.5.16: neither the flag nor the variable
+    if args.grpc_port is None and os.environ.get("SGLANG_GRPC_PORT"):
+        args.grpc_port = int(os.environ["SGLANG_GRPC_PORT"])
     legacy = getattr(args, "smg_grpc_mode", False) or getattr(args, "grpc_mode", False)
-    if getattr(args, "grpc_port", None) is not None and not legacy and (
+    if args.grpc_port is not None and not legacy and (
             args.api_key or getattr(args, "admin_api_key", None)):
         raise ValueError("--grpc-port is incompatible with --api-key/--admin-api-key: "
                          "the native gRPC listener bypasses HTTP auth middleware.")
