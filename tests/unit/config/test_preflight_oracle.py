@@ -260,7 +260,7 @@ def test_every_release_with_grpc_port_refuses_it_with_a_key(version: str) -> Non
     """render refuses extra_args --grpc-port beside server.api_key_secret in SGLang's words:
     each release that has the flag raises them under a check of api_key or admin_api_key."""
     hits = []
-    for path in (release_source(version) / "srt").rglob("*.py"):
+    for path in (release_source(version) / "sglang" / "srt").rglob("*.py"):
         lines = path.read_text(errors="replace").splitlines()
         for i, line in enumerate(lines):
             if GRPC_PORT_WITH_KEY in line:
