@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from pyinfra import logger
@@ -87,6 +87,24 @@ def check(profile: Profile, launch: Launch, *flags: str, budget: int | None = No
     return ok, lines
 
 
+def check_all(profile: Profile, launches: Sequence[Launch], budget: int,
+              flags: Callable[[Launch], list[str]]) -> list[tuple[bool, list[str]]]:
+    """check_server for each of ``launches`` at once (``check_servers``), with ``flags`` of
+    each; show each server's lines after its unit's name; ``(passed, lines)`` of each, in order.
+
+        check_all(profile, launches, 1800, lambda launch: ["--health-only"])
+    """
+    each = [arguments(profile, launch, *flags(launch), budget=budget) for launch in launches]
+    argv = program("python3", TOGETHER, "--servers", json.dumps(each))
+    _, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
+    errors = output.stderr_lines
+    why = f"check_servers cut short: {errors[-1]}" if errors else "check_servers cut short"
+    found = split(launches, list(output.stdout_lines), why)
+    for launch, (_, lines) in zip(launches, found, strict=True):
+        show_lines(lines, f"{launch.unit}: ")
+    return found
+
+
 class Checked(Protocol):
     """Where ``check_together`` leaves a server's check for its gate (gate.GateResult)."""
 
@@ -140,16 +158,10 @@ def check_together(profile: Profile, launches: list[Launch], job: str, soak: int
         yield from preview(f"the gate's checks of {len(launches)} servers at once, each "
                            "judged by its own gate", changes=False)
         return
-    each = [arguments(profile, launch, *gate_flags(profile, launch, job, soak), budget=budget)
-            for launch in launches]
-    argv = program("python3", TOGETHER, "--servers", json.dumps(each))
-    _, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
-    errors = output.stderr_lines
-    why = f"check_servers cut short: {errors[-1]}" if errors else "check_servers cut short"
-    for launch, result, found in zip(launches, results, split(
-            launches, list(output.stdout_lines), why), strict=True):
-        show_lines(found[1], f"{launch.unit}: ")
-        result.checked = found
+    found = check_all(profile, launches, budget,
+                      lambda launch: gate_flags(profile, launch, job, soak))
+    for result, checked in zip(results, found, strict=True):
+        result.checked = checked
     host.noop(f"the gate's checks of {len(launches)} servers ran at once")
     yield from ()
 

@@ -36,7 +36,7 @@ from sglang_fleet.rollout import fleet, roll_directory
 from sglang_fleet.rollout.cutover import disrupt, rejoin, turn
 from sglang_fleet.stages.compiled import receive_kernels
 from sglang_fleet.stages.engine import Release, switch_release
-from sglang_fleet.stages.gate_program import check, error_of
+from sglang_fleet.stages.gate_program import check_all, error_of
 from sglang_fleet.stages.group_unit import group_unit, spans_hosts
 from sglang_fleet.stages.kernel_caches import cache_env
 from sglang_fleet.stages.waves import Waves, retired
@@ -280,7 +280,7 @@ def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False,
 def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
                final: bool = False) -> Ops:
     """Once a wave of the host's servers has started: wait until each is ready (the gate's
-    health wait, failing fast when its unit fails) before the next wave; with
+    health wait, failing fast when its unit fails; all at once) before the next wave; with
     ``--batch-instances``, put it back into the routers, seen healthy. A wave not ready stops
     the waves: later servers keep what they run; the gate puts the last good release back.
 
@@ -308,9 +308,9 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
         waves.ready(due)  # says nothing; the gate reads its journal
         return
     by_unit = {launch.unit: launch for launch in launches}
-    for unit in due:
-        ok, lines = check(profile, by_unit[unit], "--health-only", budget=startup_budget(),
-                          label=f"{unit}: ")
+    found = check_all(profile, [by_unit[unit] for unit in due], startup_budget(),
+                      lambda _: ["--health-only"])  # the wave's servers waited for at once
+    for unit, (ok, lines) in zip(due, found, strict=True):
         if not ok:
             waves.error = error_of(lines)
             logger.warning(f"{host.print_prefix}{unit} is not ready: the servers after it "

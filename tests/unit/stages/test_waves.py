@@ -5,7 +5,8 @@ thing, under load, is in tests/lab/test_fleet.py."""
 
 from __future__ import annotations
 
-import re
+import json
+import shlex
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -71,16 +72,24 @@ class Shell(Host):
         self.data: dict[str, Any] = {}
         self.failing = failing
         self.checked: list[str] = []
+        self.commands: list[list[str]] = []  # each check_servers call: a wave waited at once
 
     def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
-        found = re.search(r"--unit (\S+)", command)
-        assert found and "--health-only" in command and "--budget 1800" in command
-        unit = found.group(1)
-        self.checked.append(unit)
-        if unit in self.failing:
-            return False, output("error: failed to start", f'GATE {{"ok": false, "error": '
-                                 f'"{unit} failed to start: CUDA out of memory"}}')
-        return True, output("health: /health_generate 200", 'GATE {"ok": true}')
+        words = shlex.split(command)
+        assert words[-2] == "--servers" and "sglang_fleet_remote.check_servers" in words
+        lines: list[str] = []
+        for argv in json.loads(words[-1]):  # one check_server each, as the real program runs
+            assert "--health-only" in argv and argv[argv.index("--budget") + 1] == "1800"
+            unit = argv[argv.index("--unit") + 1]
+            self.checked.append(unit)
+            if unit in self.failing:
+                lines += ["error: failed to start", f'GATE {{"ok": false, "error": "{unit} '
+                          'failed to start: CUDA out of memory"}', 'CHECKED {"exit": 1}']
+            else:
+                lines += ["health: /health_generate 200", 'GATE {"ok": true}',
+                          'CHECKED {"exit": 0}']
+        self.commands.append(words)
+        return not any(u in self.failing for u in self.checked), output(*lines)
 
 
 def output(*lines: str) -> CommandOutput:
@@ -127,6 +136,8 @@ def test_the_host_waits_for_the_first_server_before_the_others_start(
         assert ready(launches, waves) == [] and shell.checked == units[:1]
     ready(launches, waves, final=True)
     assert shell.checked == units and waves.due(final=True) == []
+    # the first alone, then the rest waited for at once: one check_servers call each wave
+    assert [len(json.loads(words[-1])) for words in shell.commands] == [1, len(units) - 1]
 
 
 def test_a_first_server_that_is_not_ready_stops_the_waves(
