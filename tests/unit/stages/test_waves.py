@@ -78,9 +78,9 @@ class Shell(Host):
         words = shlex.split(command)
         assert words[-2] == "--servers" and "sglang_fleet_remote.check_servers" in words
         lines: list[str] = []
-        for argv in json.loads(words[-1]):  # one check_server each, as the real program runs
+        units = [argv[argv.index("--unit") + 1] for argv in json.loads(words[-1])]
+        for argv, unit in zip(json.loads(words[-1]), units, strict=True):  # as check_servers
             assert "--health-only" in argv and argv[argv.index("--budget") + 1] == "1800"
-            unit = argv[argv.index("--unit") + 1]
             self.checked.append(unit)
             if unit in self.failing:
                 lines += ["error: failed to start", f'GATE {{"ok": false, "error": "{unit} '
@@ -89,7 +89,7 @@ class Shell(Host):
                 lines += ["health: /health_generate 200", 'GATE {"ok": true}',
                           'CHECKED {"exit": 0}']
         self.commands.append(words)
-        return not any(u in self.failing for u in self.checked), output(*lines)
+        return not set(units) & set(self.failing), output(*lines)  # this call's servers
 
 
 def output(*lines: str) -> CommandOutput:

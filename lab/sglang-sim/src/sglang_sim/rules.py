@@ -201,10 +201,14 @@ def is_hybrid(arch: str, rel: tuple[int, ...]) -> bool:
     return arch in _archs(rel, "radix_cache") or arch in _archs(rel, "radix_cache_disabled")
 
 
+def _grpc_in_place_of_http(args: Namespace) -> bool:
+    """--smg-grpc-mode, or --grpc-mode (its name up to 0.5.15, then an alias)."""
+    return bool(getattr(args, "smg_grpc_mode", False) or getattr(args, "grpc_mode", False))
+
+
 def grpc_mode(args: Namespace) -> bool:
-    """gRPC asked for: in place of HTTP (--smg-grpc-mode, --grpc-mode) or beside it."""
-    return bool(getattr(args, "smg_grpc_mode", False) or getattr(args, "grpc_mode", False)
-                or getattr(args, "grpc_port", None) is not None)
+    """gRPC asked for: in place of HTTP or beside it (--grpc-port)."""
+    return _grpc_in_place_of_http(args) or getattr(args, "grpc_port", None) is not None
 
 
 def _native_grpc(args: Namespace) -> None:
@@ -214,8 +218,7 @@ def _native_grpc(args: Namespace) -> None:
         return  # before 0.5.16: neither the flag nor the variable
     if args.grpc_port is None and os.environ.get("SGLANG_GRPC_PORT"):
         args.grpc_port = int(os.environ["SGLANG_GRPC_PORT"])
-    legacy = getattr(args, "smg_grpc_mode", False) or getattr(args, "grpc_mode", False)
-    if args.grpc_port is not None and not legacy and (
+    if args.grpc_port is not None and not _grpc_in_place_of_http(args) and (
             args.api_key or getattr(args, "admin_api_key", None)):
         raise ValueError("--grpc-port is incompatible with --api-key/--admin-api-key: "
                          "the native gRPC listener bypasses HTTP auth middleware.")
