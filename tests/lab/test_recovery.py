@@ -71,7 +71,6 @@ def test_restarts_in_a_row_spend_the_start_limit_and_the_next_deploy_recovers(
 
 def test_a_server_that_dies_under_its_first_batch_fails_the_gate(lab: None) -> None:
     before = unit("MainPID")
-    tic = time.monotonic()
     # The warmup, the health check and the smoke's two requests come first (about 4): crashing
     # after 8 lands in the soak's batch of 32, whatever the machine's speed; after 3 it could land
     # in the smoke, which fails the gate too but for another reason.
@@ -82,7 +81,6 @@ def test_a_server_that_dies_under_its_first_batch_fails_the_gate(lab: None) -> N
                      r"sglang\.service died under the soak: .*simulated crash after", out), \
         out[-4000:]
     assert "the last good release serves again" in out
-    assert time.monotonic() - tic < 120
     assert health() == "200" and unit("MainPID") != before
     assert "SGLANG_SIM_CRASH_AFTER" not in ssh("lab1", "cat /etc/sglang/sglang.env").stdout
 

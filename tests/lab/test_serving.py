@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -145,13 +144,12 @@ def test_bad_input_fails_in_preflight_and_changes_nothing(lab: None) -> None:
 
 
 def test_failed_start_is_shown_and_the_previous_release_keeps_serving(lab: None) -> None:
-    tic = time.monotonic()
     code, out = deploy("sglang.memory.max_running_requests=16",
                        "sglang.env.SGLANG_SIM_FAIL_STARTUP=simulated startup failure",
                        limit="lab1")
     assert code != 0
-    assert time.monotonic() - tic < 30 + 15  # fails within 30 s of the restart (+ pyinfra)
-    # loading runs in SGLang's scheduler: its exception is the cause the gate names
+    # "failed to start" is said on seeing the unit down, where running out the startup budget
+    # says "not healthy within"; loading runs in SGLang's scheduler, so its exception is the cause
     assert "[lab1] sglang-0.service: error: sglang-0.service failed to start: Scheduler hit an " \
            "exception: RuntimeError: simulated startup failure" in out, out[-3000:]
     assert "the last good release serves again" in out
@@ -208,6 +206,13 @@ def test_smoke_deploy_changes_nothing(lab: None) -> None:
     assert changed_ops(out) == 0
 
 
+def deep_gemm_bars(host: str, index: int) -> list[str]:
+    """The elapsed times of the DeepGEMM warm-up bars of sglang-<index>'s current run."""
+    invocation = ssh(host, f"systemctl show -p InvocationID --value sglang-{index}").stdout
+    journal = ssh(host, f"journalctl -o cat _SYSTEMD_INVOCATION_ID={invocation.strip()}").stdout
+    return re.findall(r"DeepGEMM warmup: 100%.*\[(\d\d:\d\d)<", journal)
+
+
 def test_a_new_release_compiles_once_on_a_host_whose_every_gpu_serves(lab: None) -> None:
     """A release whose cold DeepGEMM compile costs 8 s, onto a host whose every GPU serves:
     no spare GPU to warm on, so the first server restarts alone and compiles, and the others
@@ -223,7 +228,10 @@ def test_a_new_release_compiles_once_on_a_host_whose_every_gpu_serves(lab: None)
     ready = [float(s) for s in
              re.findall(r"\[lab1\] sglang-\d\.service: ready in ([\d.]+) s", out)]
     assert len(ready) == GPUS and ready[0] >= 8, out[-4000:]  # sglang-0 compiled
-    assert max(ready[1:]) < 8, ready  # the others found its kernels
+    # DeepGEMM's bar times each shape's pass: 2 s for a shape compiled, 0 for one found cached
+    bars = {i: deep_gemm_bars("lab1", i) for i in range(GPUS)}
+    assert bars[0] and all(not b.startswith("00:00") for b in bars[0]), bars
+    assert all(b and all(t.startswith("00:00") for t in b) for i, b in bars.items() if i), bars
     assert main_pid("lab1") != pid and server_info("lab1")["version"] == other
     code, out = deploy(limit="lab1")  # back to the pinned release for what follows
     assert code == 0, out[-4000:]

@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
@@ -133,32 +132,27 @@ def simulator_verdict(version: str, argv: list[str], env: dict[str, str], arch: 
 
 @dataclass
 class Run:
-    """One release's matrix: the cases, preflight's verdicts and the oracle's answers (pending)."""
+    """One release's matrix: the cases, preflight's verdicts and the oracle's answers."""
 
     cases: list[Case]
     verdicts: list[tuple[list[str], Any]]
-    answers: Future[list[dict[str, Any]]]
+    answers: list[dict[str, Any]]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    """Every release's oracle subprocess, two at a time (they are mostly imports, on 2 cores)."""
-    tmp = tmp_path_factory.mktemp("profiles")
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        started: dict[str, Run] = {}
-        for version in releases.supported():
-            cases = matrix(version)
-            verdicts = [preflight_verdict(version, c, tmp) for c in cases]
-            payload = [{"argv": list(launch.argv[3:]), "arch": c.arch, "env": launch.env}
-                       for c, (_, launch) in zip(cases, verdicts, strict=True)]
-            started[version] = Run(cases, verdicts,
-                                   pool.submit(real_server_args, version, payload))
-        yield started
+def run(version: str, tmp: Path) -> Run:
+    """One release's matrix through preflight and one oracle subprocess. Per test, not a
+    shared fixture: xdist spreads these tests over its workers one by one, and a module
+    fixture would run every release's oracle on each worker (and again each time a worker
+    came back to the module)."""
+    cases = matrix(version)
+    verdicts = [preflight_verdict(version, c, tmp) for c in cases]
+    payload = [{"argv": list(launch.argv[3:]), "arch": c.arch, "env": launch.env}
+               for c, (_, launch) in zip(cases, verdicts, strict=True)]
+    return Run(cases, verdicts, real_server_args(version, payload))
 
 
 def disagreements(version: str, run: Run) -> Iterator[str]:
-    answers = run.answers.result()
-    for case, (ours, launch), real in zip(run.cases, run.verdicts, answers, strict=True):
+    for case, (ours, launch), real in zip(run.cases, run.verdicts, run.answers, strict=True):
         argv = list(launch.argv[3:])
         sim = simulator_verdict(version, argv, launch.env, case.arch)
         where = f"{version} {case}"
@@ -181,8 +175,8 @@ def disagreements(version: str, run: Run) -> Iterator[str]:
 
 @pytest.mark.parametrize("version", releases.supported())
 def test_preflight_and_simulator_agree_with_real_server_args(version: str,
-                                                             runs: dict[str, Run]) -> None:
-    found = list(disagreements(version, runs[version]))
+                                                             tmp_path: Path) -> None:
+    found = list(disagreements(version, run(version, tmp_path)))
     assert not found, f"{len(found)} disagreement(s):\n" + "\n".join(found)
 
 
