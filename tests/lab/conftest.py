@@ -8,6 +8,7 @@ so every address and path a lab test uses comes from here, read from the slot's 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +53,15 @@ def ssh(host: str, command: str) -> subprocess.CompletedProcess[str]:
     found = hosts.find(lab, host)
     assert found is not None, f"no lab host {host!r} in slot {lab.slot}"
     return hosts.ssh(found, lab, command, capture=True)
+
+
+def compile_seconds(host: str, unit: str, since: float) -> list[int]:
+    """The seconds of each DeepGEMM warm-up pass ``unit`` logged since ``since`` (tqdm's
+    "[MM:SS<" of compile_utils' "DeepGEMM warmup" bar, one per GEMM shape): a compile pays
+    SGLANG_SIM_JIT_SECONDS over the shapes, a warm cache about nothing."""
+    out = ssh(host, f"journalctl -u {unit} --since @{since:.0f} -o cat --no-pager "
+                    "| grep 'DeepGEMM warmup: 100%' || true").stdout
+    return [int(m) * 60 + int(s) for m, s in re.findall(r"\[(\d\d):(\d\d)<", out)]
 
 
 def mounted_here() -> list[str]:

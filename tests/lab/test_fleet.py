@@ -23,6 +23,7 @@ from tests.lab.conftest import (
     SSH_DIR,
     address,
     booted_lab,
+    compile_seconds,
     pyinfra,
     run,
     ssh,
@@ -261,15 +262,6 @@ class Healthy(Background):
             if healthy is not None:
                 self.fewest = healthy if self.fewest is None else min(self.fewest, healthy)
             self.stopping.wait(0.5)
-
-
-def compile_seconds(host: str, unit: str, since: float) -> list[int]:
-    """The seconds of each DeepGEMM warm-up pass ``unit`` logged since ``since`` (tqdm's
-    "[MM:SS<" of compile_utils' "DeepGEMM warmup" bar, one per GEMM shape): a compile pays
-    SGLANG_SIM_JIT_SECONDS over the shapes, a warm cache about nothing."""
-    out = ssh(host, f"journalctl -u {unit} --since @{since:.0f} -o cat --no-pager "
-                    "| grep 'DeepGEMM warmup: 100%' || true").stdout
-    return [int(m) * 60 + int(s) for m, s in re.findall(r"\[(\d\d):(\d\d)<", out)]
 
 
 def test_roll_with_batch_instances_keeps_each_host_serving(
