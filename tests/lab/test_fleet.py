@@ -324,11 +324,8 @@ def test_roll_with_batch_instances_keeps_each_host_serving(
         assert re.search(rf"^{host}\s+untouched", out, re.M)
     assert load.failed == 0, load.errors[:5]
     assert len(router_workers()) == 3 * INSTANCES and all(router_workers().values())
-
-    code, out, load = roll()  # back to the inventory: its own kernels
-    assert code == 0, out[-5000:]
-    assert load.failed == 0, load.errors[:5]
-    assert len(router_workers()) == 3 * INSTANCES and all(router_workers().values())
+    # No roll back to the inventory's profile: the teardown test after this purges the hosts
+    # and deploys that profile afresh.
 
 
 def test_teardown_purges_back_to_a_fresh_host_and_deploy_works_again(

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from sglang_fleet.config import releases
-from sglang_fleet_lab import aptrepo, gateways
+from sglang_fleet_lab import aptrepo, gateways, simwheels
 from sglang_fleet_lab.hosts import alive
 from sglang_fleet_lab.state import HTTP_PORT, S3_BUCKET, S3_PORT, SITE_ADDRESS, STATE_DIR, Lab
 
@@ -111,10 +111,10 @@ def build_wheelhouse(releases: list[str]) -> None:
     wheels = WWW / "wheels"
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
+    source = simwheels.source_id()
     for release in releases:
-        subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(wheels),
-                        str(REPO_ROOT / "lab" / "sglang-sim")], check=True,
-                       env={**os.environ, "SGLANG_SIM_RELEASE": release})
+        built = simwheels.wheel(release, source)
+        shutil.copy2(built, wheels / built.name)
     gateways.wheels(wheels)
 
 
