@@ -74,15 +74,16 @@ model:
 """
 
 
-# Minutes each lab module took (pytest --durations, two labs and the unit tests sharing this
-# 2-core machine): the scheduler starts the longest first. A module not listed counts as 5.
+# Minutes each lab module took (pytest --durations=0, four workers on a 2-core machine, the
+# lab's root file system cached): the scheduler starts the longest first. A module not listed
+# counts as 5.
 LAB_MINUTES = {
-    "tests/lab/test_fleet.py": 13, "tests/lab/test_compile_once.py": 7,
-    "tests/lab/test_serving.py": 7, "tests/lab/test_generate.py": 7,
-    "tests/lab/test_recovery.py": 6, "tests/lab/test_gpu_status.py": 4,
-    "tests/lab/test_target_running_requests.py": 3, "tests/lab/test_security.py": 2.5,
-    "tests/lab/test_dp.py": 1.5, "tests/lab/test_lab.py": 1.5, "tests/lab/test_driver.py": 1.5,
-    "tests/lab/test_multinode.py": 7, "tests/lab/test_demo.py": 3,
+    "tests/lab/test_fleet.py": 15, "tests/lab/test_serving.py": 8.7,
+    "tests/lab/test_generate.py": 8.6, "tests/lab/test_multinode.py": 8.6,
+    "tests/lab/test_compile_once.py": 7.3, "tests/lab/test_recovery.py": 6,
+    "tests/lab/test_target_running_requests.py": 4, "tests/lab/test_gpu_status.py": 3.7,
+    "tests/lab/test_security.py": 2.4, "tests/lab/test_demo.py": 2.4,
+    "tests/lab/test_lab.py": 1.7, "tests/lab/test_driver.py": 1.4, "tests/lab/test_dp.py": 1.3,
 }
 
 
