@@ -1,7 +1,7 @@
 """The simulator's wheels, built once per source and release into the lab's cache: every
 ``lab up`` offers them, and building one takes seconds that every test module would pay.
 
-    wheel = simwheels.wheel("0.5.23", simwheels.source_id())
+    simwheels.offer("0.5.23", simwheels.source_id(), www / "wheels")
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from sglang_fleet_lab.state import CACHE_DIR
@@ -20,6 +21,9 @@ SIM = REPO_ROOT / "lab" / "sglang-sim"
 # What the wheel is built from: its code and the product's data files it ships
 # (lab/sglang-sim/pyproject.toml force-includes them).
 SOURCES = (SIM / "pyproject.toml", SIM / "src", REPO_ROOT / "src" / "sglang_fleet" / "data")
+# Another checkout's wheels (a clean clone beside this one) are kept while it uses them: the two
+# would otherwise remove each other's and build them again on every lab up.
+KEEP_SECONDS = 86400
 
 
 def source_id() -> str:
@@ -34,22 +38,35 @@ def source_id() -> str:
     return digest.hexdigest()[:12]
 
 
-def wheel(release: str, source: str) -> Path:
-    """The simulator wheel imitating ``release``, built from ``source`` (``source_id``):
-    from the cache, else built into it (one slot builds while the others wait)."""
-    home = CACHE_DIR / f"sim-wheels-{source}" / release
+def offer(release: str, source: str, into: Path) -> Path:
+    """Copy the simulator wheel imitating ``release``, built from ``source`` (``source_id``),
+    into ``into``: from the cache, else built into it first. Under the cache's lock: one slot
+    builds while the others wait, and no build removes a wheel being copied."""
+    ids = CACHE_DIR / f"sim-wheels-{source}"
+    home = ids / release
     CACHE_DIR.mkdir(parents=True, exist_ok=True)
     with (CACHE_DIR / ".sim-wheels.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         built = sorted(home.glob("*.whl"))
-        if (home / ".complete").exists() and len(built) == 1:
-            return built[0]
-        shutil.rmtree(home, ignore_errors=True)
-        home.mkdir(parents=True)
-        subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(home), str(SIM)], check=True,
-                       env={**os.environ, "SGLANG_SIM_RELEASE": release})
+        if not ((home / ".complete").exists() and len(built) == 1):
+            built = [_build(release, source, home)]
+        os.utime(ids)  # in use: see KEEP_SECONDS
+        _remove_unused(ids)
+        return Path(shutil.copy2(built[0], into / built[0].name))
+
+
+def _build(release: str, source: str, home: Path) -> Path:
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(parents=True)
+    subprocess.run(["uv", "build", "-q", "--wheel", "-o", str(home), str(SIM)], check=True,
+                   env={**os.environ, "SGLANG_SIM_RELEASE": release})
+    if source_id() == source:  # else a file changed during the build: not this source's wheel
         (home / ".complete").touch()
-        for old in CACHE_DIR.glob("sim-wheels-*"):  # built from sources no checkout has now
-            if old.name != f"sim-wheels-{source}":
-                shutil.rmtree(old, ignore_errors=True)
-        return next(home.glob("*.whl"))
+    return next(home.glob("*.whl"))
+
+
+def _remove_unused(keep: Path) -> None:
+    """Wheels of sources no lab up has offered for KEEP_SECONDS."""
+    for old in CACHE_DIR.glob("sim-wheels-*"):
+        if old != keep and time.time() - old.stat().st_mtime > KEEP_SECONDS:
+            shutil.rmtree(old, ignore_errors=True)

@@ -113,8 +113,7 @@ def build_wheelhouse(releases: list[str]) -> None:
     wheels.mkdir(parents=True)
     source = simwheels.source_id()
     for release in releases:
-        built = simwheels.wheel(release, source)
-        shutil.copy2(built, wheels / built.name)
+        simwheels.offer(release, source, wheels)
     gateways.wheels(wheels)
 
 
