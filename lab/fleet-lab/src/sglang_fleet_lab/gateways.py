@@ -14,34 +14,24 @@ at once.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from sglang_fleet.rollout.fleet import ROUTER_PACKAGES, RouterConfig
 from sglang_fleet.stages import router
+from sglang_fleet_lab.state import locked
 
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 HOME = Path(os.environ.get("SGLANG_FLEET_GATEWAYS") or _CACHE / "sglang-fleet" / "gateways")
 REPO_ROOT = Path(__file__).resolve().parents[4]  # the lab runs from a checkout
 WHEELS = HOME / "wheels"
-
-
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    HOME.mkdir(parents=True, exist_ok=True)
-    with (HOME / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _uv() -> str:
@@ -73,7 +63,7 @@ def _download(package: str, version: str) -> Path:
 
 def wheels(dest: Path) -> list[Path]:
     """Every pinned gateway's wheel, copied into ``dest`` (the lab's wheelhouse)."""
-    with _locked():
+    with locked(HOME / ".lock"):
         found = [_download(p, v) for p, v in ROUTER_PACKAGES.items()]
     dest.mkdir(parents=True, exist_ok=True)
     return [Path(shutil.copy2(wheel, dest / wheel.name)) for wheel in found]
@@ -84,7 +74,7 @@ def venv(package: str) -> Path:
     version = ROUTER_PACKAGES[package]
     home = HOME / f"{package}-{version}"
     python = home / "bin" / "python"
-    with _locked():
+    with locked(HOME / ".lock"):
         if (home / ".complete").exists():
             return python
         shutil.rmtree(home, ignore_errors=True)

@@ -5,16 +5,13 @@ building it at once."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-from sglang_fleet_lab.state import CACHE_DIR
+from sglang_fleet_lab.state import CACHE_DIR, locked
 
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
@@ -71,14 +68,6 @@ def recipe_id() -> str:
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with (CACHE_DIR / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
-
-
 def _in_use(root: Path) -> bool:
     """Some overlay (a lab host of any slot) has ``root`` as its lower layer."""
     return f"lowerdir={root}," in Path("/proc/mounts").read_text()
@@ -90,7 +79,7 @@ def ensure() -> Path:
     root = CACHE_DIR / f"rootfs-{recipe_id()}"
     if (root / ".complete").exists():
         return root
-    with _locked():
+    with locked(CACHE_DIR / ".lock"):
         if not (root / ".complete").exists():
             _build(root)
     return root

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import shutil
@@ -14,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from sglang_fleet_lab.state import CACHE_DIR
+from sglang_fleet_lab.state import CACHE_DIR, locked
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
 SIM = REPO_ROOT / "lab" / "sglang-sim"
@@ -44,15 +43,13 @@ def offer(release: str, source: str, into: Path) -> Path:
     builds while the others wait, and no build removes a wheel being copied."""
     ids = CACHE_DIR / f"sim-wheels-{source}"
     home = ids / release
-    CACHE_DIR.mkdir(parents=True, exist_ok=True)
-    with (CACHE_DIR / ".sim-wheels.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        built = sorted(home.glob("*.whl"))
-        if not ((home / ".complete").exists() and len(built) == 1):
-            built = [_build(release, source, home)]
+    with locked(CACHE_DIR / ".sim-wheels.lock"):
+        cached = sorted(home.glob("*.whl"))
+        complete = (home / ".complete").exists() and len(cached) == 1
+        wheel = cached[0] if complete else _build(release, source, home)
         os.utime(ids)  # in use: see KEEP_SECONDS
         _remove_unused(ids)
-        return Path(shutil.copy2(built[0], into / built[0].name))
+        return Path(shutil.copy2(wheel, into / wheel.name))
 
 
 def _build(release: str, source: str, home: Path) -> Path:

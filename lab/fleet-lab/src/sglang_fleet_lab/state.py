@@ -11,10 +11,12 @@ root file system is shared by every slot, read only (overlay lower layer).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -49,6 +51,18 @@ HTTP_PORT = 8080  # apt repository (NVIDIA's layout) and wheelhouse
 S3_PORT = 9000
 S3_BUCKET = "lab-models"
 REPO_PATH = "compute/cuda/repos"  # as under developer.download.nvidia.com
+
+
+@contextlib.contextmanager
+def locked(lock_file: Path) -> Iterator[None]:
+    """Held alone across every slot and process: a cache built once while the others wait.
+
+        with locked(CACHE_DIR / ".lock"): ...
+    """
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def host_address(index: int) -> str:
