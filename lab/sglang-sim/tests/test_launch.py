@@ -73,12 +73,11 @@ def test_native_grpc_with_a_key_refused_as_sglang_refuses_it(
             "gRPC listener bypasses HTTP auth middleware.") in result.stderr
 
 
-@pytest.mark.parametrize("flags", [("--smg-grpc-mode",), ("--grpc-port", "31000")])
-def test_grpc_serving_is_not_imitated(sims: Launcher, flags: tuple[str, ...]) -> None:
-    """SGLang accepts these; the simulator, serving HTTP only, says so rather than serve HTTP
-    where SGLang would serve gRPC."""
-    result = sims.run(*MTP, *flags)
-    assert result.returncode == 1 and "gRPC serving" in result.stderr
+def test_native_grpc_beside_http_is_not_imitated(sims: Launcher) -> None:
+    """SGLang accepts --grpc-port (0.5.16+); the simulator says it does not serve it rather
+    than serve HTTP alone (--smg-grpc-mode is served: test_grpc.py)."""
+    result = sims.run(*MTP, "--grpc-port", "31000")
+    assert result.returncode == 1 and "gRPC serving beside HTTP" in result.stderr
     assert "is not imitated" in result.stderr and "Traceback" not in result.stderr
 
 

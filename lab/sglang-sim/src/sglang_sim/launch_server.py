@@ -29,6 +29,7 @@ from sglang_sim import (
     dp,
     follower,
     graphs,
+    grpc_mode,
     logs,
     memory,
     model,
@@ -56,16 +57,19 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
     table = args_mod.table(release)
     shape = model.load(args.model_path)
     rules.resolve(args, shape.architecture, release, table["speculative_algorithms"])
-    if rules.grpc_mode(args):  # accepted by SGLang, served by no part of this stand-in
-        sys.exit("sglang-sim: gRPC serving (--smg-grpc-mode, --grpc-mode, --grpc-port) is not "
-                 "imitated; the simulator serves SGLang's HTTP interface only")
+    served_by_grpc = grpc_mode.requested(args)
+    if rules.grpc_mode(args) and not served_by_grpc:  # --grpc-port: beside HTTP
+        sys.exit("sglang-sim: gRPC serving beside HTTP (--grpc-port) is not imitated")
     multinode.check(args, release)
     dp.resolve_load_balance_method(args)
     gpus = gpus_mod.discover()  # ServerArgs sizes memory from the first GPU, in this process
     memory.default_memory_settings(args, gpus[0].memory_mib)
-    _log_server_args(args, release)
+    if served_by_grpc:
+        grpc_mode.before_schedulers(args, release)
+    else:
+        _log_server_args(args, release)
     children = processes.Children(release, args.tp_size, args.dp_size, ranks=(
-        multinode.local_ranks(args) if args.nnodes > 1 else None))
+        multinode.local_ranks(args) if args.nnodes > 1 else None), grpc=served_by_grpc)
     peers = multinode.Peers(args, release)
     loggers = [scheduler] if args.dp_size == 1 else [
         logs.rank_logger(logs.scheduler_prefix(0, args.tp_size, d)) for d in range(args.dp_size)]
@@ -334,6 +338,7 @@ async def serve(state: State) -> None:
 def main(argv: list[str] | None = None) -> None:
     release = args_mod.version()
     args = args_mod.parse(sys.argv[1:] if argv is None else argv, release)
+    raw = _raw(args, release)
     first_rank = multinode.local_ranks(args)[0]
     scheduler = logs.configure(args.log_level,
                                logs.scheduler_prefix(first_rank, args.tp_size, None))
@@ -341,6 +346,9 @@ def main(argv: list[str] | None = None) -> None:
     state = load(args, release, faults, scheduler)
     if args.node_rank > 0:
         follower.follow(state)  # never returns
+    if grpc_mode.requested(args):
+        grpc_mode.schedulers_ready(args)
+        grpc_mode.run(state, raw)  # never returns
     state.children.serving()
     if args.nnodes > 1:
         state.peers.watch(lambda: any(e.running for e in state.dispatch.engines),
@@ -353,6 +361,16 @@ def main(argv: list[str] | None = None) -> None:
         state.children.kill_tree(include_parent=False)
         raise
     end_after_drain(state)
+
+
+def _raw(args: Namespace, release: str) -> Namespace:
+    """The arguments as given, which the gRPC servicer reads (0.5.19+ seal the record, and
+    the resolved values live beside it); 0.5.20+ launch_server seeds tokenizer_path from
+    model_path first (launch_server.py:22-25)."""
+    raw = Namespace(**vars(args))
+    if raw.tokenizer_path is None and args_mod.release_tuple(release) >= (0, 5, 20, 0):
+        raw.tokenizer_path = raw.model_path
+    return raw
 
 
 def end_after_drain(state: State) -> None:

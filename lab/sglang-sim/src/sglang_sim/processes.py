@@ -50,10 +50,12 @@ class Children:
     """
 
     def __init__(self, release: str, tp_size: int, dp_size: int = 1,
-                 ranks: list[int] | None = None) -> None:
+                 ranks: list[int] | None = None, grpc: bool = False) -> None:
         """``ranks``: the TP ranks this node runs (multinode.py; all of them on one node). A
         node ≥ 1 forks no detokenizer: its main process runs no tokenizer or detokenizer
-        (0.5.12 entrypoints/engine.py:812-839, 0.5.23 :1234-1290)."""
+        (0.5.12 entrypoints/engine.py:812-839, 0.5.23 :1234-1290). ``grpc``: the gRPC
+        servicer's launch (grpc_mode.py) forks the schedulers alone and sets no SIGQUIT
+        handler while they load."""
         self.release = release
         self.dp_size = dp_size
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -69,12 +71,12 @@ class Children:
             for i, rank in enumerate(range(tp_size) if ranks is None else ranks):
                 self.procs[f"scheduler_{i}"] = spawn_scheduler(
                     logs.scheduler_prefix(rank, tp_size, None))
-        if ranks is None or 0 in ranks:
+        if (ranks is None or 0 in ranks) and not grpc:
             self.procs["detokenizer"] = _spawn("sglang::detokenizer", ["detokenizer"])
         self._stop = threading.Event()
         self._watching: threading.Thread | None = None
         self._signals = threading.current_thread() is threading.main_thread()
-        if self._signals:  # as SGLang: handlers only from the main thread (engine.py)
+        if self._signals and not grpc:  # as SGLang: handlers only from the main thread
             signal.signal(signal.SIGQUIT, self._launch_phase)
 
     @property
