@@ -33,8 +33,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
-    """Start it with ``flags`` and wait until /health answers 200 (60 s at most)."""
+def _command(port: int, workdir: Path, flags: tuple[str, ...]) -> tuple[list[str],
+                                                                           dict[str, str]]:
     smi = workdir / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
     smi.chmod(0o755)
@@ -44,6 +44,12 @@ def start_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
     argv = [sys.executable, "-m", "sglang_sim.launch_server",
             "--model-path", str(REPO / "lab" / "models" / "qwen3.6-27b"),
             "--host", "127.0.0.1", "--port", str(port), *flags]
+    return argv, env
+
+
+def start_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """Start it with ``flags`` and wait until /health answers 200 (60 s at most)."""
+    argv, env = _command(port, workdir, flags)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -55,6 +61,23 @@ def start_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
             time.sleep(0.1)
     proc.kill()
     raise SystemExit("the simulator did not become healthy")
+
+
+def start_grpc_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
+    """Start it in gRPC mode (``--smg-grpc-mode``, no planned warm-up) and wait for its ready
+    line (60 s at most): no HTTP answers on its port."""
+    argv, env = _command(port, workdir, ("--smg-grpc-mode", *flags))
+    log = workdir / f"sim-{port}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env={**env, "SMG_SGLANG_SERVICER_WARMUP": "off"},
+                                stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if b"The server is fired up and ready to roll!" in log.read_bytes():
+            return proc
+        time.sleep(0.1)
+    proc.kill()
+    raise SystemExit(f"the simulator did not start in gRPC mode:\n{log.read_text()[-2000:]}")
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ class Launcher:
 
     def start(self, *flags: str, env: dict[str, str] | None = None, model: Path = MODEL,
               wait: bool = True, port: int | None = None, session: bool = False,
-              host: str = "127.0.0.1") -> Sim:
+              host: str = "127.0.0.1", cwd: Path | None = None) -> Sim:
         port = port or free_port()
         log = self.tmp / f"sim-{port}.log"
         full_env = {**os.environ, "PATH": f"{self.gpu_bin}:{os.environ['PATH']}",
@@ -81,7 +81,7 @@ class Launcher:
                 "--host", host, "--port", str(port), *flags]
         with log.open("w") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                    text=True, start_new_session=session)
+                                    text=True, start_new_session=session, cwd=cwd)
         sim = Sim(proc, f"http://{host}:{port}", log)
         self.started.append(sim)
         if wait:

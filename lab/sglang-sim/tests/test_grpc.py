@@ -147,18 +147,25 @@ def test_health_loads_and_tokenizer(stub: pb_grpc.SglangSchedulerStub) -> None:
     assert names[:3] == ["tokenizer.json", "tokenizer_config.json", "config.json"]
 
 
-def test_smg_routes_chat_to_it_over_grpc(grpc_sim: Sim, tmp_path: Path) -> None:
+def test_smg_routes_chat_to_it_over_grpc(sims: Launcher, tmp_path: Path) -> None:
+    """As across hosts: the worker's model path (relative to its own directory) is nothing
+    at the gateway, which fetches the tokenizer from the worker (GetTokenizer)."""
     from sglang_fleet_lab import gateways
 
+    grpc_sim = sims.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False, cwd=MODEL.parent,
+                          model=Path(MODEL.name))
+    wait_serving(grpc_sim)
     smg = gateways.venv("smg").with_name("smg")
     port = free_port()
     log = (tmp_path / "smg.log").open("w")
     proc = subprocess.Popen([str(smg), "launch", "--host", "127.0.0.1", "--port", str(port),
                              "--worker-urls", f"grpc://{target(grpc_sim)}",
-                             "--reasoning-parser", "qwen3"], stdout=log, stderr=log)
+                             "--reasoning-parser", "qwen3", "--prometheus-host", "127.0.0.1",
+                             "--prometheus-port", str(free_port())], stdout=log, stderr=log,
+                            cwd=tmp_path)
     try:
         url = f"http://127.0.0.1:{port}"
-        body = {"model": str(MODEL), "max_tokens": 200,
+        body = {"model": MODEL.name, "max_tokens": 200,
                 "messages": [{"role": "user", "content": "What is 2+3?"}]}
         deadline = time.monotonic() + 60
         while True:
@@ -179,6 +186,7 @@ def test_smg_routes_chat_to_it_over_grpc(grpc_sim: Sim, tmp_path: Path) -> None:
             lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
         assert lines[-1] == "data: [DONE]" and len(lines) > 3
         assert "Receive GetTokenizer request" in grpc_sim.output()
+        assert "Fetching tokenizer from worker" in (tmp_path / "smg.log").read_text()
     finally:
         proc.terminate()
         proc.wait(20)
@@ -250,3 +258,16 @@ def test_tokenizer_round_trip_and_one_token_per_word() -> None:
         assert tok.decode(tok.encode(text)) == text
     assert len(tok.encode("the model serves tokens quickly")) == 5
     assert tok.encode("<|im_end|>") == [tok.id_of("<|im_end|>")] == [248046]
+
+
+def test_n_samples_as_the_servicer_splits_them(stub: pb_grpc.SglangSchedulerStub) -> None:
+    """n > 1: sub-requests; whole answers all carry index 0, streamed frames their own."""
+    request = generate([5, 6, 7], stream=False, max_new=6)
+    request.sampling_params.n = 3
+    whole = list(stub.Generate(request))
+    assert [f.HasField("complete") for f in whole] == [True] * 3
+    assert {f.complete.index for f in whole} == {0}
+    request.stream = True
+    frames = list(stub.Generate(request))
+    completes = [f.complete for f in frames if f.HasField("complete")]
+    assert sorted(c.index for c in completes) == [0, 1, 2]

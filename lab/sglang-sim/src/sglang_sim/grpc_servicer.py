@@ -3,12 +3,14 @@
 smg-grpc-proto 0.4.28's). The servicer's own parts that need no SGLang run as they are: the
 tokenizer bundle, the load conversion and the error statuses. Behaviour kept from its source:
 
-- Generate: one request per call (``n`` > 1 is served as one), incremental ``token_ids`` in a
-  ``chunk`` per step and, at the end, a chunk and a ``complete`` holding that last increment
-  (streaming), or one ``complete`` with every token; ``spec_*`` counts 0; a stop ends with the
-  stop token, reported as ``matched_token_id``. A prompt of at least ``max_req_input_len``
-  tokens is INVALID_ARGUMENT. Text: the prompt's ids through the model's tokenizer; a prompt
-  that opens a think block (Qwen's template) gets reasoning, then ``</think>``, then the answer.
+- Generate: incremental ``token_ids`` in a ``chunk`` per step and, at the end, a chunk and a
+  ``complete`` holding that last increment (streaming), or one ``complete`` with every token;
+  ``n`` > 1 runs a prefill-only ``{rid}-prefix``, then ``{rid}-0`` ... (streamed frames carry
+  their index; whole answers come in order, each with index 0); ``spec_*`` counts 0; a stop
+  ends with the stop token, reported as ``matched_token_id``. A prompt of at least
+  ``max_req_input_len`` tokens is INVALID_ARGUMENT. Text: the prompt's ids through the model's
+  tokenizer; a prompt that opens a think block (Qwen's template) gets reasoning, then
+  ``</think>``, then the answer.
 - Abort: ``success`` for any id; the open stream gets nothing more (the client ends it).
 - GetModelInfo: the raw arguments and the scheduler's ready report only, so ``vocab_size``
   128256, no ``eos_token_ids``, and ``max_context_length`` the KV pool's tokens.
@@ -22,6 +24,7 @@ import logging
 import time
 from argparse import Namespace
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,6 +48,16 @@ DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
 DEFAULT_VOCAB_SIZE = 128256  # GetModelInfo's when the ready report carries none
 LOAD_SECTIONS = ("all", "core", "disagg", "lora", "memory", "queues", "spec")
 THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a Generate call asks of each of its scheduler requests."""
+
+    ids: list[int]
+    text: str
+    max_new: int
+    stream: bool
 
 
 class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
@@ -96,15 +109,61 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         sp = request.sampling_params
         room = self.state.memory.context_len - len(ids) - 1
         wanted = sp.max_new_tokens if sp.HasField("max_new_tokens") else DEFAULT_MAX_NEW_TOKENS
-        think = text.endswith(THINK_OPEN)
-        out = self.state.dispatch.compose(text, max(min(wanted, room), 0), think, None)
+        job = _Job(ids, text, max(min(wanted, room), 0), request.stream)
+        self.in_flight += 1
+        try:
+            if sp.n <= 1:
+                async for frame in self._one(rid, job, 0, None):
+                    yield frame
+                return
+            # n > 1 (request_manager.py): a prefill-only "{rid}-prefix", then n sub-requests;
+            # streamed frames carry their index, whole answers all come with index 0
+            async for _ in self._one(f"{rid}-prefix", _Job(ids, text, 0, False), 0, None):
+                pass
+            frames: asyncio.Queue[tuple[int, pb.GenerateResponse | None]] = asyncio.Queue()
+
+            async def sub(i: int) -> None:
+                try:
+                    async for frame in self._one(f"{rid}-{i}", job, i if job.stream else 0, i):
+                        frame.request_id = rid
+                        await frames.put((i, frame))
+                finally:
+                    await frames.put((i, None))
+
+            tasks = [asyncio.create_task(sub(i)) for i in range(sp.n)]
+            try:
+                done = 0
+                whole: dict[int, pb.GenerateResponse] = {}
+                while done < len(tasks):
+                    i, frame = await frames.get()
+                    if frame is None:
+                        done += 1
+                    elif job.stream:
+                        yield frame
+                    else:
+                        whole[i] = frame
+                for i in sorted(whole):  # in sub-request order
+                    yield whole[i]
+            finally:
+                for task in tasks:
+                    task.cancel()
+        except asyncio.CancelledError:
+            logger.info(f"Request {rid} cancelled by client")
+            raise
+        finally:
+            self.in_flight -= 1
+
+    async def _one(self, rid: str, job: _Job, index: int, seed: int | None
+                   ) -> AsyncIterator[pb.GenerateResponse]:
+        """One scheduler request: chunks as it decodes (streaming), then its complete."""
+        think = job.text.endswith(THINK_OPEN)
+        out = self.state.dispatch.compose(job.text, job.max_new, think, seed)
         groups = self._token_groups(out, think)
         sent: list[int] = []
         new: list[int] = []
         words = 0
-        self.in_flight += 1
         try:
-            async for n in self.state.dispatch.run(rid, len(ids), out, request.stream):
+            async for n in self.state.dispatch.run(rid, len(job.ids), out, job.stream):
                 self.last_receive = time.time()
                 if rid in self.aborted:
                     await asyncio.Event().wait()  # nothing more for this stream: the client ends it
@@ -113,18 +172,14 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                 if words >= len(groups) and out.finish_reason == "stop" and self._eos is not None:
                     new.append(self._eos)
                 sent += new
-                if request.stream:
+                if job.stream:
                     yield pb.GenerateResponse(request_id=rid, chunk=self._chunk(
-                        new, len(ids), len(sent), len(out.reasoning)))
+                        new, len(job.ids), len(sent), len(out.reasoning), index))
             if rid in self.aborted:
                 await asyncio.Event().wait()
             yield pb.GenerateResponse(request_id=rid, complete=self._complete(
-                new if request.stream else sent, out, len(ids), len(sent)))
-        except asyncio.CancelledError:
-            logger.info(f"Request {rid} cancelled by client")
-            raise
+                new if job.stream else sent, out, len(job.ids), len(sent), index))
         finally:
-            self.in_flight -= 1
             self.aborted.discard(rid)
 
     @property
@@ -143,17 +198,18 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         return groups
 
     @staticmethod
-    def _chunk(ids: list[int], prompt: int, completion: int, reasoning: int
+    def _chunk(ids: list[int], prompt: int, completion: int, reasoning: int, index: int
                ) -> pb.GenerateStreamChunk:
         return pb.GenerateStreamChunk(token_ids=ids, prompt_tokens=prompt,
                                       completion_tokens=completion, cached_tokens=0,
-                                      reasoning_tokens=reasoning, index=0)
+                                      reasoning_tokens=reasoning, index=index)
 
-    def _complete(self, ids: list[int], out: Output, prompt: int, completion: int
-                  ) -> pb.GenerateComplete:
+    def _complete(self, ids: list[int], out: Output, prompt: int, completion: int,
+                  index: int) -> pb.GenerateComplete:
         done = pb.GenerateComplete(output_ids=ids, finish_reason=out.finish_reason,
                                    prompt_tokens=prompt, completion_tokens=completion,
-                                   cached_tokens=0, reasoning_tokens=len(out.reasoning), index=0)
+                                   cached_tokens=0, reasoning_tokens=len(out.reasoning),
+                                   index=index)
         if out.finish_reason == "stop" and self._eos is not None:
             done.matched_token_id = self._eos
         return done
