@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -27,6 +28,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def grpc_port() -> int:
+    """A port for a gRPC-mode server: SGLang derives port + 10000 (its native gRPC port, which
+    it range-checks), and the HTTP sidecar takes port + 1, so both it and the next are free."""
+    while True:
+        port = random.randint(20000, 55000)
+        with socket.socket() as a, socket.socket() as b:
+            try:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
 
 
 @pytest.fixture(scope="session")
@@ -147,3 +162,49 @@ def died_of_a_child(output: str, returncode: int, cause: str, running: bool = Tr
     assert output.index(cause) < output.index(handler)
     assert re.search(r"kill_process_tree called: parent_pid=(\d+), include_parent=True, "
                      r"pid=\1", output), output[-3000:]
+
+
+GRPC = ["--smg-grpc-mode", "--reasoning-parser", "qwen3", "--enable-metrics"]
+NO_PLANNED_WARMUP = {"SMG_SGLANG_SERVICER_WARMUP": "off"}
+
+
+def wait_serving(sim: Sim, timeout: float = 30) -> None:
+    """Ready as the gRPC servicer says it: its last start-up line (no HTTP to ask)."""
+    deadline = time.monotonic() + timeout
+    while "The server is fired up and ready to roll!" not in sim.output():
+        if sim.proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"not serving (exit {sim.proc.poll()}):\n{sim.output()}")
+        time.sleep(0.1)
+
+
+def target(sim: Sim) -> str:
+    return sim.url.removeprefix("http://")
+
+
+def generate(ids: list[int], stream: bool, max_new: int = 64) -> Any:
+    """A GenerateRequest for ``ids`` (smg-grpc-proto's message)."""
+    from smg_grpc_proto import sglang_scheduler_pb2 as pb
+
+    return pb.GenerateRequest(request_id=f"t-{time.time()}", stream=stream,
+                              tokenized=pb.TokenizedInput(input_ids=ids),
+                              sampling_params=pb.SamplingParams(max_new_tokens=max_new))
+
+
+@pytest.fixture(scope="module")
+def grpc_sim(gpu_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
+    """A simulator in gRPC mode (no planned warm-up), for a module's tests."""
+    launcher = Launcher(gpu_bin, tmp_path_factory.mktemp("grpc"))
+    sim = launcher.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False, port=grpc_port())
+    wait_serving(sim)
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture(scope="module")
+def stub(grpc_sim: Sim) -> Iterator[Any]:
+    """A SglangScheduler stub on ``grpc_sim``."""
+    import grpc
+    from smg_grpc_proto import sglang_scheduler_pb2_grpc as pb_grpc
+
+    with grpc.insecure_channel(target(grpc_sim)) as channel:
+        yield pb_grpc.SglangSchedulerStub(channel)

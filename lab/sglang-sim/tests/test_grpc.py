@@ -10,54 +10,27 @@ import subprocess
 import sys
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import httpx
 import pytest
-from conftest import MODEL, Launcher, Sim, free_port
+from conftest import (
+    GRPC,
+    MODEL,
+    NO_PLANNED_WARMUP,
+    Launcher,
+    Sim,
+    free_port,
+    generate,
+    grpc_port,
+    target,
+    wait_serving,
+)
 from sglang_sim.tokenizer import Tokenizer
 from smg_grpc_proto import sglang_scheduler_pb2 as pb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import common_pb2
-
-GRPC = ["--smg-grpc-mode", "--reasoning-parser", "qwen3", "--enable-metrics"]
-NO_PLANNED_WARMUP = {"SMG_SGLANG_SERVICER_WARMUP": "off"}
-
-
-def wait_serving(sim: Sim, timeout: float = 30) -> None:
-    """Ready as the servicer says it: its last start-up line."""
-    deadline = time.monotonic() + timeout
-    while "The server is fired up and ready to roll!" not in sim.output():
-        if sim.proc.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"not serving (exit {sim.proc.poll()}):\n{sim.output()}")
-        time.sleep(0.1)
-
-
-def target(sim: Sim) -> str:
-    return sim.url.removeprefix("http://")
-
-
-@pytest.fixture(scope="module")
-def grpc_sim(gpu_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sim]:
-    launcher = Launcher(gpu_bin, tmp_path_factory.mktemp("grpc"))
-    sim = launcher.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False)
-    wait_serving(sim)
-    yield sim
-    sim.stop()
-
-
-@pytest.fixture(scope="module")
-def stub(grpc_sim: Sim) -> Iterator[pb_grpc.SglangSchedulerStub]:
-    with grpc.insecure_channel(target(grpc_sim)) as channel:
-        yield pb_grpc.SglangSchedulerStub(channel)
-
-
-def generate(ids: list[int], stream: bool, max_new: int = 64) -> pb.GenerateRequest:
-    return pb.GenerateRequest(request_id=f"t-{time.time()}", stream=stream,
-                              tokenized=pb.TokenizedInput(input_ids=ids),
-                              sampling_params=pb.SamplingParams(max_new_tokens=max_new))
 
 
 def test_start_up_is_the_servicers_and_no_http_is_served(grpc_sim: Sim) -> None:
@@ -153,7 +126,7 @@ def test_smg_routes_chat_to_it_over_grpc(sims: Launcher, tmp_path: Path) -> None
     from sglang_fleet_lab import gateways
 
     grpc_sim = sims.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False, cwd=MODEL.parent,
-                          model=Path(MODEL.name))
+                          model=Path(MODEL.name), port=grpc_port())
     wait_serving(grpc_sim)
     smg = gateways.venv("smg").with_name("smg")
     port = free_port()
@@ -193,7 +166,7 @@ def test_smg_routes_chat_to_it_over_grpc(sims: Launcher, tmp_path: Path) -> None
 
 
 def test_sigterm_stops_the_servicer_and_exits_0(sims: Launcher) -> None:
-    sim = sims.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False)
+    sim = sims.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False, port=grpc_port())
     wait_serving(sim)
     sim.proc.send_signal(signal.SIGTERM)
     assert sim.proc.wait(30) == 0
@@ -207,7 +180,8 @@ def test_sigterm_stops_the_servicer_and_exits_0(sims: Launcher) -> None:
 
 
 def test_a_scheduler_exception_kills_the_tree_and_itself(sims: Launcher) -> None:
-    sim = sims.start(*GRPC, env={**NO_PLANNED_WARMUP, "SGLANG_SIM_CRASH_AFTER": "1"}, wait=False)
+    sim = sims.start(*GRPC, env={**NO_PLANNED_WARMUP, "SGLANG_SIM_CRASH_AFTER": "1"}, wait=False,
+                     port=grpc_port())
     wait_serving(sim)
     with grpc.insecure_channel(target(sim)) as channel:
         stub = pb_grpc.SglangSchedulerStub(channel)
@@ -223,7 +197,8 @@ def test_a_scheduler_exception_kills_the_tree_and_itself(sims: Launcher) -> None
 
 def test_the_planned_warm_up_is_the_servicers_own(sims: Launcher) -> None:
     sim = sims.start(*GRPC, "--max-running-requests", "4", "--chunked-prefill-size", "512",
-                     env={"SMG_SGLANG_SERVICER_WARMUP": "fast:60"}, wait=False)
+                     env={"SMG_SGLANG_SERVICER_WARMUP": "fast:60"}, wait=False,
+                     port=grpc_port())
     wait_serving(sim, timeout=90)
     out = sim.output()
     assert "Planned warm-up starts (level fast:" in out
