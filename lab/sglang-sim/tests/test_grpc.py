@@ -5,7 +5,9 @@ release the product pins) routes chat to it over gRPC with the tokenizer the wor
 from __future__ import annotations
 
 import io
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -246,3 +248,58 @@ def test_n_samples_as_the_servicer_splits_them(stub: pb_grpc.SglangSchedulerStub
     frames = list(stub.Generate(request))
     completes = [f.complete for f in frames if f.HasField("complete")]
     assert sorted(c.index for c in completes) == [0, 1, 2]
+
+
+def test_a_busy_sidecar_port_is_logged_and_grpc_serves(sims: Launcher) -> None:
+    port = grpc_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port + 1))
+        taken.listen()
+        sim = sims.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False, port=port)
+        wait_serving(sim)
+    assert "Failed to start HTTP sidecar server:" in sim.output()
+    assert "Continuing without metrics/profile endpoints." in sim.output()
+
+
+def test_grpc_port_follows_the_smg_mode(sims: Launcher) -> None:
+    """SGLang derives port + 10000 in the SMG mode and range-checks it; --grpc-mode is its
+    deprecated alias (0.5.16+), and --grpc-port beside the SMG mode is not served."""
+    high = sims.run(*GRPC, "--port", "60000")
+    assert high.returncode == 1
+    assert "ValueError: --grpc-port / SGLANG_GRPC_PORT (70000) must be between 1 and 65535" in (
+        high.stderr)
+    sim = sims.start("--grpc-mode", "--grpc-port", "31000", env=NO_PLANNED_WARMUP, wait=False,
+                     port=grpc_port())
+    wait_serving(sim)
+    assert "--grpc-mode is deprecated and will be removed in a future version." in sim.output()
+
+
+def test_a_scheduler_gone_without_sigquit_ends_the_servicer_with_1(sims: Launcher) -> None:
+    sim = sims.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False, port=grpc_port())
+    wait_serving(sim)
+    scheduler = subprocess.run(["pgrep", "-P", str(sim.proc.pid)], capture_output=True,
+                               text=True).stdout.split()
+    assert len(scheduler) == 1  # the scheduler alone: no detokenizer in gRPC mode
+    os.kill(int(scheduler[0]), signal.SIGKILL)
+    assert sim.proc.wait(30) == 1
+    out = sim.output()
+    assert ("A scheduler process exited; non-zero exit codes detected: [-9]. Shutting down "
+            "gRPC server") in out
+    assert "Terminating scheduler process" not in out  # it is gone already
+    assert "A scheduler process exited on its own; the servicer exits with code 1" in out
+
+
+def test_ctrl_c_on_the_group_reaches_the_server_alone(sims: Launcher) -> None:
+    """The servicer's schedulers ignore SIGINT: the server shuts down and exits 0."""
+    sim = sims.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False, port=grpc_port(), session=True)
+    wait_serving(sim)
+    os.killpg(sim.proc.pid, signal.SIGINT)
+    assert sim.proc.wait(30) == 0
+    assert "KeyboardInterrupt" not in sim.output()
+    assert "Terminating scheduler process 0..." in sim.output()
+
+
+def test_an_unknown_servicer_implementation_is_a_configuration_error(sims: Launcher) -> None:
+    done = sims.run(*GRPC, env={"SMG_SGLANG_SERVICER_IMPL": "java"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "servicer configuration error: SMG_SGLANG_SERVICER_IMPL must be one of" in done.stderr

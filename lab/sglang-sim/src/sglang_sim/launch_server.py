@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -47,7 +48,8 @@ logger = logging.getLogger("sglang.srt.entrypoints.http_server")
 DRAIN_POLL_SECONDS = float(os.environ.get("SGLANG_SIM_DRAIN_POLL_SECONDS", "5"))
 
 
-def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logger) -> State:
+def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logger,
+         raw: Namespace | None = None) -> State:
     """Everything from reading the model to allocating memory pools; raises as SGLang does:
     ServerArgs's checks in the server process (a traceback, exit 1), the rest in the scheduler
     (``Scheduler hit an exception``, SIGQUIT, the whole tree SIGKILLed: see processes.py). With
@@ -65,7 +67,7 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
     gpus = gpus_mod.discover()  # ServerArgs sizes memory from the first GPU, in this process
     memory.default_memory_settings(args, gpus[0].memory_mib)
     if served_by_grpc:
-        grpc_mode.before_schedulers(args, release)
+        grpc_mode.before_schedulers(raw or args, release)
     else:
         _log_server_args(args, release)
     children = processes.Children(release, args.tp_size, args.dp_size, ranks=(
@@ -343,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
     scheduler = logs.configure(args.log_level,
                                logs.scheduler_prefix(first_rank, args.tp_size, None))
     faults = Faults.from_env()
-    state = load(args, release, faults, scheduler)
+    state = load(args, release, faults, scheduler, raw)
     if args.node_rank > 0:
         follower.follow(state)  # never returns
     if grpc_mode.requested(args):
@@ -367,7 +369,7 @@ def _raw(args: Namespace, release: str) -> Namespace:
     """The arguments as given, which the gRPC servicer reads (0.5.19+ seal the record, and
     the resolved values live beside it); 0.5.20+ launch_server seeds tokenizer_path from
     model_path first (launch_server.py:22-25)."""
-    raw = Namespace(**vars(args))
+    raw = Namespace(**copy.deepcopy(vars(args)))
     if raw.tokenizer_path is None and args_mod.release_tuple(release) >= (0, 5, 20, 0):
         raw.tokenizer_path = raw.model_path
     return raw

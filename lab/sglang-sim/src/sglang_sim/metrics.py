@@ -55,11 +55,12 @@ SCHEDULER_GAUGES: list[tuple[str, str, Callable[[Engine, MemoryPlan], float], bo
 ]
 
 
-def render(state: State) -> str:
+def render(state: State, tokenizer: bool = True) -> str:
     """Each scheduler's gauges, one series per scheduler labelled with its ranks (``dp_rank``
     only with a DP rank: 0.5.12 observability/scheduler_metrics_mixin.py:136-146, 0.5.23
     observability/metrics_collector.py:1382-1392), then the tokenizer's counters and
-    histograms, one series for the server."""
+    histograms, one series for the server (``tokenizer``: there is a TokenizerManager; the
+    gRPC mode has none)."""
     out: list[str] = []
     engines = state.dispatch.engines
     ranks = [_labels(state, tp_rank="0", pp_rank="0", moe_ep_rank="0",
@@ -71,6 +72,8 @@ def render(state: State) -> str:
         out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
         out += [f"{name}{labels} {value(engine, mem)}"
                 for labels, engine, mem in zip(ranks, engines, state.memories, strict=True)]
+    if not tokenizer:
+        return "\n".join(out) + "\n"
     stats = state.dispatch.stats()  # the tokenizer's: every rank's requests
     tok = _labels(state)
     out += ["# HELP sglang:prompt_tokens_total Number of prefill tokens processed.",

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -70,7 +71,7 @@ class Children:
         else:
             for i, rank in enumerate(range(tp_size) if ranks is None else ranks):
                 self.procs[f"scheduler_{i}"] = spawn_scheduler(
-                    logs.scheduler_prefix(rank, tp_size, None))
+                    logs.scheduler_prefix(rank, tp_size, None), ignore_sigint=grpc)
         if (ranks is None or 0 in ranks) and not grpc:
             self.procs["detokenizer"] = _spawn("sglang::detokenizer", ["detokenizer"])
         self._stop = threading.Event()
@@ -189,15 +190,22 @@ class Children:
             proc.wait()
 
 
-def spawn_scheduler(prefix: str) -> subprocess.Popen[bytes]:
+def spawn_scheduler(prefix: str, ignore_sigint: bool = False) -> subprocess.Popen[bytes]:
     """A scheduler under its process title: ``sglang::scheduler`` and its ranks, spaces as
-    ``_`` (0.5.12 managers/scheduler.py:3966, 0.5.23 :6294): ``sglang::scheduler_DP3``."""
+    ``_`` (0.5.12 managers/scheduler.py:3966, 0.5.23 :6294): ``sglang::scheduler_DP3``.
+    ``ignore_sigint``: the gRPC servicer's schedulers ignore SIGINT (smg-grpc-servicer
+    sglang/scheduler_launcher.py:34-49); Python leaves a signal ignored at its start so."""
     return _spawn(f"sglang::scheduler{prefix.replace(' ', '_')}",
-                  ["scheduler", prefix.strip().replace(" ", "_")])
+                  ["scheduler", prefix.strip().replace(" ", "_")],
+                  preexec=_ignore_sigint if ignore_sigint else None)
 
 
-def _spawn(title: str, argv: list[str], pass_fds: tuple[int, ...] = ()
-           ) -> subprocess.Popen[bytes]:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _spawn(title: str, argv: list[str], pass_fds: tuple[int, ...] = (),
+           preexec: Callable[[], None] | None = None) -> subprocess.Popen[bytes]:
     """The child under SGLang's process title (setproctitle there; argv[0] here, which leaves
     the interpreter unable to find its own packages: PYTHONPATH names the simulator's)."""
     here = str(Path(__file__).resolve().parent.parent)
@@ -207,7 +215,8 @@ def _spawn(title: str, argv: list[str], pass_fds: tuple[int, ...] = ()
     # a child under a title has no sys.executable: the DP controller forks by /proc/self/exe
     python = sys.executable or os.readlink("/proc/self/exe")
     return subprocess.Popen([title, "-m", "sglang_sim.child", *argv], executable=python,
-                            stdin=subprocess.PIPE, env=env, pass_fds=pass_fds)
+                            stdin=subprocess.PIPE, env=env, pass_fds=pass_fds,
+                            preexec_fn=preexec)
 
 
 def _running(pid: int) -> bool:

@@ -212,13 +212,27 @@ def grpc_mode(args: Namespace) -> bool:
 
 
 def _native_grpc(args: Namespace) -> None:
-    """--grpc-port, or SGLANG_GRPC_PORT in its place, refused with a key: 0.5.16
-    server_args.py:3316-3381, 0.5.23 arg_groups/serving_hook.py:360-432."""
+    """--grpc-mode as the deprecated alias of --smg-grpc-mode; --grpc-port, or SGLANG_GRPC_PORT
+    in its place, refused with a key; in the SMG mode it defaults to port + 10000, and either
+    way it is range-checked (0.5.16 server_args.py:3300-3381, 0.5.23
+    arg_groups/serving_hook.py:339-394)."""
     if not hasattr(args, "grpc_port"):
         return  # before 0.5.16: neither the flag nor the variable
+    if getattr(args, "grpc_mode", False) and not getattr(args, "smg_grpc_mode", False):
+        logging.getLogger("sglang.srt.server_args").warning(
+            "--grpc-mode is deprecated and will be removed in a future version. Use "
+            "--smg-grpc-mode for the legacy SMG gRPC server, or --grpc-port for the native "
+            "gRPC server.")
+        args.smg_grpc_mode = True
     if args.grpc_port is None and os.environ.get("SGLANG_GRPC_PORT"):
         args.grpc_port = int(os.environ["SGLANG_GRPC_PORT"])
-    if args.grpc_port is not None and not _grpc_in_place_of_http(args) and (
+    legacy = _grpc_in_place_of_http(args)
+    if legacy and args.grpc_port is None:
+        args.grpc_port = args.port + 10000
+    if args.grpc_port is not None and not 1 <= args.grpc_port <= 65535:
+        raise ValueError(f"--grpc-port / SGLANG_GRPC_PORT ({args.grpc_port}) must be between 1 "
+                         "and 65535")
+    if args.grpc_port is not None and not legacy and (
             args.api_key or getattr(args, "admin_api_key", None)):
         raise ValueError("--grpc-port is incompatible with --api-key/--admin-api-key: "
                          "the native gRPC listener bypasses HTTP auth middleware.")
