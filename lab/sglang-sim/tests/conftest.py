@@ -124,7 +124,7 @@ class Launcher:
                     "SGLANG_SIM_LOAD_SECONDS": "0.1", "SGLANG_SIM_CAPTURE_SECONDS": "0.05",
                     **(env or {})}
         argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(MODEL),
-                "--host", "127.0.0.1", "--port", str(free_port()), *flags]
+                "--host", "127.0.0.1", "--port", str(grpc_port()), *flags]
         return subprocess.run(argv, capture_output=True, text=True, env=full_env,
                               timeout=timeout)
 

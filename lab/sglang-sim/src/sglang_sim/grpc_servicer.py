@@ -1,17 +1,27 @@
 """``sglang.grpc.scheduler.SglangScheduler`` as smg-grpc-servicer 0.14.1 serves it for SGLang
-0.5.20 - 0.5.23 in ``--smg-grpc-mode`` (its ``sglang/servicer.py``; the messages are
-smg-grpc-proto 0.4.28's). The servicer's own parts that need no SGLang run as they are: the
-tokenizer bundle, the load conversion and the error statuses. Behaviour kept from its source:
+0.5.20 - 0.5.23 in ``--smg-grpc-mode`` (its ``sglang/servicer.py`` and ``request_manager.py``;
+the messages are smg-grpc-proto 0.4.28's). The servicer's own parts that need no SGLang run as
+they are: the tokenizer bundle, the load conversion, the server-info labels and the error
+statuses (grpc_info.py has what it reports besides requests). Behaviour kept from its source:
 
 - Generate: incremental ``token_ids`` in a ``chunk`` per step and, at the end, a chunk and a
-  ``complete`` holding that last increment (streaming), or one ``complete`` with every token;
-  ``n`` > 1 runs a prefill-only ``{rid}-prefix``, then ``{rid}-0`` ... (streamed frames carry
-  their index; whole answers come in order, each with index 0); ``spec_*`` counts 0; a stop
-  ends with the stop token, reported as ``matched_token_id``. A prompt of at least
-  ``max_req_input_len`` tokens is INVALID_ARGUMENT. Text: the prompt's ids through the model's
-  tokenizer; a prompt that opens a think block (Qwen's template) gets reasoning, then
-  ``</think>``, then the answer.
-- Abort: ``success`` for any id; the open stream gets nothing more (the client ends it).
+  ``complete`` holding that last increment (streaming, an empty chunk when nothing was
+  generated), or one ``complete`` with every token; ``max_new_tokens`` unset runs to the
+  scheduler's room (``min(context - 1, KV pool - 1) - prompt - 1``); ``n`` > 1 runs a
+  prefill-only ``{rid}-prefix``, then ``{rid}-0`` ... (streamed: all at once, frames carrying
+  their index; whole: one after another, answered in order, each with index 0); ``spec_*``
+  counts 0; a stop ends with the stop token, reported as ``matched_token_id``;
+  ``reasoning_tokens`` only for ``require_reasoning``: the ids up to ``</think>`` inclusive. A
+  prompt of at least ``max_req_input_len`` tokens is INVALID_ARGUMENT. Text: the prompt's ids
+  through the tokenizer at ``tokenizer_path``; a prompt that opens a think block (Qwen's
+  template) gets reasoning, then ``</think>``, then the answer.
+- Abort (and a client's cancel) reaches the schedulers as SGLang's AbortReq, by prefix: the
+  exact request's stream gets nothing more (the client ends it); another running request ends
+  after its next step with ``finish_reason`` "abort"; a queued one leaves the queue, and its
+  stream hangs while the manager warns of the AbortReq on its tokenizer socket (with
+  ``--skip-tokenizer-init`` it ends INTERNAL "Request aborted").
+- FlushCache: each scheduler flushes only when idle, or waits for idle up to ``timeout_s``.
+  Start/StopProfile: the schedulers' profiler state (no trace is written).
 - GetModelInfo: the raw arguments and the scheduler's ready report only, so ``vocab_size``
   128256, no ``eos_token_ids``, and ``max_context_length`` the KV pool's tokens.
 """
@@ -19,16 +29,15 @@ tokenizer bundle, the load conversion and the error statuses. Behaviour kept fro
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 from argparse import Namespace
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import grpc
 from google.protobuf.struct_pb2 import Struct
@@ -36,18 +45,27 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from smg_grpc_proto import sglang_scheduler_pb2 as pb
 from smg_grpc_proto import sglang_scheduler_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import common_pb2
-from smg_grpc_servicer.sglang.loads import convert_loads_to_protobuf
 from smg_grpc_servicer.tokenizer_bundle import tokenizer_bundle, tokenizer_chunks
 
-from sglang_sim.engine import Output
+from sglang_sim import grpc_info
+from sglang_sim.engine import Engine, Output
 from sglang_sim.state import State
 from sglang_sim.tokenizer import Tokenizer
 
 logger = logging.getLogger("smg_grpc_servicer.sglang.servicer")
-DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default
+manager_log = logging.getLogger("smg_grpc_servicer.sglang.request_manager")
+UNBOUNDED = 1 << 30  # the scheduler's max_new_tokens when the request sets none
 DEFAULT_VOCAB_SIZE = 128256  # GetModelInfo's when the ready report carries none
-LOAD_SECTIONS = ("all", "core", "disagg", "lora", "memory", "queues", "spec")
 THINK_OPEN, THINK_CLOSE = "<think>\n", "\n</think>\n\n"
+DROPPED = -1  # a queued request the scheduler took off its queue
+
+
+class _Refused(Exception):
+    """An output the servicer ends the stream with a status for."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,19 @@ class _Job:
     text: str
     max_new: int
     stream: bool
+    reasoning: bool  # require_reasoning (with a parser whose end the scheduler can encode)
+
+
+@dataclass
+class _Live:
+    """A request the manager holds (its rid_to_state entry) and what an abort did to it."""
+
+    prompt: int
+    started: bool = False  # its first step came: no longer queued
+    finished: bool = False  # marked finished here (Abort of this id): its outputs are skipped
+    finish: bool = False  # the scheduler ends it with FINISH_ABORT after its next step
+    cancelled: bool = False
+    dropped: asyncio.Event = field(default_factory=asyncio.Event)  # off the waiting queue
 
 
 class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
@@ -69,10 +100,15 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
     def __init__(self, state: State, raw: Namespace) -> None:
         self.state = state
         self.raw = raw  # the arguments as given (the servicer reads the sealed record's raw view)
-        self.tokenizer = Tokenizer.load(raw.model_path)
+        self.tokenizer = Tokenizer.load(raw.tokenizer_path or raw.model_path)
+        self._skip_tokenizer = bool(getattr(raw, "skip_tokenizer_init", False))
         self.config = json.loads((Path(raw.model_path) / "config.json").read_text())
-        self.aborted: set[str] = set()
-        self.in_flight = 0
+        # the scheduler's think_end_ids: its reasoning parser's end, through its tokenizer
+        self.think_end = (self.tokenizer.encode("</think>") if self.tokenizer and
+                          raw.reasoning_parser and not self._skip_tokenizer else [])
+        self.live: dict[str, _Live] = {}
+        self.probes = 0  # health checks' requests, also in rid_to_state
+        self.controls = grpc_info.Controls(state.dispatch.engines)  # flush and profiler
         self.started = time.time()
         self.last_receive = time.time()
         self.shutting_down = False
@@ -84,103 +120,198 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         return min(plan.context_len - 1, plan.kv_tokens - 1) - 5
 
     def ready_report(self) -> dict[str, Any]:
-        return {"status": "ready", "max_total_num_tokens": self.state.memory.kv_tokens,
-                "max_req_input_len": self.max_req_input_len,
-                "startup_time": self.state.startup_time}
+        return grpc_info.scheduler_info(self.state.args, self.state.release,
+                                        self.state.memory.kv_tokens, self.max_req_input_len,
+                                        self.state.startup_time)
 
     async def Generate(self, request: pb.GenerateRequest, context: Any
                        ) -> AsyncIterator[pb.GenerateResponse]:
         rid = request.request_id
         logger.info(f"Receive generation request: {rid}")
-        if not request.HasField("tokenized"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "Tokenized input must be provided")
-        if request.return_hidden_states:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, (
-                "The server is not configured to return hidden states. Please launch with "
-                "`--return-hidden-states-mode full` to allow return_hidden_states=True."))
+        try:
+            if not request.HasField("tokenized"):
+                raise ValueError("Tokenized input must be provided")
+            if request.return_hidden_states:
+                raise ValueError(grpc_info.hidden_states_refusal(self.raw))
+        except ValueError as error:
+            logger.warning(f"Generate invalid request {rid}: {error}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
         ids = list(request.tokenized.input_ids)
-        if len(ids) >= self.max_req_input_len:
+        if len(ids) >= self.max_req_input_len:  # the scheduler's abort, status 400
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, (
                 f"Input length ({len(ids)} tokens) exceeds the maximum allowed length "
                 f"({self.max_req_input_len} tokens). Use a shorter input or enable "
                 "--allow-auto-truncate."))
         text = self.tokenizer.decode(ids) if self.tokenizer else request.tokenized.original_text
         sp = request.sampling_params
-        room = self.state.memory.context_len - len(ids) - 1
-        wanted = sp.max_new_tokens if sp.HasField("max_new_tokens") else DEFAULT_MAX_NEW_TOKENS
-        job = _Job(ids, text, max(min(wanted, room), 0), request.stream)
-        self.in_flight += 1
+        plan = self.state.memory
+        room = min(plan.context_len - 1, plan.kv_tokens - 1) - len(ids) - 1
+        wanted = sp.max_new_tokens if sp.HasField("max_new_tokens") else UNBOUNDED
+        job = _Job(ids, text, max(min(wanted, room), 0), request.stream,
+                   request.require_reasoning and bool(self.think_end))
         try:
-            if sp.n <= 1:
-                async for frame in self._one(rid, job, 0, None):
-                    yield frame
-                return
-            # n > 1 (request_manager.py): a prefill-only "{rid}-prefix", then n sub-requests;
-            # streamed frames carry their index, whole answers all come with index 0
-            async for _ in self._one(f"{rid}-prefix", _Job(ids, text, 0, False), 0, None):
-                pass
-            frames: asyncio.Queue[tuple[int, pb.GenerateResponse | None]] = asyncio.Queue()
+            async for frame in self._frames(rid, job, sp.n):
+                yield frame
+        except _Refused as refused:
+            await context.abort(refused.code, str(refused))
 
-            async def sub(i: int) -> None:
+    async def _frames(self, rid: str, job: _Job, n: int) -> AsyncIterator[pb.GenerateResponse]:
+        """generate_request: one scheduler request, or n > 1 after a prefill-only prefix."""
+        if n <= 1:
+            async for frame in self._one(rid, job, 0, None):
+                yield frame
+            return
+        async for _ in self._one(f"{rid}-prefix", _Job(job.ids, job.text, 0, False, False),
+                                 0, None):
+            pass
+        if not job.stream:  # each sub-request after the one before; the answers in order
+            answers: list[pb.GenerateResponse | _Refused] = []
+            for i in range(n):
                 try:
-                    async for frame in self._one(f"{rid}-{i}", job, i if job.stream else 0, i):
-                        frame.request_id = rid
-                        await frames.put((i, frame))
-                finally:
-                    await frames.put((i, None))
+                    answers += [frame async for frame in self._one(f"{rid}-{i}", job, 0, i)]
+                except _Refused as refused:
+                    answers.append(refused)
+            for answer in answers:
+                if isinstance(answer, _Refused):
+                    raise answer
+                answer.request_id = rid
+                yield answer
+            return
+        frames: asyncio.Queue[tuple[int, pb.GenerateResponse | Exception | None]] = (
+            asyncio.Queue())
 
-            tasks = [asyncio.create_task(sub(i)) for i in range(sp.n)]
+        async def sub(i: int) -> None:
             try:
-                done = 0
-                whole: dict[int, pb.GenerateResponse] = {}
-                while done < len(tasks):
-                    i, frame = await frames.get()
-                    if frame is None:
-                        done += 1
-                    elif job.stream:
-                        yield frame
-                    else:
-                        whole[i] = frame
-                for i in sorted(whole):  # in sub-request order
-                    yield whole[i]
+                async for frame in self._one(f"{rid}-{i}", job, i, i):
+                    frame.request_id = rid
+                    await frames.put((i, frame))
+            except _Refused as refused:
+                await frames.put((i, refused))
             finally:
-                for task in tasks:
-                    task.cancel()
-        except asyncio.CancelledError:
-            logger.info(f"Request {rid} cancelled by client")
-            raise
+                await frames.put((i, None))
+
+        tasks = [asyncio.create_task(sub(i)) for i in range(n)]
+        try:
+            done = 0
+            while done < n:
+                _, item = await frames.get()
+                if item is None:
+                    done += 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield item
         finally:
-            self.in_flight -= 1
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _one(self, rid: str, job: _Job, index: int, seed: int | None
                    ) -> AsyncIterator[pb.GenerateResponse]:
         """One scheduler request: chunks as it decodes (streaming), then its complete."""
+        live = self.live[rid] = _Live(len(job.ids))
         think = job.text.endswith(THINK_OPEN)
         out = self.state.dispatch.compose(job.text, job.max_new, think, seed)
         groups = self._token_groups(out, think)
         sent: list[int] = []
         new: list[int] = []
         words = 0
+        chunked = False
+        finish = out.finish_reason
+        run = cast(AsyncGenerator[int, None],
+                   self.state.dispatch.run(rid, len(job.ids), out, job.stream))
         try:
-            async for n in self.state.dispatch.run(rid, len(job.ids), out, job.stream):
-                self.last_receive = time.time()
-                if rid in self.aborted:
-                    await asyncio.Event().wait()  # nothing more for this stream: the client ends it
-                new = [i for group in groups[words:words + n] for i in group]
-                words += n
-                if words >= len(groups) and out.finish_reason == "stop" and self._eos is not None:
-                    new.append(self._eos)
-                sent += new
-                if job.stream:
-                    yield pb.GenerateResponse(request_id=rid, chunk=self._chunk(
-                        new, len(job.ids), len(sent), len(out.reasoning), index))
-            if rid in self.aborted:
-                await asyncio.Event().wait()
+            async with contextlib.aclosing(run) as steps:
+                while (n := await self._step(rid, steps, live)) is not None and n != DROPPED:
+                    self.last_receive = time.time()
+                    new = [i for group in groups[words:words + n] for i in group]
+                    words += n
+                    if (words >= len(groups) and out.finish_reason == "stop"
+                            and self._eos is not None):
+                        new.append(self._eos)
+                    sent += new
+                    if live.finished:
+                        break  # outputs of a request aborted here are skipped
+                    if live.finish or live.dropped.is_set():
+                        finish = "abort"  # FINISH_ABORT after this step
+                    if job.stream:
+                        chunked = True
+                        yield pb.GenerateResponse(request_id=rid, chunk=self._chunk(
+                            new, len(job.ids), len(sent), self._reasoning(job, sent), index))
+                    if finish == "abort":
+                        break
+            if n == DROPPED:
+                if self._skip_tokenizer:  # the AbortReq reaches the output loop
+                    raise _Refused(grpc.StatusCode.INTERNAL, "Request aborted")
+                live.finished = True
+            elif n is None and live.finish and not sent:  # aborted in its prefill-only pass
+                finish = "abort"
+            if live.finished:
+                await asyncio.Event().wait()  # nothing more for this stream: the client ends it
+            if job.stream and not chunked:  # the finished output is a chunk too
+                yield pb.GenerateResponse(request_id=rid, chunk=self._chunk(
+                    [], len(job.ids), 0, 0, index))
             yield pb.GenerateResponse(request_id=rid, complete=self._complete(
-                new if job.stream else sent, out, len(job.ids), len(sent), index))
+                new if job.stream else sent, finish, job, sent, index))
+        except asyncio.CancelledError:
+            if not live.cancelled:
+                self._client_cancelled(rid, live)
+            raise
         finally:
-            self.aborted.discard(rid)
+            if self.live.get(rid) is live:
+                del self.live[rid]
+
+    async def _step(self, rid: str, steps: AsyncIterator[int], live: _Live) -> int | None:
+        """The request's next step (tokens made), None at its end; while it may still be
+        queued, DROPPED when an abort takes it off the queue first."""
+        if live.started:
+            return await anext(steps, None)
+        step = asyncio.ensure_future(anext(steps, None))
+        dropped = asyncio.ensure_future(live.dropped.wait())
+        try:
+            await asyncio.wait((step, dropped), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            self._client_cancelled(rid, live)  # while it is still where it was
+            raise
+        finally:
+            dropped.cancel()
+            if not step.done():
+                step.cancel()  # the engine lets it go: out of the queue, its slot released
+                await asyncio.gather(step, return_exceptions=True)
+        if step.cancelled():
+            return DROPPED
+        live.started = True
+        return step.result()
+
+    def _client_cancelled(self, rid: str, live: _Live) -> None:
+        """_handle_single_request on a cancel: the line, and the request aborted."""
+        live.cancelled = True
+        manager_log.info(f"Request {rid} cancelled by client")
+        self._abort_at_schedulers(rid)
+
+    def _abort_at_schedulers(self, prefix: str) -> None:
+        """Scheduler.abort_request for AbortReq(rid=prefix): every request whose id starts
+        with it. A queued one is popped and an AbortReq sent back, which the manager's
+        tokenizer socket does not know (with --skip-tokenizer-init its output loop does); a
+        running one gets to_finish = FINISH_ABORT() (its next step is its last)."""
+        queued = self._queued_rids()
+        for rid, live in list(self.live.items()):
+            if not rid.startswith(prefix):
+                continue
+            if rid in queued:
+                live.dropped.set()
+                if not self._skip_tokenizer:
+                    manager_log.warning("Unknown type on tokenizer socket: "
+                                        "<class 'sglang.srt.managers.io_struct.AbortReq'>")
+            else:
+                live.finish = True
+
+    def _queued_rids(self, engines: list[Engine] | None = None) -> list[str]:
+        """The requests in the waiting queues: an engine admits in arrival order (its slots are
+        a fair semaphore), so they are the last ``queued`` of its unfinished requests."""
+        return [rid for engine in engines or self.state.dispatch.engines
+                for rid in (engine.rids[len(engine.rids) - engine.queued:]
+                            if engine.queued else [])]
 
     @property
     def _eos(self) -> int | None:
@@ -197,6 +328,17 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
             groups.append(self.tokenizer.encode(piece) if self.tokenizer else [0])
         return groups
 
+    def _reasoning(self, job: _Job, sent: list[int]) -> int:
+        """Req.reasoning_tokens: with require_reasoning, the ids up to and including the
+        parser's think end (every id while it has not come); else 0."""
+        if not job.reasoning:
+            return 0
+        end = self.think_end
+        for i in range(len(sent) - len(end) + 1):
+            if sent[i:i + len(end)] == end:
+                return i + len(end)
+        return len(sent)
+
     @staticmethod
     def _chunk(ids: list[int], prompt: int, completion: int, reasoning: int, index: int
                ) -> pb.GenerateStreamChunk:
@@ -204,13 +346,13 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                                       completion_tokens=completion, cached_tokens=0,
                                       reasoning_tokens=reasoning, index=index)
 
-    def _complete(self, ids: list[int], out: Output, prompt: int, completion: int,
-                  index: int) -> pb.GenerateComplete:
-        done = pb.GenerateComplete(output_ids=ids, finish_reason=out.finish_reason,
-                                   prompt_tokens=prompt, completion_tokens=completion,
-                                   cached_tokens=0, reasoning_tokens=len(out.reasoning),
+    def _complete(self, ids: list[int], finish: str, job: _Job, sent: list[int], index: int
+                  ) -> pb.GenerateComplete:
+        done = pb.GenerateComplete(output_ids=ids, finish_reason=finish,
+                                   prompt_tokens=len(job.ids), completion_tokens=len(sent),
+                                   cached_tokens=0, reasoning_tokens=self._reasoning(job, sent),
                                    index=index)
-        if out.finish_reason == "stop" and self._eos is not None:
+        if finish == "stop" and self._eos is not None:
             done.matched_token_id = self._eos
         return done
 
@@ -219,30 +361,37 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         rid = f"HEALTH_CHECK_{time.time()}"
         logger.info(f"Receive health check request: {rid}")
         if self.shutting_down:
+            logger.info("Health check request received during shutdown. Returning unhealthy.")
             return pb.HealthCheckResponse(healthy=False, message="Server is shutting down")
-        await asyncio.sleep(0.5)  # the probe's first poll
-        if await self.state.health_generation():
-            return pb.HealthCheckResponse(healthy=True, message="Health check passed")
-        return pb.HealthCheckResponse(
-            healthy=False, message=f"Health check timeout after {self.state.health_timeout:g}s")
+        self.probes += 1
+        try:
+            await asyncio.sleep(0.5)  # the probe's first poll
+            if await self.state.health_generation():
+                return pb.HealthCheckResponse(healthy=True, message="Health check passed")
+        finally:
+            self.probes -= 1
+        timeout = f"Health check timeout after {self.state.health_timeout:g}s"
+        logger.warning(timeout)
+        return pb.HealthCheckResponse(healthy=False, message=timeout)
 
     async def Abort(self, request: pb.AbortRequest, context: Any) -> pb.AbortResponse:
         rid = request.request_id
         logger.info(f"Receive abort request: {rid}")
         if rid.startswith("HEALTH_CHECK"):
             return pb.AbortResponse(success=False, message=f"Request {rid} not found")
-        # the scheduler aborts by prefix: X ends X-0, X10, ...
-        self.aborted.update(r for r in self.state.dispatch.rids if r.startswith(rid))
+        if rid in self.live:
+            self.live[rid].finished = True
+        self._abort_at_schedulers(rid)
         return pb.AbortResponse(success=True, message=f"Request {rid} aborted")
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: Any
                            ) -> pb.GetModelInfoResponse:
         raw = self.raw
-        preferred = raw.preferred_sampling_params
         return pb.GetModelInfoResponse(
             model_path=raw.model_path, tokenizer_path=raw.tokenizer_path or "",
             is_generation=not getattr(raw, "is_embedding", False),
-            preferred_sampling_params=preferred if isinstance(preferred, str) else "",
+            preferred_sampling_params=grpc_info.preferred_sampling_params_json(raw),
+            default_sampling_params_json=grpc_info.default_sampling_params_json(raw),
             weight_version=getattr(raw, "weight_version", None) or "default",
             served_model_name=raw.served_model_name or "",
             max_context_length=self.state.memory.kv_tokens, vocab_size=DEFAULT_VOCAB_SIZE,
@@ -252,75 +401,38 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
 
     async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: Any
                             ) -> pb.GetServerInfoResponse:
-        args = {k: _plain(v) for k, v in vars(self.raw).items()}
-        args["grammar_backend"] = args.get("grammar_backend") or "xgrammar"
+        args = {k: grpc_info.plain(v) for k, v in vars(self.raw).items()}
+        grpc_info.server_args_labels(self.raw, args)
         if not args.get("max_running_requests"):
             window = min(plan.max_running_requests for plan in self.state.memories)
             if not self._window_logged:
-                logging.getLogger("smg_grpc_servicer.sglang.servicer").info(
-                    f"max_running_requests is unset: reporting the scheduler's computed window "
-                    f"{window}")
+                logger.info(f"max_running_requests is unset: reporting the scheduler's "
+                            f"computed window {window}")
                 self._window_logged = True
             args["max_running_requests"] = window
         server_args, scheduler_info = Struct(), Struct()
         server_args.update(args)
         scheduler_info.update(self.ready_report())
-        start = Timestamp(seconds=int(self.started))
         return pb.GetServerInfoResponse(
             server_args=server_args, scheduler_info=scheduler_info,
-            active_requests=self.in_flight, is_paused=False,
+            active_requests=len(self.live) + self.probes, is_paused=False,
             last_receive_timestamp=self.last_receive, uptime_seconds=time.time() - self.started,
-            sglang_version=self.state.release, server_type="grpc", start_time=start,
+            sglang_version=self.state.release, server_type="grpc",
+            start_time=Timestamp(seconds=int(self.started)),
             max_total_num_tokens=self.state.memory.kv_tokens)
 
     async def GetLoads(self, request: pb.GetLoadsRequest, context: Any) -> pb.GetLoadsResponse:
-        include = list(request.include) or ["all"]
-        invalid = [s for s in include if s not in LOAD_SECTIONS]
-        if invalid:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, (
-                f"Invalid include sections: {invalid}. Valid options: {list(LOAD_SECTIONS)}"))
-        loads = [convert_loads_to_protobuf(self._snapshot(rank))
-                 for rank in range(len(self.state.dispatch.engines))
-                 if not request.HasField("dp_rank") or rank == request.dp_rank]
-        if "all" not in include:
-            for load in loads:
-                for section, name in (("memory", "memory"), ("spec", "speculative"),
-                                      ("lora", "lora"), ("disagg", "disaggregation"),
-                                      ("queues", "queues")):
-                    if section not in include:
-                        load.ClearField(name)
-        aggregate = pb.AggregateMetrics()
-        if loads:
-            aggregate = pb.AggregateMetrics(
-                total_running_reqs=sum(x.num_running_reqs for x in loads),
-                total_waiting_reqs=sum(x.num_waiting_reqs for x in loads),
-                total_reqs=sum(x.num_total_reqs for x in loads),
-                avg_token_usage=round(sum(x.token_usage for x in loads) / len(loads), 4),
-                avg_throughput=round(sum(x.gen_throughput for x in loads) / len(loads), 2),
-                avg_utilization=round(sum(x.utilization for x in loads) / len(loads), 4))
-        return pb.GetLoadsResponse(timestamp=datetime.now(UTC).isoformat(),
-                                   version=self.state.release, dp_rank_count=len(loads),
-                                   loads=loads, aggregate=aggregate)
+        def waiting(engine: Engine) -> int:  # its waiting queue's prompt tokens
+            return sum(self.live[rid].prompt for rid in self._queued_rids([engine])
+                       if rid in self.live)
 
-    def _snapshot(self, rank: int) -> SimpleNamespace:
-        """What a scheduler publishes (SGLang's LoadSnapshot), from its engine."""
-        engine, plan = self.state.dispatch.engines[rank], self.state.memories[rank]
-        used = self.state.dispatch.tokens[rank]
-        usage = used / plan.kv_tokens if plan.kv_tokens else 0.0
-        spec = None
-        if engine.speculative:
-            accept = engine.stats.avg_accept_length
-            spec = SimpleNamespace(accept_length=accept, accept_rate=(accept - 1) / max(
-                engine.draft_tokens - 1, 1) if accept else 0.0)
-        return SimpleNamespace(
-            dp_rank=rank, num_running_reqs=engine.running, num_waiting_reqs=engine.queued,
-            num_used_tokens=used, max_total_num_tokens=plan.kv_tokens, token_usage=usage,
-            gen_throughput=engine.stats.throughput(), cache_hit_rate=0.0, utilization=usage,
-            max_running_requests=plan.max_running_requests, num_waiting_uncached_tokens=0,
-            memory=SimpleNamespace(weight_gb=plan.weight_gb, kv_cache_gb=plan.kv_k_gb
-                                   + plan.kv_v_gb, graph_gb=0.0, token_capacity=plan.kv_tokens),
-            speculative=spec, lora=None, disaggregation=None,
-            queues=SimpleNamespace(waiting=engine.queued, grammar=0, paused=0, retracted=0))
+        try:
+            return grpc_info.loads(self.state, list(request.include) or ["all"],
+                                   request.dp_rank if request.HasField("dp_rank") else None,
+                                   waiting, self.controls.spec_base)
+        except ValueError as error:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+            raise
 
     async def GetTokenizer(self, request: common_pb2.GetTokenizerRequest, context: Any
                            ) -> AsyncIterator[common_pb2.GetTokenizerChunk]:
@@ -339,21 +451,19 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
 
     async def FlushCache(self, request: common_pb2.FlushCacheRequest, context: Any
                          ) -> common_pb2.FlushCacheResponse:
-        return common_pb2.FlushCacheResponse(success=True, message="Cache flushed successfully")
+        return await self.controls.flush(request.timeout_s, context)
+
+    async def StartProfile(self, request: common_pb2.StartProfileRequest, context: Any
+                           ) -> common_pb2.ProfileResponse:
+        return self.controls.start_profile(
+            request.output_dir if request.HasField("output_dir") else None)
+
+    async def StopProfile(self, request: common_pb2.StopProfileRequest, context: Any
+                          ) -> common_pb2.ProfileResponse:
+        return self.controls.stop_profile()
 
     async def SubscribeKvEvents(self, request: Any, context: Any) -> AsyncIterator[Any]:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, (
             "KV cache events not enabled. Start SGLang with --kv-events-config "
             "'{\"publisher\": \"zmq\"}'"))
         yield  # an async generator, as the stream RPC is
-
-
-def _plain(value: Any) -> Any:
-    """A value a protobuf Struct holds (the servicer turns unknown types to str)."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    return str(value)
