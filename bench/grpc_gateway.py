@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 from routers import BODY, MODEL, Load, measure
-from simserver import free_port, start_grpc_sim, start_sim
+from simserver import free_port, grpc_free_port, start_grpc_sim, start_sim
 
 from sglang_fleet.rollout.fleet import ROUTER_PACKAGES
 from sglang_fleet_lab.gateways import venv
@@ -80,7 +80,7 @@ def main() -> None:
         work = Path(tmp)
         script = work / "chat.lua"
         script.write_text(LUA)
-        http_port, grpc_port = free_port(), free_port()
+        http_port, grpc_port = free_port(), grpc_free_port()
         sims = [start_sim(http_port, work, *FLAGS), start_grpc_sim(grpc_port, work, *FLAGS)]
         try:
             direct = f"http://127.0.0.1:{http_port}"

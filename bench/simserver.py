@@ -63,6 +63,16 @@ def start_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
     raise SystemExit("the simulator did not become healthy")
 
 
+def grpc_free_port() -> int:
+    """A free port for a gRPC-mode server: SGLang range-checks port + 10000 (its derived gRPC
+    port), and the HTTP sidecar takes port + 1."""
+    while True:
+        port = free_port()
+        with socket.socket() as sidecar:
+            if port <= 55535 and sidecar.connect_ex(("127.0.0.1", port + 1)) != 0:
+                return port
+
+
 def start_grpc_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
     """Start it in gRPC mode (``--smg-grpc-mode``, no planned warm-up) and wait for its ready
     line (60 s at most): no HTTP answers on its port."""
