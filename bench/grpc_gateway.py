@@ -27,7 +27,7 @@ from routers import BODY, MODEL, Load, measure
 from simserver import free_port, grpc_free_port, start_grpc_sim, start_sim
 
 from sglang_fleet.rollout.fleet import ROUTER_PACKAGES
-from sglang_fleet_lab.gateways import venv
+from sglang_fleet_lab.gateways import smg_in_front_of
 
 LUA = f"""wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
@@ -43,11 +43,9 @@ class Gateway:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         log = (work / f"smg-{self.port}.log").open("w")
-        self.proc = subprocess.Popen(
-            [str(venv("smg").with_name("smg")), "launch", "--host", "127.0.0.1", "--port",
-             str(self.port), "--worker-urls", worker, "--policy", "round_robin",
-             "--reasoning-parser", "qwen3", "--prometheus-host", "127.0.0.1",
-             "--prometheus-port", str(free_port())], stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(smg_in_front_of(worker, self.port, "--policy",
+                                                     "round_robin"),
+                                     stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 90
         while not self._answers():
             if time.monotonic() > deadline or self.proc.poll() is not None:

@@ -181,6 +181,12 @@ def target(sim: Sim) -> str:
     return sim.url.removeprefix("http://")
 
 
+def sidecar(sim: Sim) -> str:
+    """The HTTP sidecar's URL beside a gRPC-mode server: port + 1."""
+    host, port = sim.url.rsplit(":", 1)
+    return f"{host}:{int(port) + 1}"
+
+
 def generate(ids: list[int], stream: bool, max_new: int = 64) -> Any:
     """A GenerateRequest for ``ids`` (smg-grpc-proto's message)."""
     from smg_grpc_proto import sglang_scheduler_pb2 as pb

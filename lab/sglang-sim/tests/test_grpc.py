@@ -26,6 +26,7 @@ from conftest import (
     free_port,
     generate,
     grpc_port,
+    sidecar,
     target,
     wait_serving,
 )
@@ -51,9 +52,8 @@ def test_start_up_is_the_servicers_and_no_http_is_served(grpc_sim: Sim) -> None:
     assert at == sorted(at), out
     with pytest.raises(httpx.HTTPError):
         httpx.get(grpc_sim.url + "/health", timeout=3)
-    sidecar = grpc_sim.url.rsplit(":", 1)[0] + f":{int(grpc_sim.url.rsplit(':', 1)[1]) + 1}"
-    assert "sglang:num_running_reqs" in httpx.get(sidecar + "/metrics").text
-    assert httpx.get(sidecar + "/health").status_code == 404
+    assert "sglang:num_running_reqs" in httpx.get(sidecar(grpc_sim) + "/metrics").text
+    assert httpx.get(sidecar(grpc_sim) + "/health").status_code == 404
     # no detokenizer in gRPC mode: the schedulers alone
     assert "sglang::detokenizer" not in subprocess.run(
         ["ps", "-o", "args=", "--ppid", str(grpc_sim.proc.pid)], capture_output=True,
@@ -131,14 +131,10 @@ def test_smg_routes_chat_to_it_over_grpc(sims: Launcher, tmp_path: Path) -> None
     grpc_sim = sims.start(*GRPC, env=NO_PLANNED_WARMUP, wait=False, cwd=MODEL.parent,
                           model=Path(MODEL.name), port=grpc_port())
     wait_serving(grpc_sim)
-    smg = gateways.venv("smg").with_name("smg")
     port = free_port()
     log = (tmp_path / "smg.log").open("w")
-    proc = subprocess.Popen([str(smg), "launch", "--host", "127.0.0.1", "--port", str(port),
-                             "--worker-urls", f"grpc://{target(grpc_sim)}",
-                             "--reasoning-parser", "qwen3", "--prometheus-host", "127.0.0.1",
-                             "--prometheus-port", str(free_port())], stdout=log, stderr=log,
-                            cwd=tmp_path)
+    proc = subprocess.Popen(gateways.smg_in_front_of(f"grpc://{target(grpc_sim)}", port),
+                            stdout=log, stderr=log, cwd=tmp_path)
     try:
         url = f"http://127.0.0.1:{port}"
         body = {"model": MODEL.name, "max_tokens": 200,

@@ -25,6 +25,7 @@ from conftest import (
     Sim,
     generate,
     grpc_port,
+    sidecar,
     target,
     wait_serving,
 )
@@ -80,8 +81,7 @@ def long_request(rid: str, stream: bool = True, ids: list[int] | None = None,
 
 
 def metric(sim: Sim, name: str) -> float:
-    host, port = target(sim).rsplit(":", 1)
-    text = httpx.get(f"http://{host}:{int(port) + 1}/metrics", timeout=5).text
+    text = httpx.get(sidecar(sim) + "/metrics", timeout=5).text
     found = re.search(rf"^{re.escape(name)}\{{[^}}]*\}} (\S+)$", text, re.M)
     assert found, text
     return float(found.group(1))

@@ -151,6 +151,18 @@ class LoopbackRouter:
         self.stop()
 
 
+def smg_in_front_of(worker: str, port: int, *flags: str) -> list[str]:
+    """The command of the pinned smg on 127.0.0.1:``port`` in front of one worker URL
+    (``http://`` or ``grpc://``), qwen3's reasoning parsed there, its metrics on a free port
+    (its default, 29000, is one for the whole machine).
+
+        subprocess.Popen(smg_in_front_of("grpc://127.0.0.1:30000", 8000), ...)
+    """
+    return [str(venv("smg").with_name("smg")), "launch", "--host", "127.0.0.1", "--port",
+            str(port), "--worker-urls", worker, "--reasoning-parser", "qwen3",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(_free_port()), *flags]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

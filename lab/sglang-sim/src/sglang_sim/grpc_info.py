@@ -103,10 +103,9 @@ def load_snapshot(engine: Engine, plan: MemoryPlan, rank: int, args: Namespace,
         accepted, steps = accepted - spec_base[1], steps - spec_base[2]
     speculative = None
     if engine.speculative and steps > 0:  # spec_total_num_forward_ct > 0
-        accept = stats.avg_accept_length
+        accept = accepted / steps
         speculative = SimpleNamespace(
-            accept_length=accepted / steps,
-            accept_rate=(accept - 1) / max(engine.draft_tokens - 1, 1) if accept else 0.0)
+            accept_length=accept, accept_rate=(accept - 1) / max(engine.draft_tokens - 1, 1))
     return SimpleNamespace(
         dp_rank=rank, num_running_reqs=engine.running, num_waiting_reqs=engine.queued,
         num_used_tokens=round(usage * plan.kv_tokens), max_total_num_tokens=plan.kv_tokens,
@@ -298,13 +297,3 @@ class Controls:
         self.profile_dir = None
         return common_pb2.ProfileResponse(success=True, message="Stop profiling succeeded")
 
-
-def plain(value: Any) -> Any:
-    """A value a protobuf Struct holds (the servicer turns unknown types to str)."""
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, list | tuple | set):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    return str(value)

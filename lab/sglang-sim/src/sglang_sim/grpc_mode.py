@@ -57,10 +57,6 @@ OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 WATCHDOG_SECONDS = 1.0  # scheduler_watchdog.py
 
 
-def requested(args: Namespace) -> bool:
-    return bool(getattr(args, "smg_grpc_mode", False) or getattr(args, "grpc_mode", False))
-
-
 # The first of the servicer's imports each release lacks (its sglang/server.py:25 and
 # scheduler_launcher.py:13): the cause SGLang's ImportError is chained from.
 _MISSING = [((0, 5, 14, 0), ModuleNotFoundError, "No module named 'sglang.srt.runtime_context'"),
@@ -150,7 +146,7 @@ async def _serve(state: State, raw: Namespace) -> int:
         ("grpc.http2.min_ping_interval_without_data_ms", 10000),
         ("grpc.keepalive_permit_without_calls", True)])
     servicer = Servicer(state, raw)
-    health = SGLangHealthServicer(_RequestManagerView(servicer, state), servicer.ready_report())
+    health = SGLangHealthServicer(servicer, servicer.ready_report())
     logging.getLogger("smg_grpc_servicer.sglang.servicer").info(
         "gRPC scheduler servicer initialized")
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
@@ -178,7 +174,7 @@ async def _serve(state: State, raw: Namespace) -> int:
     server_log.info("Shutting down gRPC server")
     health.set_not_serving()
     await server.stop(STOP_GRACE)
-    servicer.shutting_down = True  # the request manager's gracefully_exit, in its shutdown
+    servicer.gracefully_exit = True  # as the request manager's shutdown sets it
     logging.getLogger("smg_grpc_servicer.sglang.servicer").info("Shutting down gRPC service")
     health.set_not_serving()
     manager_log.info("Shutting down GrpcRequestManager")
@@ -195,26 +191,6 @@ async def _serve(state: State, raw: Namespace) -> int:
         server_log.error("A scheduler process exited on its own; the servicer exits with code 1")
         return 1
     return 0
-
-
-class _RequestManagerView:
-    """What the servicer's health service reads of its request manager."""
-
-    def __init__(self, servicer: Any, state: State) -> None:
-        self._servicer = servicer
-        self._state = state
-
-    @property
-    def gracefully_exit(self) -> bool:
-        return bool(self._servicer.shutting_down)
-
-    @property
-    def last_receive_tstamp(self) -> float:
-        return float(self._servicer.last_receive)
-
-    @property
-    def rid_to_state(self) -> list[str]:
-        return self._state.dispatch.rids
 
 
 def _scheduler_failed(state: State) -> None:

@@ -49,7 +49,7 @@ from smg_grpc_servicer.tokenizer_bundle import tokenizer_bundle, tokenizer_chunk
 
 from sglang_sim import grpc_info
 from sglang_sim.engine import Engine, Output
-from sglang_sim.state import State
+from sglang_sim.state import State, plain
 from sglang_sim.tokenizer import Tokenizer
 
 logger = logging.getLogger("smg_grpc_servicer.sglang.servicer")
@@ -107,17 +107,28 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         self.think_end = (self.tokenizer.encode("</think>") if self.tokenizer and
                           raw.reasoning_parser and not self._skip_tokenizer else [])
         self.live: dict[str, _Live] = {}
-        self.probes = 0  # health checks' requests, also in rid_to_state
+        self.probes: set[str] = set()  # health checks' requests, also in rid_to_state
         self.controls = grpc_info.Controls(state.dispatch.engines)  # flush and profiler
         self.started = time.time()
-        self.last_receive = time.time()
-        self.shutting_down = False
+        # what the request manager holds, which its health service reads (the servicer plays
+        # the manager's part here): its shutdown, the schedulers' last output, its requests
+        self.gracefully_exit = False
+        self.last_receive_tstamp = time.time()
         self._window_logged = False
 
     @property
-    def max_req_input_len(self) -> int:
+    def rid_to_state(self) -> list[str]:
+        return [*self.live, *self.probes]
+
+    @property
+    def max_req_len(self) -> int:
+        """The scheduler's bound on prompt plus output (tp_worker.py)."""
         plan = self.state.memory
-        return min(plan.context_len - 1, plan.kv_tokens - 1) - 5
+        return min(plan.context_len - 1, plan.kv_tokens - 1)
+
+    @property
+    def max_req_input_len(self) -> int:
+        return self.max_req_len - 5
 
     def ready_report(self) -> dict[str, Any]:
         return grpc_info.scheduler_info(self.state.args, self.state.release,
@@ -144,8 +155,7 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                 "--allow-auto-truncate."))
         text = self.tokenizer.decode(ids) if self.tokenizer else request.tokenized.original_text
         sp = request.sampling_params
-        plan = self.state.memory
-        room = min(plan.context_len - 1, plan.kv_tokens - 1) - len(ids) - 1
+        room = self.max_req_len - len(ids) - 1
         wanted = sp.max_new_tokens if sp.HasField("max_new_tokens") else UNBOUNDED
         job = _Job(ids, text, max(min(wanted, room), 0), request.stream,
                    request.require_reasoning and bool(self.think_end))
@@ -223,7 +233,7 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         try:
             async with contextlib.aclosing(run) as steps:
                 while (n := await self._step(rid, steps, live)) is not None and n != DROPPED:
-                    self.last_receive = time.time()
+                    self.last_receive_tstamp = time.time()
                     new = [i for group in groups[words:words + n] for i in group]
                     words += n
                     if (words >= len(groups) and out.finish_reason == "stop"
@@ -360,16 +370,16 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
                           ) -> pb.HealthCheckResponse:
         rid = f"HEALTH_CHECK_{time.time()}"
         logger.info(f"Receive health check request: {rid}")
-        if self.shutting_down:
+        if self.gracefully_exit:
             logger.info("Health check request received during shutdown. Returning unhealthy.")
             return pb.HealthCheckResponse(healthy=False, message="Server is shutting down")
-        self.probes += 1
+        self.probes.add(rid)
         try:
             await asyncio.sleep(0.5)  # the probe's first poll
             if await self.state.health_generation():
                 return pb.HealthCheckResponse(healthy=True, message="Health check passed")
         finally:
-            self.probes -= 1
+            self.probes.discard(rid)
         timeout = f"Health check timeout after {self.state.health_timeout:g}s"
         logger.warning(timeout)
         return pb.HealthCheckResponse(healthy=False, message=timeout)
@@ -401,7 +411,7 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
 
     async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: Any
                             ) -> pb.GetServerInfoResponse:
-        args = {k: grpc_info.plain(v) for k, v in vars(self.raw).items()}
+        args = {k: plain(v) for k, v in vars(self.raw).items()}
         grpc_info.server_args_labels(self.raw, args)
         if not args.get("max_running_requests"):
             window = min(plan.max_running_requests for plan in self.state.memories)
@@ -415,8 +425,9 @@ class Servicer(pb_grpc.SglangSchedulerServicer):  # type: ignore[misc]
         scheduler_info.update(self.ready_report())
         return pb.GetServerInfoResponse(
             server_args=server_args, scheduler_info=scheduler_info,
-            active_requests=len(self.live) + self.probes, is_paused=False,
-            last_receive_timestamp=self.last_receive, uptime_seconds=time.time() - self.started,
+            active_requests=len(self.rid_to_state), is_paused=False,
+            last_receive_timestamp=self.last_receive_tstamp,
+            uptime_seconds=time.time() - self.started,
             sglang_version=self.state.release, server_type="grpc",
             start_time=Timestamp(seconds=int(self.started)),
             max_total_num_tokens=self.state.memory.kv_tokens)

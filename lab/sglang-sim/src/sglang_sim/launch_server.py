@@ -59,7 +59,7 @@ def load(args: Namespace, release: str, faults: Faults, scheduler: logging.Logge
     table = args_mod.table(release)
     shape = model.load(args.model_path)
     rules.resolve(args, shape.architecture, release, table["speculative_algorithms"])
-    served_by_grpc = grpc_mode.requested(args)
+    served_by_grpc = rules.grpc_in_place_of_http(args)
     if rules.grpc_mode(args) and not served_by_grpc:  # --grpc-port: beside HTTP
         sys.exit("sglang-sim: gRPC serving beside HTTP (--grpc-port) is not imitated")
     multinode.check(args, release)
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     state = load(args, release, faults, scheduler, raw)
     if args.node_rank > 0:
         follower.follow(state)  # never returns
-    if grpc_mode.requested(args):
+    if rules.grpc_in_place_of_http(args):
         grpc_mode.schedulers_ready(args)
         grpc_mode.run(state, raw)  # never returns
     state.children.serving()

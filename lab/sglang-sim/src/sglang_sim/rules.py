@@ -201,14 +201,14 @@ def is_hybrid(arch: str, rel: tuple[int, ...]) -> bool:
     return arch in _archs(rel, "radix_cache") or arch in _archs(rel, "radix_cache_disabled")
 
 
-def _grpc_in_place_of_http(args: Namespace) -> bool:
+def grpc_in_place_of_http(args: Namespace) -> bool:
     """--smg-grpc-mode, or --grpc-mode (its name up to 0.5.15, then an alias)."""
     return bool(getattr(args, "smg_grpc_mode", False) or getattr(args, "grpc_mode", False))
 
 
 def grpc_mode(args: Namespace) -> bool:
     """gRPC asked for: in place of HTTP or beside it (--grpc-port)."""
-    return _grpc_in_place_of_http(args) or getattr(args, "grpc_port", None) is not None
+    return grpc_in_place_of_http(args) or getattr(args, "grpc_port", None) is not None
 
 
 def _native_grpc(args: Namespace) -> None:
@@ -226,7 +226,7 @@ def _native_grpc(args: Namespace) -> None:
         args.smg_grpc_mode = True
     if args.grpc_port is None and os.environ.get("SGLANG_GRPC_PORT"):
         args.grpc_port = int(os.environ["SGLANG_GRPC_PORT"])
-    legacy = _grpc_in_place_of_http(args)
+    legacy = grpc_in_place_of_http(args)
     if legacy and args.grpc_port is None:
         args.grpc_port = args.port + 10000
     if args.grpc_port is not None and not 1 <= args.grpc_port <= 65535:

@@ -22,13 +22,15 @@ from sglang_sim.rules import strategy_dest
 NULL_CONTENT_UNTIL = (0, 5, 12, 1)  # serving_chat: content=text if text else None
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """A value JSON (or a protobuf Struct) holds: other types as their str, as SGLang's
+    server-info answers turn them."""
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+    if isinstance(value, (list, tuple, set)):
+        return [plain(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     return str(value)
 
 
@@ -111,7 +113,7 @@ class State:
         entry per DP rank with what that rank runs (0.5.12 entrypoints/http_server.py:630-644
         and managers/scheduler.py:3469-3481; 0.5.23 http_server.py:864-892 and
         managers/scheduler_components/internal_state.py:45-73, world_size dp x tp x pp)."""
-        info = {k: _plain(v) for k, v in vars(self.args).items()}
+        info = {k: plain(v) for k, v in vars(self.args).items()}
         info.update(
             launch_command=self.launch_command,
             max_total_num_tokens=self.memory.kv_tokens,
