@@ -12,7 +12,9 @@ loopback, each started as its unit starts it (``sglang_fleet_lab.gateways.Loopba
     uv run python bench/routers.py [--workers 3] [--seconds 10] [--concurrency 4] [--repeats 2]
 
 It prints a table; every figure is this machine's (2 cores shared by the simulators, the
-router and wrk: the routers' own ceilings are far higher).
+router and wrk: the routers' own ceilings are far higher). A request counts as failed when it
+got a non-2xx answer, a connection or socket error, or no answer in ``WRK_TIMEOUT`` seconds;
+when the roll's load saw any, wrk's error line and the router's warnings go to stderr.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -34,6 +37,9 @@ from sglang_fleet.rollout.fleet import ROUTER_PACKAGES
 from sglang_fleet.rollout.router_api import drained
 from sglang_fleet_lab.gateways import LoopbackRouter, loopback_config
 
+# wrk's own default (2 s) would count a request slowed by a busy machine as failed; a roll's
+# failure is an error answer or a request that never ends, so the bound is generous.
+WRK_TIMEOUT = 30
 KEY, ADMIN = "bench-client-key-0123", "bench-admin-key-01234"
 MODEL = str(Path(__file__).resolve().parent.parent / "lab" / "models" / "qwen3.6-27b")
 BODY = json.dumps({"model": MODEL, "max_tokens": 8,
@@ -52,7 +58,8 @@ class Load:
     rps: float
     p50_ms: float
     p99_ms: float
-    failed: int  # non-2xx answers and socket errors
+    failed: int  # non-2xx answers, socket errors and requests unanswered in WRK_TIMEOUT
+    errors: str  # wrk's lines about them ("" when none failed)
 
 
 def _ms(text: str) -> float:
@@ -62,7 +69,8 @@ def _ms(text: str) -> float:
 
 def wrk(url: str, concurrency: int, seconds: float, script: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(["wrk", "-t", "1", "-c", str(concurrency), "-d", f"{seconds:.0f}s",
-                             "--latency", "-s", str(script), f"{url}/v1/chat/completions"],
+                             "--timeout", f"{WRK_TIMEOUT}s", "--latency", "-s", str(script),
+                             f"{url}/v1/chat/completions"],
                             stdout=subprocess.PIPE, text=True)
 
 
@@ -80,7 +88,8 @@ def read(proc: subprocess.Popen[str]) -> Load:
                        out)
     failed = int(non2xx.group(1)) if non2xx else 0
     failed += sum(int(g) for g in errors.groups()) if errors else 0
-    return Load(float(rps.group(1)), _ms(p50.group(1)), _ms(p99.group(1)), failed)
+    said = "\n".join(m.group(0) for m in (non2xx, errors) if m)
+    return Load(float(rps.group(1)), _ms(p50.group(1)), _ms(p99.group(1)), failed, said)
 
 
 def measure(url: str, concurrency: int, seconds: float, script: Path) -> Load:
@@ -158,7 +167,16 @@ def bench(package: str, workers: Workers, args: argparse.Namespace, script: Path
         finally:
             load.send_signal(signal.SIGINT)  # wrk stops and prints what it measured
         during = read(load)
+    if during.failed:
+        print(f"{package}: {during.failed} failed in the roll\n{during.errors}\n"
+              f"{warnings(gateway.log)}", file=sys.stderr)
     return Result(one, many, out, during.failed)
+
+
+def warnings(log: Path) -> str:
+    """The router's WARN and ERROR lines, without colour codes."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
+    return "\n".join(line for line in plain.splitlines() if " WARN " in line or " ERROR " in line)
 
 
 def main() -> None:
