@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import time
 from collections.abc import MutableMapping
@@ -27,6 +28,18 @@ def lab_slot(environ: MutableMapping[str, str]) -> None:
 
 
 lab_slot(os.environ)
+
+
+def default_signals() -> None:
+    """SIGINT and SIGQUIT as a terminal's processes have them. A run started in the background
+    of a script inherits both ignored (POSIX: an asynchronous list without job control), and
+    every process a test starts would inherit that: a job deaf to Ctrl-C, a simulated DP
+    controller that outlives its rank's SIGQUIT. Tests that need one ignored say so."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+default_signals()
 
 # No test reaches the example inventory's hosts (inventories/b200.py): refused in this process,
 # and processes tests start with it use noconnect.env() (tests/examples/test_examples.py checks).

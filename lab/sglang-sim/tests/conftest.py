@@ -18,6 +18,11 @@ from typing import Any
 import httpx
 import pytest
 
+# SIGINT and SIGQUIT as a terminal's processes have them: a run in the background of a script
+# inherits both ignored (POSIX), and so would every simulator and child a test starts.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
 REPO = Path(__file__).resolve().parents[3]
 MODEL = REPO / "lab" / "models" / "qwen3.6-27b"
 MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
