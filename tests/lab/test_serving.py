@@ -94,10 +94,10 @@ def ready_in_parts(host: str, out: str) -> None:
                       r"→graphs (\d+\.\d) s, →ready (\d+\.\d) s, →first generation (\d+\.\d) s",
                       out)
     assert found, out[-3000:]
+    # →first generation (last) is the gate's smoke, after the deploy's steps between start and
+    # gate and the gate's own first checks: the machine's load, not a bound (a loaded run: 32.1 s)
     total, weights, kv, graphs, ready, first = (float(x) for x in found.groups())
-    # →first generation is the gate's smoke, after the deploy's steps between start and gate
-    # and the gate's own first checks: the machine's load, not a bound (a loaded run: 32.1 s)
-    assert weights >= 2.0 and graphs >= 1.5 and first >= 0
+    assert weights >= 2.0 and graphs >= 1.5
     assert abs(total - (weights + kv + graphs + ready)) <= 0.3  # five roundings to 0.1 s
     model = server_info(host)["served_model_name"]
     check = ssh(host, shlex.join(program(
