@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -28,9 +29,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port free now on the loopback, from 10000-19999: below the kernel's ephemeral
+    range (``ip_local_port_range``, 32768 on by default), so that no outgoing connection is
+    given it while a server restarted on it is down, and below the product's ports (20000 on)."""
+    while True:
+        port = random.randint(10000, 19999)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def _command(port: int, workdir: Path, flags: tuple[str, ...]) -> tuple[list[str],
@@ -48,10 +57,20 @@ def _command(port: int, workdir: Path, flags: tuple[str, ...]) -> tuple[list[str
 
 
 def start_sim(port: int, workdir: Path, *flags: str) -> subprocess.Popen[bytes]:
-    """Start it with ``flags`` and wait until /health answers 200 (60 s at most)."""
+    """Start it with ``flags`` and wait until it has bound ``port`` (its log,
+    ``workdir/sim-PORT.log``, says so: an answer there could be another process's) and
+    ``/health`` answers 200 (60 s at most)."""
     argv, env = _command(port, workdir, flags)
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    log = workdir / f"sim-{port}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
+    while b"Uvicorn running on" not in log.read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"the simulator did not listen on {port}:\n"
+                             f"{log.read_text()[-2000:]}")
+        time.sleep(0.05)
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1,

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -184,10 +188,66 @@ def wait_for_health(url: str, seconds: float = 30) -> None:
 
 
 def free_port() -> int:
-    """A TCP port nothing listens on now, on the loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port free now on the loopback, from 10000-19999: below the kernel's ephemeral
+    range (``ip_local_port_range``, 32768 on by default), so that no outgoing connection is
+    given it while a server restarted on it is down, and below the product's ports (20000 on)."""
+    while True:
+        port = random.randint(10000, 19999)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+@dataclass(frozen=True)
+class Started:
+    """A simulator a test started, listening: its process, URL and log."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+
+def start_sim(tmp: Path, *flags: str, env: Mapping[str, str],
+              port: int | None = None) -> Started:
+    """The simulator with ``flags`` on ``port``, else on a free one (another if that one is
+    taken before the server binds it), once it listens; its log is ``tmp/sim-PORT.log``.
+
+        sim = start_sim(tmp_path, "--api-key", KEY, env=env); wait_for_health(sim.url)
+    """
+    for _ in range(5):
+        chosen = port or free_port()
+        log = tmp / f"sim-{chosen}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
+                 str(ROOT / "lab" / "models" / "qwen3.6-27b"), "--host", "127.0.0.1",
+                 "--port", str(chosen), *flags], env=env, stdout=out, stderr=subprocess.STDOUT)
+        if wait_bound(proc, log):
+            return Started(proc, f"http://127.0.0.1:{chosen}", log)
+        if port is not None or b"address already in use" not in log.read_bytes():
+            raise AssertionError(f"simulator exited {proc.returncode}:\n"
+                                 f"{log.read_text()[-2000:]}")
+    raise AssertionError("5 free ports in a row were taken before the simulator bound them")
+
+
+def wait_bound(proc: subprocess.Popen[bytes], log: Path, seconds: float = 30) -> bool:
+    """Until the server ``proc``, writing to ``log``, says its HTTP listener is bound (uvicorn's
+    line: True) or exits (False); killed after ``seconds``. An answer on its port proves
+    nothing: another test's server may have taken the port first, and this one then fails to
+    bind (uvicorn's ``[Errno 98] ... address already in use``) and exits."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if b"Uvicorn running on" in log.read_bytes():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    raise AssertionError(f"{log.name}: no listener in {seconds} s:\n{log.read_text()[-2000:]}")
 
 
 class Origin:

@@ -29,10 +29,24 @@ MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 
 
+# What a server logs once it listens: uvicorn's line, after its bind (every server with HTTP);
+# a rank above 0 has uvicorn log nothing and says this as its health thread starts (SGLang's
+# order), so for those ranks the line is no proof of the bind.
+LISTENING = ("Uvicorn running on", "Dummy health check server started")
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port free now on the loopback, from 10000-19999: below the kernel's ephemeral
+    range (``ip_local_port_range``, 32768 on by default), so that no outgoing connection is
+    given it while a server restarted on it is down, and below the product's ports (20000 on)."""
+    while True:
+        port = random.randint(10000, 19999)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def grpc_port() -> int:
@@ -91,22 +105,31 @@ class Launcher:
     def start(self, *flags: str, env: dict[str, str] | None = None, model: Path = MODEL,
               wait: bool = True, port: int | None = None, session: bool = False,
               host: str = "127.0.0.1", cwd: Path | None = None) -> Sim:
-        port = port or free_port()
-        log = self.tmp / f"sim-{port}.log"
         full_env = {**os.environ, "PATH": f"{self.gpu_bin}:{os.environ['PATH']}",
                     "SGLANG_SIM_LOAD_SECONDS": "0.2", "SGLANG_SIM_DRAIN_POLL_SECONDS": "0.2",
                     "SGLANG_SIM_CAPTURE_SECONDS": "0.05",
                     **(env or {})}
-        argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(model),
-                "--host", host, "--port", str(port), *flags]
-        with log.open("w") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full_env,
-                                    text=True, start_new_session=session, cwd=cwd)
-        sim = Sim(proc, f"http://{host}:{port}", log)
-        self.started.append(sim)
-        if wait:
-            self.wait_healthy(sim)
-        return sim
+        for _ in range(5):
+            chosen = port or free_port()
+            log = self.tmp / f"sim-{chosen}.log"
+            argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(model),
+                    "--host", host, "--port", str(chosen), *flags]
+            with log.open("w") as out:
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                        env=full_env, text=True, start_new_session=session,
+                                        cwd=cwd)
+            sim = Sim(proc, f"http://{host}:{chosen}", log)
+            self.started.append(sim)
+            if not wait:
+                return sim
+            try:
+                self.wait_healthy(sim)
+                return sim
+            except AssertionError:
+                # a free port another test's server took before this one bound it: another
+                if port is not None or "address already in use" not in sim.output():
+                    raise
+        raise AssertionError("5 free ports in a row were taken before the simulator bound them")
 
     @staticmethod
     def wait_healthy(sim: Sim, timeout: float = 30) -> None:
@@ -115,7 +138,9 @@ class Launcher:
             if sim.proc.poll() is not None:
                 raise AssertionError(f"simulator exited {sim.proc.returncode}:\n{sim.output()}")
             try:
-                if httpx.get(sim.url + "/health", timeout=2).status_code == 200:
+                # its listener's line first: until this server has bound, another may answer
+                if (any(line in sim.output() for line in LISTENING)
+                        and httpx.get(sim.url + "/health", timeout=2).status_code == 200):
                     return
             except httpx.HTTPError:
                 pass

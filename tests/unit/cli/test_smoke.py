@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Origin, free_port, wait_for_health
+from tests.conftest import ROOT, Origin, free_port, start_sim, wait_for_health
 
 
 @pytest.fixture(scope="module")
@@ -22,16 +22,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     smi.chmod(0o755)
     key = tmp / "api-key"
     key.write_text("smoke-test-key\n")
-    port = free_port()
     env = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
-         str(ROOT / "lab" / "models" / "qwen3.6-27b"), "--host", "127.0.0.1", "--port", str(port),
-         "--speculative-algorithm", "NEXTN", "--mamba-radix-cache-strategy", "extra_buffer",
-         "--reasoning-parser", "qwen3", "--served-model-name", "qwen3.6-27b",
-         "--api-key", "smoke-test-key"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    sim = start_sim(tmp, "--speculative-algorithm", "NEXTN", "--mamba-radix-cache-strategy",
+                    "extra_buffer", "--reasoning-parser", "qwen3", "--served-model-name",
+                    "qwen3.6-27b", "--api-key", "smoke-test-key", env=env)
+    proc, url = sim.proc, sim.url
     wait_for_health(url)
     yield url, key
     proc.terminate()

@@ -23,7 +23,7 @@ import pytest
 
 from sglang_fleet.generate import Options, run_job
 from sglang_fleet.generate.progress import Stats
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, start_sim
 
 MODEL = ROOT / "lab" / "models" / "qwen3.6-27b"
 
@@ -52,18 +52,13 @@ class Sims:
 
     def start(self, *flags: str, release: str = "0.5.23", decode: str = "1000000",
               port: int | None = None, env: dict[str, str] | None = None) -> str:
-        port = port or free_port()
         env = {**os.environ, "PATH": f"{self.tmp}:{os.environ['PATH']}",
                "SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_VERSION": release,
                "SGLANG_SIM_DECODE_STEPS_PER_SECOND": decode, **(env or {})}
-        argv = [sys.executable, "-m", "sglang_sim.launch_server", "--model-path", str(MODEL),
-                "--host", "127.0.0.1", "--port", str(port), "--reasoning-parser", "qwen3",
-                *flags]
-        log = (self.tmp / f"sim-{port}.log").open("wb")
-        self.procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health")
-        return url
+        sim = start_sim(self.tmp, "--reasoning-parser", "qwen3", *flags, env=env, port=port)
+        self.procs.append(sim.proc)
+        wait_http(sim.url + "/health")
+        return sim.url
 
     def stop_all(self) -> None:
         for proc in self.procs:

@@ -21,7 +21,7 @@ import pytest
 from sglang_fleet.facts import gpuhealth, systemd
 from sglang_fleet.remote import eta
 from sglang_fleet.report import status, status_view
-from tests.conftest import DATA, FIELD_PROFILE, ROOT, free_port, wait_for_health
+from tests.conftest import DATA, FIELD_PROFILE, ROOT, free_port, start_sim, wait_for_health
 
 KEY = "status-test-key-0123"
 
@@ -34,17 +34,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     smi = tmp / "nvidia-smi"
     smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
     smi.chmod(0o755)
-    port = free_port()
     env = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
-         str(ROOT / "lab" / "models" / "qwen3.6-27b"), "--host", "127.0.0.1", "--port", str(port),
-         "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
-         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-         "--mamba-radix-cache-strategy", "extra_buffer", "--reasoning-parser", "qwen3",
-         "--served-model-name", "qwen3.6-27b", "--enable-metrics", "--api-key", KEY],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    sim = start_sim(tmp, "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+                    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+                    "--mamba-radix-cache-strategy", "extra_buffer", "--reasoning-parser",
+                    "qwen3", "--served-model-name", "qwen3.6-27b", "--enable-metrics",
+                    "--api-key", KEY, env=env)
+    proc, url = sim.proc, sim.url
     wait_for_health(url)
     answer = httpx.post(f"{url}/v1/chat/completions", timeout=30,
                         headers={"Authorization": f"Bearer {KEY}"},
@@ -263,15 +259,11 @@ def test_a_dp_server_is_one_row_on_all_its_gpus(tmp_path: Path) -> None:
     smi.write_text("#!/bin/sh\nfor i in 0 1 2 3 4 5 6 7; do echo \"$i, NVIDIA B200, 183359\"; "
                    "done\n")
     smi.chmod(0o755)
-    port = free_port()
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
            "SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_DECODE_STEPS_PER_SECOND": "4"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
-         str(ROOT / "lab" / "models" / "qwen3.6-27b"), "--host", "127.0.0.1", "--port", str(port),
-         "--dp-size", "8", "--max-running-requests", "1", "--enable-metrics"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    sim = start_sim(tmp_path, "--dp-size", "8", "--max-running-requests", "1",
+                    "--enable-metrics", env=env)
+    proc, url = sim.proc, sim.url
     try:
         wait_for_health(url)
         body = {"max_tokens": 12, "messages": [{"role": "user", "content": "hi"}]}
