@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests import conftest
-from tests.conftest import Origin, start_sim
+from tests.conftest import Origin, start_sim, wait_for_health
 
 
 def test_a_port_taken_before_the_bind_is_given_up_for_a_free_one(
@@ -31,6 +31,7 @@ def test_a_port_taken_before_the_bind_is_given_up_for_a_free_one(
         try:
             assert sim.url != squatter.url
             assert b"address already in use" in (tmp_path / f"sim-{taken}.log").read_bytes()
+            wait_for_health(sim.url)  # bound, then ready after its warm-up
             assert httpx.get(sim.url + "/health", timeout=10).status_code == 200
         finally:
             sim.proc.kill()
