@@ -55,6 +55,7 @@ noconnect.refuse_example_hosts()
 gevent.monkey.patch_all = lambda *args, **kwargs: True
 
 ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "lab" / "models" / "qwen3.6-27b"  # the lab model the simulator serves
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -224,7 +225,7 @@ def start_sim(tmp: Path, *flags: str, env: Mapping[str, str],
         with log.open("wb") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
-                 str(ROOT / "lab" / "models" / "qwen3.6-27b"), "--host", "127.0.0.1",
+                 str(MODEL), "--host", "127.0.0.1",
                  "--port", str(chosen), *flags], env=env, stdout=out, stderr=subprocess.STDOUT)
         if wait_bound(proc, log):
             return Started(proc, f"http://127.0.0.1:{chosen}", log)

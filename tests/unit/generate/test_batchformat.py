@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.conftest import MODEL
 from tests.unit.generate.test_job import (
     ANSWER,
-    MODEL,
     FaultyProxy,
     Sims,
     check_manifest,

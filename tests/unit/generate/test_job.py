@@ -23,9 +23,7 @@ import pytest
 
 from sglang_fleet.generate import Options, run_job
 from sglang_fleet.generate.progress import Stats
-from tests.conftest import ROOT, free_port, start_sim
-
-MODEL = ROOT / "lab" / "models" / "qwen3.6-27b"
+from tests.conftest import free_port, start_sim
 
 
 def wait_http(url: str, timeout: float = 30) -> None:

@@ -19,9 +19,8 @@ from sglang_sim import launch_server
 from sglang_sim.faults import Faults
 
 from sglang_fleet.remote import capacity, gate_soak
-from tests.conftest import ROOT
+from tests.conftest import MODEL
 
-MODEL = ROOT / "lab" / "models" / "qwen3.6-27b"
 MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 

@@ -15,7 +15,7 @@ import httpx
 from sglang_fleet.facts import systemd
 from sglang_fleet.remote import crash
 from sglang_fleet.report import status, status_view
-from tests.conftest import ROOT, free_port, wait_for_health
+from tests.conftest import MODEL, free_port, wait_for_health
 from tests.unit.stages.test_service_recovery import unit_text
 
 # What journalctl -u sglang -o cat shows of a scheduler exception in 0.5.23 (the simulator's
@@ -163,7 +163,7 @@ def _simulator(tmp: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], s
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
-             str(ROOT / "lab" / "models" / "qwen3.6-27b"), "--host", "127.0.0.1",
+             str(MODEL), "--host", "127.0.0.1",
              "--port", str(port)], env=full, stdout=out, stderr=subprocess.STDOUT, text=True)
     return proc, f"http://127.0.0.1:{port}", log
 
