@@ -30,9 +30,12 @@ HEADER = """\
 
 
 def constraints() -> str:
-    """package==version for every package of uv.lock that comes from a registry."""
+    """package==version for every package of uv.lock that comes from a registry, where uv.lock
+    applies (its requires-python: an older host Python takes the newest that supports it)."""
     lock = tomllib.loads((ROOT / "uv.lock").read_text())
-    return "".join(f"{p['name']}=={p['version']}\n" for p in lock["package"]
+    where = lock["requires-python"].removeprefix(">=")
+    return "".join(f"{p['name']}=={p['version']} ; python_full_version >= '{where}'\n"
+                   for p in lock["package"]
                    if "version" in p and "registry" in p.get("source", {}))
 
 

@@ -327,7 +327,7 @@ def _patch_b200(arch: list[str]) -> None:
     """Answer every platform probe as an 8 x B200 host does and every model-config query with
     ``arch[0]``'s architecture; ``arch`` is a one-element list the caller rebinds per case."""
     import torch
-    import transformers  # type: ignore[import-not-found]
+    import transformers
     from sglang.srt.configs.model_config import ModelConfig
 
     def hf_config(*_: object, **__: object) -> object:

@@ -14,7 +14,7 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host, inventory, state
 
 from sglang_fleet import hostconfig
-from sglang_fleet.config import preflight
+from sglang_fleet.config import connection, preflight
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
@@ -45,6 +45,8 @@ def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
     profile = hostconfig.profile_for(host, smi)
     if check:
         profile = with_remembered_size(profile)
+        data = hostconfig.of(host)
+        connection.require_filter(profile, data.sglang_allowed_clients, data.source)
     # A member of a multi-node group: its --node-rank and rank 0's address, from the inventory
     # (checked: its group is one server of parallel.nnodes hosts with one profile).
     launches = render_all(profile, rank=groups.rank_for(host, profile))
@@ -114,7 +116,8 @@ def router() -> None:
     """The router on the hosts of the group ``routers``; removed from any other host."""
     if hostconfig.of(host).routers:  # bad host data stops the run before any host changes
         install_router(config=fleet.RouterConfig.from_host(host),
-                       worker_urls=fleet.all_worker_urls(inventory))
+                       worker_urls=fleet.all_worker_urls(inventory),
+                       gateway=fleet.gateway_args(inventory, host))
     else:
         remove_router()
 

@@ -85,8 +85,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     """One row per server instance and router of an inventory (see sglang_fleet.report.status),
     then the verdict: UNHEALTHY (1) when a host is unreachable or a server is not serving."""
     from sglang_fleet.report import layout, status, status_view
+    from sglang_fleet.rollout import planning
 
-    fleet = status.collect(args.inventory)
+    fleet = status.collect(args.inventory, planning.parse_data(args.data))
     if args.json:
         print(json.dumps(fleet.as_json(), indent=2))
     else:
@@ -173,7 +174,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "the errors: {\"errors\": [...]}); the same exit status.",
         examples=["sglang-fleet status inventories/b200.py",
                   "sglang-fleet status inventories/b200.py --json",
-                  "COLUMNS=200 sglang-fleet status inventories/b200.py"],
+                  "COLUMNS=200 sglang-fleet status inventories/b200.py",
+                  "sglang-fleet status inventories/b200.py --data "
+                  "sglang.server.router_connection=grpc"],
         exit_codes=["0  every host answered, every server active with /health 200, no fatal "
                     "GPU finding, every router answered",
                     "1  unhealthy: a host unreachable over SSH, a server not serving, a fatal "
@@ -181,4 +184,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
                     "2  a usage error"])
     usage.files(p.add_argument("inventory", help=inventory_help))
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    p.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                   type=usage.data_pair,
+                   help="pyinfra data the deploy was given, e.g. sglang.parallel.instances=4 "
+                   "(the servers are read as it set them up)")
     p.set_defaults(func=cmd_status)

@@ -26,6 +26,7 @@ AUTO = "auto"  # parallel.instances: one server per tp x dp GPUs of each host
 MAX_INSTANCES = 64
 MAMBA_STRATEGIES = ("auto", "no_buffer", "extra_buffer", "extra_buffer_lazy")
 WARMUP_MODES = ("off", "compile", "full")
+CONNECTIONS = ("http", "grpc")  # server.router_connection
 # Set by the product itself: a profile may not override them.
 RESERVED_ENV = {paths.API_KEY_VAR: "server.api_key_secret",
                 paths.ADMIN_API_KEY_VAR: "server.admin_api_key_secret"}

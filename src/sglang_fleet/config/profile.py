@@ -272,6 +272,12 @@ class Server:
     metrics: bool = key(
         False, flag="--enable-metrics",
         doc="Serve Prometheus /metrics.")
+    router_connection: str = key(
+        "http", check=checks.one_of(*checks.CONNECTIONS),
+        doc="How the router reaches the servers: http (SGLang's HTTP API) or grpc (SGLang's "
+        "gRPC mode, --smg-grpc-mode: smg tokenizes and parses at the gateway; SGLang 0.5.20 "
+        "on, smg only, no key on the servers: host data sglang_allowed_clients required).",
+        fix="http or grpc")
 
 
 @dataclass(frozen=True)

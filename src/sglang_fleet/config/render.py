@@ -19,7 +19,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from sglang_fleet import paths
-from sglang_fleet.config import flags, keys, multinode, releases
+from sglang_fleet.config import connection, flags, keys, multinode, releases
 from sglang_fleet.config.multinode import Rank
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.releases import at_least
@@ -318,10 +318,9 @@ def _grpc_problem(profile: Profile, table: flags.FlagTable, option: str,
                   dest: str) -> tuple[str, str] | None:
     """(message, fix) for a gRPC flag (or SGLANG_GRPC_PORT) that cannot serve here."""
     if dest != "grpc_port":
-        return (f"{option} makes SGLang {table.version} serve gRPC in place of HTTP on its port: "
-                "the gate, status, warm-up, the roll's drain and the router reach every server "
-                "over HTTP (gRPC to the workers is not offered: docs/rolls.md, Router over "
-                "gRPC)", "remove it")
+        return (f"{option} makes SGLang {table.version} serve gRPC in place of HTTP on its port, "
+                "which the gate, status, warm-up, the roll's drain and the router must know",
+                f"remove it and set {connection.KEY}: grpc")
     native = f"remove {option} (smg does not call SGLang's native gRPC service)"
     if profile.server.api_key_secret or profile.server.admin_api_key_secret:
         return (f"SGLang {table.version} refuses {option} with --api-key/--admin-api-key "
@@ -380,6 +379,7 @@ def render(profile: Profile, version: str | None = None, instance: int = 0,
     problems: list[Problem] = []
     args = _render_semantic(profile, table, instance, problems)
     args += multinode.group_args(profile, table, rank, problems)
+    args += connection.grpc_args(profile, table, instance, problems)
     secrets = _secrets(profile, table, problems)
     _check_extra_args(profile, table, args, problems)
     if "SGLANG_GRPC_PORT" in profile.env and table.get("--grpc-port") and (grpc := _grpc_problem(

@@ -40,9 +40,11 @@ async def _json(http: Pool, url: str) -> tuple[Any, str]:
                             "(is --url an SGLang server or router?)") from None
 
 
-async def server_limit(http: Pool, url: str) -> int | None:
-    info, _ = await _json(http, url)
-    return running_limit(info) if isinstance(info, dict) else None
+async def server_limit(http: Pool, url: str) -> tuple[int | None, str]:
+    """(``max_running_requests`` of a ``/server_info``-shaped answer, why none)."""
+    info, why = await _json(http, url)
+    limit = running_limit(info) if isinstance(info, dict) else None
+    return limit, why or (f"{url} has no max_running_requests" if limit is None else "")
 
 
 def healthy_workers(listing: Any) -> int | None:
@@ -62,12 +64,15 @@ async def fleet_capacity(http: Pool, url: str) -> tuple[int | None, str]:
     healthy = healthy_workers(listing)
     if healthy is not None:
         # Workers of one fleet run one profile: one worker's limit stands for each.
-        each = await server_limit(http, f"{url}/get_server_info") if healthy else None
+        if not healthy:
+            return None, f"the router at {url} counts no healthy worker"
+        # smg over gRPC answers 501: its workers' limits are in /workers, for the admin key
+        each, no_limit = await server_limit(http, f"{url}/get_server_info")
         if each:
             return healthy * each, (f"{healthy} healthy workers x {each} (one worker's "
                                     "/get_server_info through the router)")
-        return None, f"{url}/workers lists no healthy worker, or {url}/get_server_info no limit"
-    own = await server_limit(http, f"{url}/server_info")
+        return None, no_limit
+    own, no_limit = await server_limit(http, f"{url}/server_info")
     if own:
         return own, f"{url}/server_info max_running_requests={own}"
-    return None, f"{why}; {url}/server_info has no max_running_requests"
+    return None, f"{why}; {no_limit}"

@@ -30,8 +30,9 @@ HOST_DIR = f"{PYTHONPATH}/{PACKAGE}"
 SOURCE = Path(remote.__file__).resolve().parent
 # Every module of the package: the programs a stage runs, and the parts they import.
 MODULES = ("cache_archive", "cache_copy", "cache_pack", "cache_unpack", "capacity",
-           "capacity_figures", "capacity_log", "check_server", "check_servers", "crash",
-           "download_model", "eta", "gate_http", "gate_smoke", "gate_soak", "gate_unit",
+           "capacity_figures", "capacity_log", "check_grpc", "check_server", "check_servers",
+           "crash", "download_model", "eta", "gate_grpc", "gate_grpc_smoke", "gate_http",
+           "gate_smoke", "gate_soak", "gate_unit",
            "member_start", "progress", "prune_caches", "readiness", "start_server",
            "start_router", "warm_caches")
 
@@ -56,16 +57,21 @@ def imports(module: str) -> tuple[str, ...]:
         imports("cache_copy")
         # ('cache_archive', 'prune_caches', 'cache_pack', 'cache_unpack', 'cache_copy')
     """
+    return tuple(_imports(module, ()))
+
+
+def _imports(module: str, importers: tuple[str, ...]) -> list[str]:
+    """``imports`` of ``module``, imported by ``importers`` in turn: a module that imports one
+    of them back (inside a function, as check_grpc and check_server do) is already listed."""
     module_file(module)  # a module the package has
     found: list[str] = []
     for node in ast.walk(ast.parse((SOURCE / f"{module}.py").read_text())):
         if isinstance(node, ast.ImportFrom) and node.level == 1:
             names = [node.module.split(".")[0]] if node.module else \
                 [alias.name for alias in node.names]
-            for needed in (n for name in names for n in imports(name)):
-                if needed not in found:
-                    found.append(needed)
-    return (*found, module)
+            for name in (n for n in names if n not in (*importers, module)):
+                found += [m for m in _imports(name, (*importers, module)) if m not in found]
+    return [*found, module]
 
 
 def upload(*modules: str) -> list[OperationMeta]:

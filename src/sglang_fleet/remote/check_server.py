@@ -91,6 +91,11 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     key = api_key(args.env_file)
     if key:
         SECRETS.append(key)
+    if args.url.startswith("grpc://"):  # a server in gRPC mode: the same steps over its calls
+        from .check_grpc import run_grpc
+
+        run_grpc(args, result)
+        return
     if args.smoke_only:  # a running server, changed by nothing
         status, _ = request(f"{args.url}/health_generate", None, timeout=25)
         if status != 200:
@@ -180,6 +185,11 @@ def main() -> int:
     ap.add_argument("--health-only", action="store_true", help="only wait until healthy")
     ap.add_argument("--smoke-only", action="store_true",
                     help="only a smoke generation against the running server")
+    ap.add_argument("--model-dir", default="",
+                    help="the model's directory (a grpc:// server: its tokenizer)")
+    ap.add_argument("--reasoning-parser", default=None,
+                    help="the server's reasoning parser (a grpc:// server: where the smoke's "
+                    "think block ends)")
     args = ap.parse_args()
     result: dict[str, Any] = {"ok": False}
     try:

@@ -13,6 +13,7 @@ import collections
 import concurrent.futures
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .gate_http import GateError, request
@@ -32,19 +33,25 @@ def soak(url: str, key: str | None, model: str, count: int,
         # {'requests': 32, 'failed': 0, 'statuses': {'200': 32}, 'seconds': 1.4,
         #  'output_tokens': 512, 'tokens_per_s': 365.7}
     """
-    def one(i: int) -> tuple[int, int]:
+    def one(i: int) -> tuple[str, int]:
         body = {"model": model, "max_tokens": SOAK_TOKENS, "temperature": 0,
                 "messages": [{"role": "user", "content": f"{SOAK_PROMPT} ({i})"}]}
         status, raw = request(f"{url}/v1/chat/completions", key, body, timeout=timeout)
-        return status, completion_tokens(raw) if status == 200 else 0
+        return str(status), completion_tokens(raw) if status == 200 else 0
 
+    return soak_with(one, count, "200")
+
+
+def soak_with(one: Callable[[int], tuple[str, int]], count: int, ok: str) -> dict[str, Any]:
+    """``count`` calls of ``one`` at once (its status, its output tokens); those whose status
+    is not ``ok`` failed."""
     tic = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max(1, min(count, 512))) as pool:
         answers = list(pool.map(one, range(count)))
     seconds = time.monotonic() - tic
-    statuses = collections.Counter(str(code) for code, _ in answers)
+    statuses = collections.Counter(code for code, _ in answers)
     tokens = sum(n for _, n in answers)
-    return {"requests": count, "failed": count - statuses.get("200", 0),
+    return {"requests": count, "failed": count - statuses.get(ok, 0),
             "statuses": dict(statuses), "seconds": round(seconds, 2), "output_tokens": tokens,
             "tokens_per_s": round(tokens / seconds, 1) if tokens and seconds > 0 else None}
 
@@ -75,35 +82,46 @@ def soak_count(requested: int | None, max_running: int | None) -> int:
     return 2 * (max_running or SOAK_DEFAULT_BATCH)
 
 
-def survived(unit: str, invocation: str, url: str) -> None:
-    """After the soak: the same invocation of the unit, active, healthy; else why not."""
+def survived(unit: str, invocation: str, url: str,
+             probe: Callable[[], str | None] | None = None) -> None:
+    """After the soak: the same invocation of the unit, active, healthy (``url``'s
+    /health_generate, or ``probe``: None when healthy, else why not); else why not."""
     state = unit_state(unit)
     if state.get("InvocationID") != invocation or state.get("ActiveState") != "active" or \
             state.get("SubState") == "auto-restart":
         raise unit_down(unit, invocation, state, "died under the soak")
+    if probe:
+        why = probe()
+        if why:
+            raise GateError(f"{why} after the soak")
+        return
     status, _ = request(f"{url}/health_generate", None, timeout=25)
     if status != 200:
         raise GateError(f"{url}/health_generate answered {status or 'nothing'} after the soak")
 
 
 def run_soak(args: argparse.Namespace, key: str | None, invocation: str,
-             max_running: int | None, result: dict[str, Any]) -> None:
-    """The gate's soak step: print one line, fail the gate when a request or the server did."""
+             max_running: int | None, result: dict[str, Any],
+             grpc: tuple[Callable[[int], dict[str, Any]], Callable[[], str | None]] | None = None
+             ) -> None:
+    """The gate's soak step: print one line, fail the gate when a request or the server did.
+    ``grpc``: for a server in gRPC mode, its soak (given the count) and its health probe."""
     count = soak_count(args.soak_requests, max_running)
     if count <= 0:
         print("soak: disabled (gate_soak_requests = 0)")
         return
-    result["soak"] = s = soak(args.url, key, args.model, count)
+    result["soak"] = s = grpc[0](count) if grpc else soak(args.url, key, args.model, count)
+    probe = grpc[1] if grpc else None
     time.sleep(1)  # a server that dies at the end of the batch does so within a second
     if s["failed"]:
         try:
-            survived(args.unit, invocation, args.url)
+            survived(args.unit, invocation, args.url, probe)
         except GateError as err:
             raise GateError(f"soak: {s['failed']} of {count} concurrent requests failed "
                             f"(statuses {s['statuses']}); {err}", err.details) from None
         raise GateError(f"soak: {s['failed']} of {count} concurrent requests failed "
                         f"(statuses {s['statuses']})")
-    survived(args.unit, invocation, args.url)
+    survived(args.unit, invocation, args.url, probe)
     rate = (f"{s['output_tokens']} output tokens, {s['tokens_per_s']:,.0f} tok/s"
             if s["tokens_per_s"] else "no output tokens reported (usage), no throughput")
     print(f"soak: {count} concurrent requests, all answered in {s['seconds']:.1f} s; "

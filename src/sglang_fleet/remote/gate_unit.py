@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 
 from . import crash, readiness  # uploaded to the host with this module
 from .gate_http import GateError, request
@@ -65,7 +66,11 @@ def unit_down(unit: str, invocation: str, state: dict[str, str], what: str) -> G
                      [f"invocation {invocation}:", *tail[-15:]])
 
 
-def wait_healthy(unit: str, url: str, budget: float) -> str:
+def wait_healthy(unit: str, url: str, budget: float,
+                 probe: Callable[[], bool] | None = None, what: str = "") -> str:
+    """Until ``url/health_generate`` answers 200 (or ``probe``, named ``what``, says healthy):
+    the unit's invocation; a GateError as soon as the unit fails or restarts, or after
+    ``budget`` seconds."""
     invocation = unit_state(unit).get("InvocationID", "")
     deadline = time.monotonic() + budget
     while time.monotonic() < deadline:
@@ -74,8 +79,7 @@ def wait_healthy(unit: str, url: str, budget: float) -> str:
         if state.get("ActiveState") == "failed" or restarted or \
                 state.get("SubState") == "auto-restart":
             raise unit_down(unit, invocation, state, "failed to start")
-        status, _ = request(f"{url}/health_generate", None, timeout=25)
-        if status == 200:
+        if probe() if probe else request(f"{url}/health_generate", None, timeout=25)[0] == 200:
             return invocation
         time.sleep(1)
-    raise GateError(f"{url}/health_generate not healthy within {budget:.0f} s")
+    raise GateError(f"{what or url + '/health_generate'} not healthy within {budget:.0f} s")

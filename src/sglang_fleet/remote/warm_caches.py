@@ -38,12 +38,30 @@ from .progress import Reporter, duration  # uploaded to the host with this modul
 
 TAIL = 20  # lines of the child's output shown when it fails
 PROMPT = "What is 2+2? Answer with the number only."
+GRPC_FLAG, GRPC_PORT_FLAG = "--smg-grpc-mode", "--smg-http-sidecar-port"
+
+
+def over_http(flags: list[str]) -> list[str]:
+    """``flags`` without gRPC mode: the warm-up server is asked over HTTP, and the mode changes
+    the front end, not a kernel.
+
+    >>> over_http(["--tp", "1", "--smg-grpc-mode", "--smg-http-sidecar-port", "30100"])
+    ['--tp', '1']
+    """
+    kept: list[str] = []
+    words = iter(flags)
+    for flag in words:
+        if flag == GRPC_PORT_FLAG:
+            next(words, None)  # its value
+        elif flag != GRPC_FLAG:
+            kept.append(flag)
+    return kept
 
 
 def child_argv(args: argparse.Namespace) -> list[str]:
-    """The entry point with the server's own flags, on a loopback port of its own (no key: the
-    warm-up server answers only this host)."""
-    flags = [*args.flags, "--host", "127.0.0.1", "--port", str(args.port)]
+    """The entry point with the server's own flags, over HTTP on a loopback port of its own (no
+    key: the warm-up server answers only this host)."""
+    flags = [*over_http(args.flags), "--host", "127.0.0.1", "--port", str(args.port)]
     if args.mode == "compile":
         flags += ["--timeout", str(args.timeout)]
     return [args.python, "-m", args.module, *flags]

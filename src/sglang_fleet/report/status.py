@@ -29,6 +29,7 @@ import httpx
 from pyinfra.api.host import Host
 
 from sglang_fleet import hostconfig
+from sglang_fleet.config import connection
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
@@ -36,6 +37,7 @@ from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
 from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitStates
 from sglang_fleet.hostconfig import groups
 from sglang_fleet.remote import eta
+from sglang_fleet.remote.gate_grpc import Scheduler
 from sglang_fleet.report import status_view
 from sglang_fleet.rollout import fleet, reach
 from sglang_fleet.rollout.router_api import Router, RouterError
@@ -44,6 +46,7 @@ from sglang_fleet.stages.gpu_preflight import merged
 GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queued",
           "sglang:gen_throughput": "tokens_per_s", "sglang:spec_accept_length": "accept_length"}
 HTTP_TIMEOUT = 5.0
+UNREACHED = "UNAVAILABLE"  # the gRPC status of a call that found no server
 
 
 @dataclass
@@ -115,16 +118,32 @@ def parse_metrics(text: str) -> dict[str, Any]:
     return found
 
 
+def _grpc_health(row: Row) -> bool:
+    """A gRPC-mode server's ``HealthCheck`` (the servicer generates one token, as
+    ``/health_generate`` does)."""
+    with Scheduler(row.url.removeprefix("grpc://")) as server:
+        healthy, why = server.health(HTTP_TIMEOUT)
+    reached = healthy or f"/HealthCheck: {UNREACHED}:" not in why
+    row.health = "ok" if healthy else (f"gRPC: {why.rpartition('/HealthCheck: ')[2][:80]}"
+                                       if reached else f"unreachable (gRPC {UNREACHED})")
+    return reached
+
+
 def _http(row: Row) -> None:
-    """Health and metrics of one server, from this machine."""
+    """Health and metrics of one server, from this machine (over gRPC for one in gRPC mode,
+    its metrics from its side port)."""
+    if row.url.startswith("grpc://"):
+        if not _grpc_health(row):
+            return
+    else:
+        try:
+            health = httpx.get(f"{row.url}/health", timeout=HTTP_TIMEOUT)
+            row.health = "ok" if health.status_code == 200 else f"HTTP {health.status_code}"
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            row.health = f"unreachable ({type(exc).__name__})"
+            return
     try:
-        health = httpx.get(f"{row.url}/health", timeout=HTTP_TIMEOUT)
-        row.health = "ok" if health.status_code == 200 else f"HTTP {health.status_code}"
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        row.health = f"unreachable ({type(exc).__name__})"
-        return
-    try:
-        metrics = httpx.get(f"{row.url}/metrics", timeout=HTTP_TIMEOUT)
+        metrics = httpx.get(connection.metrics_url(row.url), timeout=HTTP_TIMEOUT)
     except (httpx.HTTPError, httpx.InvalidURL):
         return
     if metrics.status_code == 200:

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 
 from sglang_fleet import hostconfig
+from sglang_fleet.config import connection
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
@@ -46,10 +48,12 @@ def serving_hosts(inventory: Iterable[Host]) -> list[Host]:
 
 
 def urls(host: Host, profile: Profile, launches: list[Launch]) -> list[str]:
-    """The URL of each of ``launches`` on ``host``, as a router reaches it."""
+    """The URL of each of ``launches`` on ``host``, as a router reaches it (``grpc://`` for a
+    server in gRPC mode, as smg takes it)."""
     bind = profile.server.host
     where = address(host) if bind in ANY_ADDRESS else bind
-    return [f"http://{where}:{launch.port}" for launch in launches]
+    scheme = "grpc" if connection.grpc(profile) else "http"
+    return [f"{scheme}://{where}:{launch.port}" for launch in launches]
 
 
 def routed_unit_urls(host: Host, profile: Profile, launches: list[Launch]) -> dict[str, str]:
@@ -158,3 +162,55 @@ def routers(inventory: Inventory) -> list[RouterConfig]:
 
 def all_worker_urls(inventory: Iterable[Host]) -> list[str]:
     return [url for host in serving_hosts(inventory) for url in worker_urls(host)]
+
+
+def _require_reach(router: Host, worker: Host) -> None:
+    """InputError when ``worker``'s ``sglang_allowed_clients`` keeps out ``router``'s address
+    (checked where that address is an IP address; the units let loopback in always)."""
+    allowed = hostconfig.of(worker).sglang_allowed_clients
+    try:
+        ip = ipaddress.ip_address(address(router))
+    except ValueError:
+        return
+    if allowed and not ip.is_loopback and not any(
+            ip in ipaddress.ip_network(net, strict=False) for net in allowed):
+        raise InputError.one(hostconfig.of(worker).source, "sglang_allowed_clients",
+                             f"the router on {router.name} ({ip}) is not in it: its requests "
+                             f"to {worker.name}'s servers would be dropped",
+                             f"add {ip} (or its network) to {worker.name}'s "
+                             "sglang_allowed_clients")
+
+
+def gateway_args(inventory: Iterable[Host], router: Host) -> list[str]:
+    """The flags ``router`` needs for its workers: with servers in gRPC mode the gateway
+    tokenizes and parses their answers (smg only, one parser set for all of them); none over
+    HTTP, where each server parses its own.
+
+        gateway_args(inventory, host)   # ['--reasoning-parser', 'qwen3', ...] or []
+    """
+    ways: dict[tuple[bool, tuple[str, ...]], list[str]] = {}
+    for host in serving_hosts(inventory):
+        if groups.is_worker(host):
+            _require_reach(router, host)
+            profile = hostconfig.profile_for(host)
+            way = (connection.grpc(profile), tuple(connection.gateway_args(profile)))
+            ways.setdefault(way, []).append(host.name)
+    if not any(grpc for grpc, _ in ways):
+        return []
+    if len(ways) > 1:
+        seen = "; ".join(f"{', '.join(names)}: {'grpc' if grpc else 'http'}"
+                         f"{' ' + ' '.join(args) if args else ''}"
+                         for (grpc, args), names in ways.items())
+        raise InputError.one(f"the serving hosts' profiles ({seen})", connection.KEY,
+                             "one router serves them, and it parses answers for servers in gRPC "
+                             "mode with one set of parsers: they must all use gRPC with the "
+                             "same parsers, or all HTTP",
+                             f"give every serving host the same {connection.KEY} and parsers")
+    cfg = hostconfig.of(router)
+    if cfg.router_package != "smg":
+        raise InputError.one(cfg.source, "router_package",
+                             f"the serving hosts' servers are in gRPC mode ({connection.KEY}: "
+                             f"grpc) and {cfg.router_package} reaches them only over HTTP here",
+                             f"set router_package = 'smg', or {connection.KEY}: http")
+    [(_, args)] = ways
+    return list(args)

@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from sglang_fleet.config import connection
+
 RUNNING = ("sglang:num_running_reqs", "sglang:num_queue_reqs")
 DRAINING = "draining"  # smg's status of a removed worker (no new requests) until it is dropped
 
@@ -147,9 +149,10 @@ class Router:
 
 
 def in_flight(url: str) -> int | None:
-    """Requests running or queued on a server, from its /metrics (None if it has none)."""
+    """Requests running or queued on a server, from its /metrics (None if it has none; a
+    server in gRPC mode serves it on its side port)."""
     try:
-        text = httpx.get(f"{url.rstrip('/')}/metrics", timeout=5).text
+        text = httpx.get(connection.metrics_url(url), timeout=5).text
     except (httpx.HTTPError, httpx.InvalidURL, ValueError):
         return None
     total, seen = 0.0, False

@@ -17,24 +17,36 @@ from pyinfra import logger
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 
+from sglang_fleet.config import connection
 from sglang_fleet.config.profile import Profile
-from sglang_fleet.config.render import MAMBA_STRATEGY_DESTS, Launch
+from sglang_fleet.config.render import MAMBA_STRATEGY_DESTS, Launch, model_path
 from sglang_fleet.ops import Ops, preview, result_line, run
 from sglang_fleet.ops.host_programs import program
-from sglang_fleet.paths import env_file, gate_record
+from sglang_fleet.paths import CURRENT, env_file, gate_record
 from sglang_fleet.remote.check_server import RESULT_MARK
 from sglang_fleet.remote.check_servers import DONE_MARK
 from sglang_fleet.rollout.fleet import ANY_ADDRESS
 
-CHECKER = "check_server"  # the host program (remote/check_server.py), run by the system python
+CHECKER = "check_server"  # the host program (remote/check_server.py): see python()
 TOGETHER = "check_servers"  # check_server for several servers at once (remote/check_servers.py)
 
 
 def url(profile: Profile, launch: Launch) -> str:
     """Where the gate on the host reaches the server: its loopback when it listens on any
-    address (the same set ``fleet`` uses for the address routers reach)."""
+    address (the same set ``fleet`` uses for the address routers reach); ``grpc://`` for a
+    server in gRPC mode."""
     address = profile.server.host
-    return f"http://{'127.0.0.1' if address in ANY_ADDRESS else address}:{launch.port}"
+    scheme = "grpc" if connection.grpc(profile) else "http"
+    return f"{scheme}://{'127.0.0.1' if address in ANY_ADDRESS else address}:{launch.port}"
+
+
+def python(profile: Profile, release_python: str | None = None) -> str:
+    """The Python that runs check_server: the system's (it needs the standard library only),
+    or, for a server in gRPC mode, the serving release's (``release_python``, else the
+    current one's), whose environment has SGLang's gRPC and tokenizer packages."""
+    if not connection.grpc(profile):
+        return "python3"
+    return release_python or f"{CURRENT}/bin/python"
 
 
 def expectations(launch: Launch) -> dict[str, Any]:
@@ -64,8 +76,11 @@ def gate_flags(profile: Profile, launch: Launch, job: str, soak: int | None) -> 
 def arguments(profile: Profile, launch: Launch, *flags: str,
               budget: int | None = None) -> list[str]:
     """check_server's arguments for one launch: the server, then ``flags``."""
+    grpc = ["--model-dir", model_path(profile),
+            *(["--reasoning-parser", profile.parsers.reasoning] if profile.parsers.reasoning
+              else [])] if connection.grpc(profile) else []
     return ["--unit", launch.unit, "--url", url(profile, launch), "--env-file",
-            env_file(launch.unit), "--model", profile.model.served_name,
+            env_file(launch.unit), "--model", profile.model.served_name, *grpc,
             *(["--budget", str(budget)] if budget is not None else []), *flags]
 
 
@@ -79,7 +94,7 @@ def show_lines(lines: list[str], label: str = "") -> None:
 def check(profile: Profile, launch: Launch, *flags: str, budget: int | None = None,
           show: bool = True, label: str = "") -> tuple[bool, list[str]]:
     """Run check_server on the host for one launch; show its human lines (after ``label``)."""
-    argv = program("python3", CHECKER, *arguments(profile, launch, *flags, budget=budget))
+    argv = program(python(profile), CHECKER, *arguments(profile, launch, *flags, budget=budget))
     ok, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
     lines = list(output.stdout_lines)
     if show:
@@ -88,14 +103,16 @@ def check(profile: Profile, launch: Launch, *flags: str, budget: int | None = No
 
 
 def check_all(profile: Profile, launches: Sequence[Launch], budget: int,
-              flags: Callable[[Launch], list[str]]) -> list[tuple[bool, list[str]]]:
+              flags: Callable[[Launch], list[str]], release_python: str | None = None
+              ) -> list[tuple[bool, list[str]]]:
     """check_server for each of ``launches`` at once (``check_servers``), with ``flags`` of
     each; show each server's lines after its unit's name; ``(passed, lines)`` of each, in order.
+    ``release_python``: the Python of the release they run, before ``current`` names it.
 
         check_all(profile, launches, 1800, lambda launch: ["--health-only"])
     """
     each = [arguments(profile, launch, *flags(launch), budget=budget) for launch in launches]
-    argv = program("python3", TOGETHER, "--servers", json.dumps(each))
+    argv = program(python(profile, release_python), TOGETHER, "--servers", json.dumps(each))
     _, output = run(shlex.join(argv))  # the gate itself, not a read of state: no fact for it
     errors = output.stderr_lines
     why = f"check_servers cut short: {errors[-1]}" if errors else "check_servers cut short"

@@ -5,7 +5,8 @@ them and opening a worker's circuit breaker after a few failed requests, with it
 root-only file; the worker list changes without a restart.
 
     from sglang_fleet.stages.router import install_router
-    install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory))
+    install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory),
+                   fleet.gateway_args(inventory, host))
 
 smg reads its workers from a file it watches (``--discovery-provider file``): the deploy writes
 the file and smg applies it within a second. sglang-router 0.3.2 has no such option: it starts
@@ -66,10 +67,13 @@ def watches_file(config: RouterConfig) -> bool:
     return config.package == "smg"
 
 
-def argv(config: RouterConfig, workers_json: str = WORKERS_JSON) -> list[str]:
+def argv(config: RouterConfig, workers_json: str = WORKERS_JSON,
+         gateway: list[str] | None = None) -> list[str]:
     """The router's command line: the same flags for both packages (smg kept sglang-router's
     names, smg/router_args.py), the worker list from the file smg watches, or, for
-    sglang-router, from ``$SGLANG_ROUTER_WORKERS`` (appended by the unit)."""
+    sglang-router, from ``$SGLANG_ROUTER_WORKERS`` (appended by the unit); ``gateway``: the
+    parsers of workers in gRPC mode (``fleet.gateway_args``), whose tokenizer smg fetches from
+    the workers themselves (their GetTokenizer)."""
     line = [*program(f"{venv(config)}/bin/python", LAUNCHER), CLI[config.package], "launch",
             "--host", config.bind, "--port", str(config.port), "--policy", config.policy,
             "--health-check-endpoint", "/health",
@@ -85,11 +89,11 @@ def argv(config: RouterConfig, workers_json: str = WORKERS_JSON) -> list[str]:
         # reread); kept listed, it comes back by its health checks alone.
         line += ["--discovery-provider", "file", "--discovery-file", workers_json,
                  "--discovery-check-interval-secs", str(REREAD), "--no-remove-unhealthy-workers"]
-    return line
+    return line + (gateway or [])
 
 
-def exec_start(config: RouterConfig) -> str:
-    words = [systemd_word(w) for w in argv(config)]
+def exec_start(config: RouterConfig, gateway: list[str] | None = None) -> str:
+    words = [systemd_word(w) for w in argv(config, gateway=gateway)]
     if not watches_file(config):
         words += ["--worker-urls", "$SGLANG_ROUTER_WORKERS"]
     return " ".join(words)
@@ -195,7 +199,8 @@ def workers_in_step(config: RouterConfig, urls: list[str], listed: OperationMeta
 
 
 @deploy("SGLang router")
-def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
+def install_router(config: RouterConfig, worker_urls: list[str],
+                   gateway: list[str] | None = None) -> None:
     uv_ready()
     files.directory(name=f"Directory {HOME}", path=HOME, mode="755")
     router_release(name=f"Install {config.package} {config.version}", config=config)
@@ -213,7 +218,7 @@ def install_router(config: RouterConfig, worker_urls: list[str]) -> None:
                           mode="644", package=config.package, version=config.version,
                           env_file=ENV_FILE,
                           workers_file=None if watches_file(config) else WORKERS_ENV,
-                          exec_start=exec_start(config), grace=GRACE,
+                          exec_start=exec_start(config, gateway), grace=GRACE,
                           allowed=allowed_peers(worker_urls), paths=paths.template_values())
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
     unit_running(name=f"Enable and start {UNIT} (restarted when its definition changed)",

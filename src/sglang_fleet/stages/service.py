@@ -277,7 +277,7 @@ def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False,
 
 
 @operation(is_idempotent=True)
-def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
+def wave_ready(profile: Profile, launches: list[Launch], waves: Waves, release: Release,
                final: bool = False) -> Ops:
     """Once a wave of the host's servers has started: wait until each is ready (the gate's
     health wait, failing fast when its unit fails; all at once) before the next wave; with
@@ -287,10 +287,11 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
     + profile: the profile the servers were rendered from
     + launches: the host's servers
     + waves: the host's restarts so far (``unit_running`` adds to it)
+    + release: the release the restarted servers run (``current`` names it only after)
     + final: wait for the wave still open (the last one)
 
         wave_ready(name="The first server ready", profile=profile, launches=launches,
-                   waves=waves)
+                   waves=waves, release=release)
     """
     if not state.is_executing:  # which servers restart is known only as they do
         yield from preview("waits until the last restarted servers are ready" if final else
@@ -309,7 +310,8 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves,
         return
     by_unit = {launch.unit: launch for launch in launches}
     found = check_all(profile, [by_unit[unit] for unit in due], startup_budget(),
-                      lambda _: ["--health-only"])  # the wave's servers waited for at once
+                      lambda _: ["--health-only"],  # the wave's servers waited for at once
+                      release.python_bin)
     for unit, (ok, lines) in zip(due, found, strict=True):
         if not ok:
             waves.error = error_of(lines)
@@ -388,9 +390,9 @@ def install_service(profile: Profile, launches: list[Launch], release: Release,
     for launch in launches:
         _unit(profile, launch, release, launcher, restart_if, waves)
         wave_ready(name=f"Restart wave ready (after {launch.unit}, when its wave is whole)",
-                   profile=profile, launches=launches, waves=waves)
+                   profile=profile, launches=launches, waves=waves, release=release)
     wave_ready(name="The last restart wave ready", profile=profile, launches=launches,
-               waves=waves, final=True)
+               waves=waves, release=release, final=True)
     switch_release(release)  # the units name the release itself: the link follows them
 
 

@@ -18,9 +18,17 @@ INVENTORY = "inventories/b200.py"
 ERROR = "unreachable: SSH: Could not connect to 10.0.0.12:22 (Connection refused)"
 
 
-def fake_fleet(monkeypatch: pytest.MonkeyPatch, rows: list[status.Row]) -> None:
-    """status reads this fleet instead of connecting to the inventory's hosts."""
-    monkeypatch.setattr(status, "collect", lambda inventory: status.Fleet(rows))
+def fake_fleet(monkeypatch: pytest.MonkeyPatch, rows: list[status.Row]) -> list[Any]:
+    """status reads this fleet instead of connecting to the inventory's hosts; what it was
+    asked to read, in the list returned."""
+    asked: list[Any] = []
+
+    def collect(inventory: str, data: dict[str, Any] | None = None) -> status.Fleet:
+        asked.append((inventory, data))
+        return status.Fleet(rows)
+
+    monkeypatch.setattr(status, "collect", collect)
+    return asked
 
 
 def healthy() -> list[status.Row]:
@@ -40,6 +48,17 @@ def test_a_healthy_fleet_exits_0(monkeypatch: pytest.MonkeyPatch,
                          "/health 200, no fatal GPU finding")
     assert cli.main(["status", INVENTORY, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[-1]["healthy"] is True
+
+
+def test_data_reads_the_fleet_as_the_deploy_was_given_it(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    asked = fake_fleet(monkeypatch, healthy())
+    assert cli.main(["status", INVENTORY, "--data", "sglang.server.router_connection=grpc",
+                     "--data", "sglang.parallel.instances=4"]) == 0
+    assert asked == [(INVENTORY, {"sglang.server.router_connection": "grpc",
+                                  "sglang.parallel.instances": 4})]
+    assert cli.main(["status", INVENTORY, "--data", "no-equals-sign"]) != 0
+    assert "not key=value" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("width", [40, 80, 120, 200])

@@ -158,14 +158,14 @@ def test_extra_args_deprecated_alias(write_profile: Write) -> None:
                                                    ("0.5.23", "--grpc-mode"),
                                                    ("0.5.12", "--grpc-mode")])
 def test_extra_args_grpc_mode_refused(write_profile: Write, version: str, option: str) -> None:
-    """gRPC in place of HTTP: the gate and the router would find no server; the release's
-    deprecated alias gets the same answer, not a pointer to the new spelling."""
+    """gRPC in place of HTTP, as a raw flag: the gate and the router would not know; the
+    release's deprecated alias gets the same answer, not a pointer to the new spelling."""
     p = profile.load(write_profile(MINIMAL + f"extra_args: ['{option}']\n"))
     with pytest.raises(InputError) as exc:
         render(p, version)
     message = str(exc.value)
     assert f"{option} makes SGLang {version} serve gRPC in place of HTTP" in message
-    assert "Router over gRPC" in message and "deprecated" not in message
+    assert "set server.router_connection: grpc" in message and "deprecated" not in message
 
 
 @pytest.mark.parametrize(("body", "refused"), [
@@ -235,3 +235,32 @@ def test_sources_sharing_a_slug_get_directories_of_their_own(field: profile.Prof
 def test_a_long_source_still_makes_a_file_name() -> None:
     name = Path(staging_dir("s3://bucket/" + "/".join(["a" * 200] * 4))).name
     assert len(name) <= 120
+
+
+def test_router_connection_grpc_renders_grpc_mode_with_its_side_port_clear(
+        write_profile: Write) -> None:
+    """Each instance's side port (/metrics) is port + 100: SGLang's default, port + 1, is the
+    next instance's port. The release's own parser takes the line (render parses it)."""
+    p = profile.load(write_profile(MINIMAL + "server: {router_connection: grpc, metrics: true}\n"
+                                   "parallel: {instances: 2}\n"))
+    launches = [render(p, "0.5.23", i) for i in range(2)]
+    assert [launch.args["smg_grpc_mode"] for launch in launches] == [True, True]
+    assert [(launch.port, launch.args["smg_http_sidecar_port"]) for launch in launches] == \
+        [(30000, 30100), (30001, 30101)]
+
+
+@pytest.mark.parametrize(("body", "version", "said"), [
+    ("server: {router_connection: grpc, metrics: true}\n", "0.5.19",
+     "SGLang 0.5.19 cannot serve gRPC to smg"),
+    ("server: {router_connection: grpc, metrics: true, api_key_secret: k}\n", "0.5.23",
+     "server.api_key_secret: the gRPC port checks no key"),
+    ("server: {router_connection: grpc}\n", "0.5.23", "server.metrics: a server in gRPC mode"),
+    ("server: {router_connection: grpc, metrics: true}\nparallel: {nnodes: 2}\n", "0.5.23",
+     "gRPC to a multi-node group's rank 0 is not offered"),
+    ("server: {router_connection: gRPC}\n", "0.5.23", "server.router_connection"),
+])
+def test_router_connection_grpc_refused_where_it_cannot_serve(
+        write_profile: Write, body: str, version: str, said: str) -> None:
+    with pytest.raises(InputError) as exc:
+        render(profile.load(write_profile(MINIMAL + body)), version)
+    assert said in str(exc.value)

@@ -50,3 +50,14 @@ def test_a_dp_server_is_sized_by_every_dp_rank() -> None:
     assert sized({"http://s/server_info": (200, info.encode())})[0] == 280
     bare = json.dumps({"max_running_requests": 48, "dp_size": 8})
     assert sized({"http://s/server_info": (200, bare.encode())})[0] == 384
+
+
+def test_a_router_over_grpc_says_its_server_info_is_not_there() -> None:
+    """smg 1.13.0 in front of gRPC workers: /workers needs the admin key, /readiness counts
+    them, and /get_server_info is 501 (measured against the simulator in gRPC mode)."""
+    limit, how = sized({"http://s/workers": (401, b"Invalid authentication token"),
+                        "http://s/readiness": (200, b'{"status": "ready", "healthy_workers": 2}'),
+                        "http://s/get_server_info": (501, b"Server info not implemented")})
+    assert (limit, how) == (None, "http://s/get_server_info answered 501")
+    limit, how = sized({"http://s/readiness": (200, b'{"healthy_workers": 0}')})
+    assert (limit, how) == (None, "the router at http://s counts no healthy worker")

@@ -145,3 +145,13 @@ def test_prune_caches_leaves_a_linked_root_alone(pythonpath: Path, tmp_path: Pat
                          str(tmp_path / "release"), "--keep=0.5.23")
     assert result.returncode == 0 and result.stdout == "", result.stderr
     assert (victim / "0.5.1").is_dir()
+
+
+def test_modules_that_import_each_other_are_each_listed_once() -> None:
+    """check_server imports check_grpc for a grpc:// server, and check_grpc imports
+    check_server's helpers back, each inside a function: both go up, once each, whichever is
+    named."""
+    for module, other in (("check_server", "check_grpc"), ("check_grpc", "check_server")):
+        found = hostcode.imports(module)
+        assert found[-1] == module and other in found and len(found) == len(set(found))
+        assert {"gate_grpc", "gate_grpc_smoke", "gate_http"} <= set(found)

@@ -161,9 +161,11 @@ def test_the_key_ignores_port_host_and_gpus_but_not_flags() -> None:
 ENTRY = textwrap.dedent('''
     import http.server, sys, time
     args = sys.argv[1:]
-    port = int(args[args.index("--port") + 1])
+    port = int([args[i + 1] for i, a in enumerate(args) if a == "--port"][-1])  # argparse's
     if "--fail" in args:
         print("RuntimeError: CUDA error", flush=True); sys.exit(3)
+    if "--smg-grpc-mode" in args:    # no HTTP to ask
+        print("gRPC server listening", flush=True); time.sleep(60); sys.exit(4)
     if "--timeout" in args:          # the precompile: compile, then exit
         print("Compiling DeepGEMM kernels", flush=True); sys.exit(0)
     class H(http.server.BaseHTTPRequestHandler):
@@ -195,6 +197,14 @@ def test_program_compile_runs_the_entry_point_to_its_end(tmp_path: Path) -> None
 def test_program_full_starts_generates_and_stops(tmp_path: Path) -> None:
     code, result, out = run_program(tmp_path, "--mode", "full", "--", "--model-path", "/m")
     assert code == 0 and result["ok"] and "fired up" in out
+
+
+def test_a_grpc_mode_server_is_warmed_over_http(tmp_path: Path) -> None:
+    launch = render(field_profile({"parallel.instances": 1, "server.router_connection": "grpc",
+                                   "server.api_key_secret": None}))
+    assert "--smg-grpc-mode" in launch.argv
+    code, result, out = run_program(tmp_path, "--mode", "full", "--", *launch.argv[3:])
+    assert code == 0 and result["ok"] and "fired up" in out, out
 
 
 def test_program_reports_a_failing_entry_point(tmp_path: Path) -> None:

@@ -16,10 +16,12 @@ from pyinfra.api.command import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sglang_fleet import ops
+from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.rollout import cutover, roll_directory
 from sglang_fleet.stages import gate_program as checker
 from sglang_fleet.stages import service
+from sglang_fleet.stages.engine import Release
 from sglang_fleet.stages.waves import Waves, plan, retired, wave_of
 from tests.conftest import field_profile
 from tests.fakes import Host, commands
@@ -119,8 +121,24 @@ def restart(unit: str, waves: Waves) -> list[Any]:
     return commands(service.unit_running, unit, [Changed()], routed=True, waves=waves)
 
 
-def ready(launches: list[Launch], waves: Waves, final: bool = False) -> list[Any]:
-    return commands(service.wave_ready, field_profile(), launches, waves, final)
+RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
+
+
+def ready(launches: list[Launch], waves: Waves, final: bool = False,
+          profile: Profile | None = None) -> list[Any]:
+    return commands(service.wave_ready, profile or field_profile(), launches, waves, RELEASE,
+                    final)
+
+
+def test_a_grpc_wave_is_checked_with_the_release_it_runs_before_current_names_it(
+        shell: Shell) -> None:
+    grpc = field_profile({"parallel.instances": 3, "server.router_connection": "grpc",
+                          "server.api_key_secret": None})
+    waves = Waves()
+    restart("sglang-0.service", waves)
+    ready(render_all(grpc), waves, profile=grpc)
+    [words] = shell.commands
+    assert RELEASE.python_bin in words and not any("/current/" in w for w in words)
 
 
 def test_the_host_waits_for_the_first_server_before_the_others_start(
@@ -195,7 +213,6 @@ def test_a_units_files_and_start_come_after_the_wave_before_it_and_stop_with_a_f
     from pyinfra.api.state import State
     from pyinfra.context import ctx_state
 
-    from sglang_fleet.stages.engine import Release
 
     inventory = Inventory((["@local"], {"secrets": {"sglang-api-key": "k" * 32}}))  # type: ignore[no-untyped-call]
     state = State(inventory, Config())  # type: ignore[no-untyped-call]
@@ -203,7 +220,7 @@ def test_a_units_files_and_start_come_after_the_wave_before_it_and_stop_with_a_f
         connect_all(state)
         found = field_profile({"parallel.instances": 3})
         add_deploy(state, service.install_service, profile=found, launches=render_all(found),
-                   release=Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3"),
+                   release=RELEASE,
                    restart_if=[])
     host = inventory.get_host("@local")
     ops = [(sorted(state.op_meta[h].names)[0].split(" | ")[-1],
@@ -241,7 +258,6 @@ def test_every_server_is_gated_and_put_back_before_a_verdict_fails_the_host() ->
     from pyinfra.context import ctx_state
 
     from sglang_fleet.stages import gate
-    from sglang_fleet.stages.engine import Release
 
     inventory = Inventory((["@local"], {}))  # type: ignore[no-untyped-call]
     state = State(inventory, Config())  # type: ignore[no-untyped-call]
@@ -249,7 +265,7 @@ def test_every_server_is_gated_and_put_back_before_a_verdict_fails_the_host() ->
         connect_all(state)
         found = field_profile({"parallel.instances": 3})
         add_deploy(state, gate.run_gate, profile=found, launches=render_all(found),
-                   release=Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3"))
+                   release=RELEASE)
     host = inventory.get_host("@local")
     names = [sorted(state.op_meta[h].names)[0].split(" | ")[-1]
              for h in state.get_op_order() if h in state.ops[host]]  # type: ignore[no-untyped-call]

@@ -97,8 +97,11 @@ def seed_s3(lab: Lab) -> None:
     names = [f"model-{i + 1:05d}-of-{SHARDS:05d}.safetensors" for i in range(SHARDS)]
     index = {"metadata": {"total_size": SHARDS * ((SHARD_MB << 20) - 4096)},
              "weight_map": {f"model.layers.{i}.mlp.weight": n for i, n in enumerate(names)}}
-    files = {"config.json": (MODEL_DIR / "config.json").read_bytes(),
-             "model.safetensors.index.json": json.dumps(index, indent=2).encode()}
+    # The tokenizer too, as a model repository has it: a gRPC-mode server's gate tokenizes
+    # its smoke with it, and smg fetches it from the server (GetTokenizer).
+    files = {name: (MODEL_DIR / name).read_bytes()
+             for name in ("config.json", "tokenizer.json", "tokenizer_config.json")}
+    files["model.safetensors.index.json"] = json.dumps(index, indent=2).encode()
     for key, body in files.items():
         s3.put_object(Bucket=S3_BUCKET, Key=f"{MODEL_PREFIX}/{key}", Body=body)
     for i, name in enumerate(names):
