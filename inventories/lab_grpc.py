@@ -1,6 +1,7 @@
 """The lab's hosts serving in gRPC mode (``server.router_connection: grpc``) behind smg
-(``sglang-fleet lab up --hosts 2 --gpus 2``): smg tokenizes and parses at the gateway, the
-servers answer gRPC on their ports and ``/metrics`` on their side ports (port + 100).
+(``sglang-fleet lab up --hosts 2 --gpus 1``, or more of either): smg tokenizes and parses at
+the gateway, the servers answer gRPC on their ports and ``/metrics`` on their side ports
+(port + 100).
 
     pyinfra -y inventories/lab_grpc.py deploys/sglang.py
     pyinfra -y inventories/lab_grpc.py deploys/router.py

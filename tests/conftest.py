@@ -101,7 +101,7 @@ LAB_MINUTES = {
     "tests/lab/test_compile_once.py": 7.3, "tests/lab/test_recovery.py": 6,
     "tests/lab/test_target_running_requests.py": 4, "tests/lab/test_gpu_status.py": 3.7,
     "tests/lab/test_security.py": 2.4, "tests/lab/test_demo.py": 2.4,
-    "tests/lab/test_grpc.py": 3.9, "tests/lab/test_lab.py": 1.7, "tests/lab/test_driver.py": 1.4,
+    "tests/lab/test_grpc.py": 3, "tests/lab/test_lab.py": 1.7, "tests/lab/test_driver.py": 1.4,
     "tests/lab/test_dp.py": 1.3,
 }
 

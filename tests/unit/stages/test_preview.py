@@ -80,10 +80,10 @@ CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
          "may (re)start sglang-1.service: when it is not running or what it runs changed",
          True)],
     "stages.service.wave_ready": [
-        (lambda: commands(service.wave_ready, PROFILE, [LAUNCH], Waves()),
+        (lambda: commands(service.wave_ready, PROFILE, [LAUNCH], Waves(), RELEASE),
          "waits, once a restart wave is whole, until its servers are ready before the next "
          "wave starts", False),
-        (lambda: commands(service.wave_ready, PROFILE, [LAUNCH], Waves(), final=True),
+        (lambda: commands(service.wave_ready, PROFILE, [LAUNCH], Waves(), RELEASE, final=True),
          "waits until the last restarted servers are ready", False)],
     "stages.gate.gate": [
         (lambda: commands(gate.gate, PROFILE, LAUNCH, 1800, "", gate.GateResult()), GATE,

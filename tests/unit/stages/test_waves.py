@@ -21,10 +21,9 @@ from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.rollout import cutover, roll_directory
 from sglang_fleet.stages import gate_program as checker
 from sglang_fleet.stages import service
-from sglang_fleet.stages.engine import Release
 from sglang_fleet.stages.waves import Waves, plan, retired, wave_of
 from tests.conftest import field_profile
-from tests.fakes import Host, commands
+from tests.fakes import RELEASE, Host, commands
 
 UNITS = [f"sglang-{i}.service" for i in range(8)]
 
@@ -119,9 +118,6 @@ class Changed:
 
 def restart(unit: str, waves: Waves) -> list[Any]:
     return commands(service.unit_running, unit, [Changed()], routed=True, waves=waves)
-
-
-RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
 
 
 def ready(launches: list[Launch], waves: Waves, final: bool = False,
