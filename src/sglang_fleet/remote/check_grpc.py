@@ -8,16 +8,14 @@ call of ``SglangScheduler`` (gate_grpc.py), and the same journal, capacity and f
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from . import capacity, eta, readiness
 from .gate_grpc import CallFailed, Scheduler
 from .gate_grpc_smoke import grpc_smoke, prompt_ids
 from .gate_http import GateError
 from .gate_smoke import describe
 from .gate_soak import SOAK_PROMPT, SOAK_TOKENS, run_soak, soak_with
-from .gate_unit import journal, time_to_ready, wait_healthy
+from .gate_unit import wait_healthy
 
 
 def target_of(url: str) -> str:
@@ -30,7 +28,7 @@ def target_of(url: str) -> str:
 
 
 def run_grpc(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    from .check_server import capacity_lines, check_arguments, keep, now
+    from .check_server import judge
 
     target = target_of(args.url)
     with Scheduler(target) as server:
@@ -53,33 +51,10 @@ def run_grpc(args: argparse.Namespace, result: dict[str, Any]) -> None:
             print(f"serving: GetServerInfo: SGLang {info.get('version')}, "
                   f"model {info.get('model_path')}")
             return
-        wrong = check_arguments(info, json.loads(args.expect))
-        if wrong:
-            raise GateError("effective arguments differ from the rendered ones (a stale "
-                            "process or another release is serving): " + "; ".join(wrong))
-        print(f"arguments: SGLang {info.get('version')}, {info.get('speculative_algorithm')}, "
-              f"model {info.get('model_path')}: as rendered")
-        result["smoke"] = s = grpc_smoke(server, args.model_dir, args.reasoning_parser,
-                                         info.get("version"))
-        print(describe(s))
-        timing = time_to_ready(invocation)
-        print(readiness.describe(timing))
-        result["time_to_ready"] = readiness.as_json(timing)
-        cap = capacity.parse(journal(invocation, 0), info.get("version"))
-        running = cap.total_running_requests or capacity.running_limit(info)
-        run_soak(args, None, invocation, running, result,
-                 (lambda count: soak(server, args.model_dir, count), lambda: unhealthy(server)))
-    for line in capacity_lines(cap, args.target):
-        print(line)
-    result["capacity"] = cap.as_json()
-    result["measured"] = measured = eta.record(
-        args.unit, invocation, info.get("version"), now(), running, result.get("soak"), s)
-    job = eta.job_line(eta.estimate([eta.from_record(args.unit, measured)],
-                                    eta.parse_job(args.job)))
-    if job:
-        print(job)
-    if args.record:
-        keep(args.record, measured)
+        judge(args, info, invocation, result,
+              lambda version: grpc_smoke(server, args.model_dir, args.reasoning_parser, version),
+              lambda running: run_soak(args, None, invocation, running, result, (
+                  lambda count: soak(server, args.model_dir, count), lambda: unhealthy(server))))
 
 
 def soak(server: Scheduler, model_dir: str, count: int) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,13 +118,24 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if status != 200:
         raise GateError(f"/server_info {answered(status, raw)}")
     info = server_info(status, raw)
+    judge(args, info, invocation, result,
+          lambda version: smoke(args.url, key, args.model, version),
+          lambda running: run_soak(args, key, invocation, running, result))
+
+
+def judge(args: argparse.Namespace, info: dict[str, Any], invocation: str,
+          result: dict[str, Any], smoke_of: Callable[[str | None], dict[str, Any]],
+          soak_of: Callable[[int | None], None]) -> None:
+    """The gate's steps once the server is healthy, over HTTP and gRPC alike: ``info`` (its
+    effective arguments) against the rendered ones, the smoke (``smoke_of(version)``), time to
+    ready, capacity, the soak (``soak_of(max running requests)``), and the figures kept."""
     wrong = check_arguments(info, json.loads(args.expect))
     if wrong:
         raise GateError("effective arguments differ from the rendered ones (a stale process or "
                         "another release is serving): " + "; ".join(wrong))
     print(f"arguments: SGLang {info.get('version')}, {info.get('speculative_algorithm')}, "
           f"model {info.get('model_path')}: as rendered")
-    result["smoke"] = s = smoke(args.url, key, args.model, info.get("version"))
+    result["smoke"] = s = smoke_of(info.get("version"))
     print(describe(s))
     timing = time_to_ready(invocation)
     print(readiness.describe(timing))
@@ -131,7 +143,7 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     cap = capacity.parse(journal(invocation, 0), info.get("version"))
     # the server's whole limit (every DP rank's), from the log; /server_info's when not logged
     running = cap.total_running_requests or capacity.running_limit(info)
-    run_soak(args, key, invocation, running, result)
+    soak_of(running)
     for line in capacity_lines(cap, args.target):
         print(line)
     result["capacity"] = cap.as_json()
