@@ -189,6 +189,16 @@ def wait_for_health(url: str, seconds: float = 30) -> None:
             time.sleep(0.1)
 
 
+def one_gpu_env(tmp: Path, **more: str) -> dict[str, str]:
+    """A simulator's environment on one B200, loading at once: an ``nvidia-smi`` in ``tmp``
+    that lists GPU 0 (the simulator sizes itself from it), first on PATH; ``more`` on top."""
+    smi = tmp / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
+    smi.chmod(0o755)
+    return {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0",
+            **more}
+
+
 def free_port() -> int:
     """A TCP port free now on the loopback, from 10000-14999: below the kernel's ephemeral
     range (``ip_local_port_range``, 32768 on by default), so that no outgoing connection is

@@ -4,7 +4,6 @@ the simulator because something answers on it."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import httpx
@@ -21,11 +20,7 @@ def test_a_port_taken_before_the_bind_is_given_up_for_a_free_one(
     ports = iter([taken])
     free = conftest.free_port
     monkeypatch.setattr(conftest, "free_port", lambda: next(ports, None) or free())
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
-    smi.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
-           "SGLANG_SIM_LOAD_SECONDS": "0"}
+    env = conftest.one_gpu_env(tmp_path)
     try:
         sim = start_sim(tmp_path, env=env)
         try:

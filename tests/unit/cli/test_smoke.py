@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,18 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Origin, free_port, start_sim, wait_for_health
+from tests.conftest import ROOT, Origin, free_port, one_gpu_env, start_sim, wait_for_health
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     tmp = tmp_path_factory.mktemp("smoke")
-    smi = tmp / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
-    smi.chmod(0o755)
     key = tmp / "api-key"
     key.write_text("smoke-test-key\n")
-    env = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0"}
+    env = one_gpu_env(tmp)
     sim = start_sim(tmp, "--speculative-algorithm", "NEXTN", "--mamba-radix-cache-strategy",
                     "extra_buffer", "--reasoning-parser", "qwen3", "--served-model-name",
                     "qwen3.6-27b", "--api-key", "smoke-test-key", env=env)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 
 from sglang_fleet.generate import Options, run_job
 from sglang_fleet.generate.progress import Stats
-from tests.conftest import free_port, start_sim
+from tests.conftest import free_port, one_gpu_env, start_sim
 
 
 def wait_http(url: str, timeout: float = 30) -> None:
@@ -44,14 +43,11 @@ class Sims:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.procs: list[subprocess.Popen[bytes]] = []
-        smi = tmp / "nvidia-smi"
-        smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
-        smi.chmod(0o755)
+        self.env = one_gpu_env(tmp)
 
     def start(self, *flags: str, release: str = "0.5.23", decode: str = "1000000",
               port: int | None = None, env: dict[str, str] | None = None) -> str:
-        env = {**os.environ, "PATH": f"{self.tmp}:{os.environ['PATH']}",
-               "SGLANG_SIM_LOAD_SECONDS": "0", "SGLANG_SIM_VERSION": release,
+        env = {**self.env, "SGLANG_SIM_VERSION": release,
                "SGLANG_SIM_DECODE_STEPS_PER_SECOND": decode, **(env or {})}
         sim = start_sim(self.tmp, "--reasoning-parser", "qwen3", *flags, env=env, port=port)
         self.procs.append(sim.proc)

@@ -4,7 +4,6 @@ deaths, and the rows ``status`` shows for a unit that restarted or spent its sta
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import httpx
 from sglang_fleet.facts import systemd
 from sglang_fleet.remote import crash
 from sglang_fleet.report import status, status_view
-from tests.conftest import MODEL, free_port, wait_for_health
+from tests.conftest import MODEL, free_port, one_gpu_env, wait_for_health
 from tests.unit.stages.test_service_recovery import unit_text
 
 # What journalctl -u sglang -o cat shows of a scheduler exception in 0.5.23 (the simulator's
@@ -154,12 +153,8 @@ def test_the_unit_restarts_every_crash_and_stops_the_server_alone() -> None:
 
 
 def _simulator(tmp: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], str, Path]:
-    smi = tmp / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
-    smi.chmod(0o755)
     port, log = free_port(), tmp / "sim.log"
-    full = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0",
-            "SGLANG_SIM_CAPTURE_SECONDS": "0", **env}
+    full = one_gpu_env(tmp, **{"SGLANG_SIM_CAPTURE_SECONDS": "0", **env})
     with log.open("w") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sglang_sim.launch_server", "--model-path",

@@ -16,7 +16,7 @@ from sglang_fleet.config import connection
 from sglang_fleet.remote.gate_grpc import Scheduler
 from sglang_fleet.remote.gate_http import GateError
 from sglang_fleet.report import status
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT, free_port, one_gpu_env
 
 READY = b"The server is fired up and ready to roll!"
 
@@ -24,11 +24,7 @@ READY = b"The server is fired up and ready to roll!"
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("grpc")
-    smi = tmp / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
-    smi.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0",
-           "SMG_SGLANG_SERVICER_WARMUP": "off"}
+    env = one_gpu_env(tmp, SMG_SGLANG_SERVICER_WARMUP="off")
     for _ in range(5):
         port, log = free_port(), tmp / "sim.log"
         with log.open("wb") as out:

@@ -21,7 +21,15 @@ import pytest
 from sglang_fleet.facts import gpuhealth, systemd
 from sglang_fleet.remote import eta
 from sglang_fleet.report import status, status_view
-from tests.conftest import DATA, FIELD_PROFILE, ROOT, free_port, start_sim, wait_for_health
+from tests.conftest import (
+    DATA,
+    FIELD_PROFILE,
+    ROOT,
+    free_port,
+    one_gpu_env,
+    start_sim,
+    wait_for_health,
+)
 
 KEY = "status-test-key-0123"
 
@@ -31,10 +39,7 @@ KEY = "status-test-key-0123"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The simulator serving the field's profile with metrics, after one generation."""
     tmp = tmp_path_factory.mktemp("status")
-    smi = tmp / "nvidia-smi"
-    smi.write_text("#!/bin/sh\necho '0, NVIDIA B200, 183359'\n")
-    smi.chmod(0o755)
-    env = {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0"}
+    env = one_gpu_env(tmp)
     sim = start_sim(tmp, "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
                     "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
                     "--mamba-radix-cache-strategy", "extra_buffer", "--reasoning-parser",
