@@ -53,8 +53,9 @@ def run_grpc(args: argparse.Namespace, result: dict[str, Any]) -> None:
             return
         judge(args, info, invocation, result,
               lambda version: grpc_smoke(server, args.model_dir, args.reasoning_parser, version),
-              lambda running: run_soak(args, None, invocation, running, result, (
-                  lambda count: soak(server, args.model_dir, count), lambda: unhealthy(server))))
+              lambda running: run_soak(args, invocation, running, result,
+                                       lambda count: soak(server, args.model_dir, count),
+                                       lambda: unhealthy(server)))
 
 
 def soak(server: Scheduler, model_dir: str, count: int) -> dict[str, Any]:

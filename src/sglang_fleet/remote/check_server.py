@@ -37,7 +37,7 @@ from typing import Any
 from . import capacity, eta, readiness
 from .gate_http import GateError, answered, request
 from .gate_smoke import describe, smoke
-from .gate_soak import run_soak
+from .gate_soak import run_soak, soak
 from .gate_unit import SECRETS, journal, shown, time_to_ready, wait_healthy
 
 # What other code runs from this module (``sglang-fleet smoke`` and the lab use the smoke and
@@ -120,15 +120,16 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     info = server_info(status, raw)
     judge(args, info, invocation, result,
           lambda version: smoke(args.url, key, args.model, version),
-          lambda running: run_soak(args, key, invocation, running, result))
+          lambda running: run_soak(args, invocation, running, result,
+                                   lambda count: soak(args.url, key, args.model, count)))
 
 
 def judge(args: argparse.Namespace, info: dict[str, Any], invocation: str,
           result: dict[str, Any], smoke_of: Callable[[str | None], dict[str, Any]],
-          soak_of: Callable[[int | None], None]) -> None:
+          soak_step: Callable[[int | None], None]) -> None:
     """The gate's steps once the server is healthy, over HTTP and gRPC alike: ``info`` (its
     effective arguments) against the rendered ones, the smoke (``smoke_of(version)``), time to
-    ready, capacity, the soak (``soak_of(max running requests)``), and the figures kept."""
+    ready, capacity, the soak (``soak_step(max running requests)``), and the figures kept."""
     wrong = check_arguments(info, json.loads(args.expect))
     if wrong:
         raise GateError("effective arguments differ from the rendered ones (a stale process or "
@@ -143,7 +144,7 @@ def judge(args: argparse.Namespace, info: dict[str, Any], invocation: str,
     cap = capacity.parse(journal(invocation, 0), info.get("version"))
     # the server's whole limit (every DP rank's), from the log; /server_info's when not logged
     running = cap.total_running_requests or capacity.running_limit(info)
-    soak_of(running)
+    soak_step(running)
     for line in capacity_lines(cap, args.target):
         print(line)
     result["capacity"] = cap.as_json()

@@ -3,7 +3,8 @@
 active and healthy after them: a server that dies under load fails the gate, not its users.
 
     soak_count(None, 48)                       # 96 requests
-    run_soak(args, key, invocation, 48, result)   # prints "soak: 96 concurrent requests, ..."
+    run_soak(args, invocation, 48, result, lambda n: soak(url, key, model, n))
+    # prints "soak: 96 concurrent requests, ..."
 """
 
 from __future__ import annotations
@@ -100,18 +101,16 @@ def survived(unit: str, invocation: str, url: str,
         raise GateError(f"{url}/health_generate answered {status or 'nothing'} after the soak")
 
 
-def run_soak(args: argparse.Namespace, key: str | None, invocation: str,
-             max_running: int | None, result: dict[str, Any],
-             grpc: tuple[Callable[[int], dict[str, Any]], Callable[[], str | None]] | None = None
-             ) -> None:
-    """The gate's soak step: print one line, fail the gate when a request or the server did.
-    ``grpc``: for a server in gRPC mode, its soak (given the count) and its health probe."""
+def run_soak(args: argparse.Namespace, invocation: str, max_running: int | None,
+             result: dict[str, Any], soak_of: Callable[[int], dict[str, Any]],
+             probe: Callable[[], str | None] | None = None) -> None:
+    """The gate's soak step: ``soak_of(count)`` (``soak`` over HTTP), print one line, fail the
+    gate when a request or the server did (``probe``: see ``survived``)."""
     count = soak_count(args.soak_requests, max_running)
     if count <= 0:
         print("soak: disabled (gate_soak_requests = 0)")
         return
-    result["soak"] = s = grpc[0](count) if grpc else soak(args.url, key, args.model, count)
-    probe = grpc[1] if grpc else None
+    result["soak"] = s = soak_of(count)
     time.sleep(1)  # a server that dies at the end of the batch does so within a second
     if s["failed"]:
         try:
