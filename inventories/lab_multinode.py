@@ -30,6 +30,9 @@ _tp16 = {
     # The rendezvous waits this long for a missing rank (torch's 10 minutes otherwise): a
     # member that never starts fails the group's start within a minute, not ten.
     "sglang.parallel.dist_timeout": 60,
+    # A group needs an allow-list: its members are let in by address, per port. The units let
+    # loopback in, and the lab's hosts reach one another from it: they share one network.
+    "sglang_allowed_clients": ["10.20.0.0/16"],
 }
 # One server is enough beside the groups (instances: auto would run eight on the lab's 8 GPUs).
 _alone = {"sglang.parallel.instances": 1}

@@ -19,9 +19,11 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import NvidiaSmi
+from sglang_fleet.facts.users import LoginUsers
 from sglang_fleet.hostconfig import groups
 from sglang_fleet.report import metrics_targets
 from sglang_fleet.rollout import cutover, fleet
+from sglang_fleet.stages import exposure
 from sglang_fleet.stages.compiled import announce_kernels, share_kernels
 from sglang_fleet.stages.driver import install_driver
 from sglang_fleet.stages.engine import Release, install_engine
@@ -51,6 +53,8 @@ def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
     # (checked: its group is one server of parallel.nnodes hosts with one profile).
     launches = render_all(profile, rank=groups.rank_for(host, profile))
     if check:
+        exposure.require(profile, launches, data.sglang_allowed_clients,
+                         data.sglang_trusted_local_users, host.get_fact(LoginUsers), data.source)
         preflight.require_host(profile, launches, host.name, hostconfig.gpu_count(host, smi))
     return profile, launches
 

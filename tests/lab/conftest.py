@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,3 +80,17 @@ def booted_lab(*flags: str) -> Iterator[None]:
     assert result.returncode == 0, result.stdout + result.stderr
     yield
     run("sglang-fleet", "lab", "down")
+
+
+def connects(host: str, to: str, port: int, user: str = "root", source: str = "") -> str:
+    """What a TCP connection from ``host`` (as ``user``, from ``source``) to ``to:port`` meets:
+    'open', 'refused' (a reset) or 'dropped' (no answer in 3 s)."""
+    code = ("import socket, sys\n"
+            "s = socket.socket(); s.settimeout(3)\n"
+            f"s.bind(({source!r}, 0))\n"
+            "try:\n"
+            f"    s.connect(({to!r}, {port})); print('open')\n"
+            "except ConnectionRefusedError: print('refused')\n"
+            "except (TimeoutError, socket.timeout): print('dropped')\n")
+    result = ssh(host, f"runuser -u {user} -- python3 -c {shlex.quote(code)}")
+    return (result.stdout.strip().splitlines() or [result.stderr.strip()])[-1]

@@ -20,6 +20,7 @@ from tests.lab.conftest import (
     ROUTER,
     address,
     booted_lab,
+    connects,
     run,
     ssh,
 )
@@ -85,6 +86,16 @@ def test_smg_tokenizes_and_parses_at_the_gateway(deployed: str) -> None:
         f"{ROUTER}/v1/chat/completions").stdout)
     message = answer["choices"][0]["message"]
     assert message["reasoning_content"] and "<think>" not in (message["content"] or ""), answer
+
+
+def test_the_grpc_port_answers_the_router_alone(deployed: str) -> None:
+    """The servicer checks no key: its port let every allowed network in (the unit's
+    allow-list is unit-wide; issue 44). Now lab2's server answers lab1, the router's host, and
+    nobody else: not lab2 itself from its own address (its loopback stays the gate's)."""
+    assert connects("lab1", address("lab2"), 30000, source=address("lab1")) == "open"
+    assert connects("lab1", address("lab1"), 30000, source=address("lab2")) == "dropped"
+    assert connects("lab2", address("lab2"), 30000, source=address("lab2")) == "dropped"
+    assert connects("lab2", address("lab2"), 30000) == "open"  # from loopback: the gate's way
 
 
 def test_status_asks_each_servers_health_check(deployed: str) -> None:

@@ -18,7 +18,17 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.lab.conftest import ADMIN_KEY_FILE, KEY_FILE, ROUTER, address, booted_lab, run, ssh, url
+from tests.lab.conftest import (
+    ADMIN_KEY_FILE,
+    KEY_FILE,
+    ROUTER,
+    address,
+    booted_lab,
+    connects,
+    run,
+    ssh,
+    url,
+)
 from tests.lab.load import Background, Load
 
 pytestmark = pytest.mark.lab
@@ -138,6 +148,26 @@ def test_each_group_passes_its_gate_and_the_router_holds_the_rank_0s_alone(group
     answered = chat(ROUTER)
     assert answered.status_code == 200, answered.text
     assert "4" in answered.json()["choices"][0]["message"]["content"], answered.text
+
+
+def test_a_groups_rendezvous_answers_its_members_alone(group: str) -> None:
+    """torch's store (SGLang's rendezvous) listens on every address and checks nothing: the
+    unit's allow-list let every allowed network and every local user in (issue 44). Now its
+    port answers the members' service user alone."""
+    rank0, rank1 = GROUPS["lab-tp16"]
+    port = DIST_PORT["lab-tp16"]
+    assert connects(rank1, address(rank0), port, user="sglang") == "open"
+    # another host (a member of the other group), from its own address: its service user,
+    # whom the other group's rules let through (the lab's hosts share one network, so rank 0's
+    # output rule sees lab3's processes too, and would reset any other user's connection)
+    assert connects("lab3", address(rank0), port, user="sglang",
+                    source=address("lab3")) == "dropped"
+    # a person on rank 0's own host, over loopback and over the host's address
+    ssh(rank0, "id visitor >/dev/null 2>&1 || useradd -m -s /bin/bash visitor")
+    assert connects(rank0, "127.0.0.1", port, user="visitor") == "refused"
+    assert connects(rank0, address(rank0), port, user="visitor") == "refused"
+    table = ssh(rank0, "nft list tables").stdout
+    assert f"table inet sglang_fleet_sglang_{address(rank0).replace('.', '_')}" in table, table
 
 
 def test_a_killed_rank_1_restarts_its_group_alone(group: str) -> None:
@@ -308,11 +338,13 @@ DOWN = re.compile(r"^Stopping |: (Deactivated successfully|Main process exited|F
 def after_teardown(host: str, since: float) -> tuple[list[dict[str, Any]], str]:
     """sglang.service's journal since ``since`` (epoch seconds; journald's JSON entries), and
     the sglang units systemd still knows (but those it names "not-found inactive": a removed
-    unit, until systemd forgets it): one SSH call."""
+    unit, until systemd forgets it) and the host's nftables tables left: one SSH call."""
+    table = f"sglang_fleet_sglang_{address(host).replace('.', '_')}"
     out = ssh(host, f"journalctl -u {UNIT} --since @{since:.0f} -o json --no-pager; "
                     "echo '-- units'; systemctl list-unit-files --no-legend 'sglang*'; "
                     "systemctl list-units --all --no-legend 'sglang*' "
-                    "| grep -v 'not-found inactive'").stdout
+                    f"| grep -v 'not-found inactive'; nft list tables | grep -w {table}; "
+                    "ls /etc/sglang/*.nft 2>/dev/null").stdout
     journal, _, units = out.partition("-- units")
     return [json.loads(line) for line in journal.splitlines() if line.strip()], units
 

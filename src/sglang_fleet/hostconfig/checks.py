@@ -260,6 +260,19 @@ def sha256(value: Any, raw: Raw) -> Found:
 _GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
+_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?")
+
+
+def user_names(value: Any, raw: Raw) -> Found:
+    """Account names, as useradd takes them; none (a falsy value): none."""
+    if not value:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        return f"must be a list of user names, got {_shown(value)}"
+    wrong = [v for v in value if not isinstance(v, str) or not _USER.fullmatch(v)]
+    return f"{_shown(wrong[0])} is not a user name" if wrong else None
+
+
 def group_name(value: Any, raw: Raw) -> Found:
     """A multi-node group's name: it is said in messages and compared, never run, but held to
     a file name's characters all the same."""

@@ -40,6 +40,7 @@ from sglang_fleet.hostconfig.checks import (
     sha256,
     subset_of,
     url,
+    user_names,
     whole,
 )
 from sglang_fleet.hostconfig.spec import Raw, checked, checked_all, key
@@ -106,6 +107,13 @@ class HostConfig:
         (), check=networks_list, parse=lambda v: tuple(networks([str(x) for x in v or ()])),
         fix="e.g. sglang_allowed_clients = ['10.0.0.0/8']", shown="`[]` (any)",
         doc="CIDR networks the servers and router answer, besides the host")
+    sglang_trusted_local_users: tuple[str, ...] = key(
+        (), check=user_names, parse=lambda v: tuple(str(x) for x in v or ()),
+        fix="the host's login users you trust with the servers' own ports, e.g. "
+        "sglang_trusted_local_users = ['alice']", shown="`[]`",
+        doc="login users of the host who may reach what loopback cannot keep from them (DP "
+        "attention's inter-process sockets, the gRPC port): each must be named, or such a "
+        "server is refused on a host they log in to")
     sglang_group: str | None = key(
         None, check=group_name, parse=str, fix="a name of letters, digits, . _ -, e.g. "
         "sglang_group = 'tp16-a' on each host of the group", shown="none: a server on one host",

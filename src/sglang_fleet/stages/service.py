@@ -10,6 +10,7 @@ environment, the release or the weights changed. A host's servers restart in wav
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -17,11 +18,12 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
-from pyinfra.context import host, state
+from pyinfra.context import host, inventory, state
 from pyinfra.facts.files import File, FindFiles
-from pyinfra.operations import files, systemd
+from pyinfra.operations import apt, files, systemd
 
 from sglang_fleet import hostconfig, paths
+from sglang_fleet.config import connection
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
 from sglang_fleet.errors import InputError, Problem
@@ -34,6 +36,7 @@ from sglang_fleet.ops.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.ops.unitfile import UnsafeValue, env_line, systemd_word, unit_text
 from sglang_fleet.rollout import fleet, roll_directory
 from sglang_fleet.rollout.cutover import disrupt, rejoin, turn
+from sglang_fleet.stages import exposure
 from sglang_fleet.stages.compiled import receive_kernels
 from sglang_fleet.stages.engine import Release, switch_release
 from sglang_fleet.stages.gate_program import check_all, error_of
@@ -89,6 +92,20 @@ def secret_values(launch: Launch, host_name: str, secrets: Mapping[str, str]) ->
 def allowed_clients() -> list[str]:
     """``sglang_allowed_clients``: the networks a server or router answers (empty: any)."""
     return list(hostconfig.of(host).sglang_allowed_clients)
+
+
+def peers(launch: Launch) -> list[str]:
+    """The addresses of the launch's multi-node group's members (none on one host)."""
+    return groups.peer_networks(host) if spans_hosts(launch) else []
+
+
+def firewall(profile: Profile, launch: Launch) -> str | None:
+    """The launch's nftables table (``exposure``): its inter-process ports to its group's
+    members, its gRPC port to the routers; None when it opens no such port."""
+    grpc = connection.grpc(profile)
+    return exposure.rules(launch, peers(launch),
+                          fleet.router_networks(inventory, host) if grpc else [],
+                          hostconfig.of(host).address, str(launch.args.get("host") or ""), grpc)
 
 
 OWN_UNIT = re.compile(paths.SERVER_UNIT_PATTERN)
@@ -153,8 +170,28 @@ def _removal(unit: str) -> str:
     env = paths.env_file(unit)
     logger.info(f"{host.print_prefix}removing {unit} and its secret file {env}")
     return (f"systemctl disable --now {unit}; rm -f {paths.unit_path(unit)} {env} "
+            f"{exposure.rules_path(unit)} "
             f"{paths.gate_record(unit)} && systemctl daemon-reload && "
             f"systemctl reset-failed {unit} 2>/dev/null; true")
+
+
+@operation(is_idempotent=True)
+def firewall_file(unit: str, rules: str | None) -> Ops:
+    """The unit's nftables table, with ``nft`` to load it; none (and no file) when the unit
+    opens no port beyond its clients' one.
+
+    + unit: the server unit
+    + rules: the table (``exposure.rules``), or None
+
+        firewall_file(name="Ports of sglang.service", unit="sglang.service", rules=text)
+    """
+    dest = exposure.rules_path(unit)
+    if rules is None:
+        yield from files.file._inner(path=dest, present=False)
+        return
+    yield from apt.packages._inner(packages=[exposure.PACKAGE])
+    yield from files.put._inner(src=io.StringIO(rules), dest=dest, user="root", group="root",
+                                mode="600")
 
 
 def installed_units() -> list[str]:
@@ -340,6 +377,8 @@ def unit_file(profile: Profile, launch: Launch, release: Release) -> dict[str, A
         served_name=unit_text(profile.model.served_name or profile.model.source),
         paths=paths.template_values(), allowed_clients=allowed_clients(),
         **group_unit(launch, allowed_clients()),  # a multi-node member: peers, InfiniBand
+        firewall=exposure.unit_lines(launch.unit, hostconfig.of(host).address)
+        if firewall(profile, launch) else [],
         exec_start=exec_start(launch, release), timeout_start=budget,
         timeout_stop=drain_budget(), start_limit_interval=budget * 4,
         **restart_policy(host.get_fact(SystemdVersion)))
@@ -351,20 +390,24 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
     cfg = hostconfig.of(host)
     secrets = secret_values(launch, host.name, cfg.secrets)
     try:
-        env_text = environment(launch, secrets, cfg.network_env)
+        env_text = environment(launch, secrets,
+                               {**cfg.network_env, **exposure.zmq_peers(launch, peers(launch))})
         values = unit_file(profile, launch, release)
+        rules = firewall(profile, launch)
     except UnsafeValue as err:
         raise InputError.one(profile.path, "env or extra_args", str(err),
                              "remove control characters from the value") from None
     # A failed wave leaves the units after it as they are: files, release and process.
     env = secret_file(name=f"Environment and secrets of {unit_name} (root, 0600)",
                       dest=paths.env_file(unit_name), content=env_text, _if=waves.going)
+    ports = firewall_file(name=f"Who reaches {unit_name}'s own ports (nftables)",
+                          unit=unit_name, rules=rules, _if=waves.going)
     unit = files.template(name=f"Unit {unit_name}", _if=waves.going, **values)
     systemd.daemon_reload(name="Reload systemd", _if=[waves.going, unit.did_change])
     if cfg.replace_stale_servers:
         stale_servers_stopped(name=f"Nothing else on port {launch.port}", launch=launch,
                               budget=drain_budget(), _if=waves.going)
-    changes = [unit, env, launcher, *restart_if]
+    changes = [unit, env, ports, launcher, *restart_if]
     if spans_hosts(launch):  # one rank of a group: the group restarts whole, rank 0 first
         from sglang_fleet.stages.group_restart import restart_group  # it imports this module
 

@@ -337,6 +337,8 @@ CALM = {
     "stages.driver.driver_change_allowed": "a check",
     "stages.driver.verify": "a check",
     "stages.engine.current_link": "the units name their release: the link follows them",
+    "stages.service.firewall_file": "a file (and nftables); the restart it may cause is "
+                                    "unit_running's",
     "stages.engine.prune": "never a release current or previous names",
     "stages.engine.release_dir": "a new release beside the serving one",
     "stages.engine.uv_tool": "the product's uv",

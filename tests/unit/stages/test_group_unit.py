@@ -121,3 +121,22 @@ def test_a_member_is_not_warmed_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     assert commands(warmup.caches_warmed, hostconfig.profile_for(host),  # type: ignore[arg-type]
                     launch_of(host), RELEASE, 1800) == []
     assert "one rank of a multi-node server" in host.noops[0]
+
+
+def test_a_member_loads_its_ports_table_as_it_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its rendezvous to the members alone, per port: the unit-wide allow-list lets every
+    allowed client reach every port (issue 44)."""
+    inv = inventory(sglang_allowed_clients=["192.0.2.0/24"])
+    host = on(monkeypatch, inv, "b200-02")
+    unit = unit_of(host)
+    name = "sglang_fleet_sglang_10_0_0_12"
+    assert "ExecStartPre=+/usr/sbin/nft -f /etc/sglang/sglang.nft" in unit.splitlines()
+    assert f"ExecStopPost=-+/usr/sbin/nft delete table inet {name}" in unit.splitlines()
+    rules = service.firewall(hostconfig.profile_for(host), launch_of(host))  # type: ignore[arg-type]
+    assert rules is not None and f"table inet {name} {{" in rules
+    assert "elements = { 127.0.0.1/32, 10.0.0.11/32, 10.0.0.12/32 }" in rules
+    assert "tcp dport { 20000 } ip saddr != @peers4 drop" in rules
+    # a server on one host, over HTTP, without DP attention: no table, no nft
+    alone = on(monkeypatch, inv, "b200-03")
+    assert service.firewall(hostconfig.profile_for(alone), launch_of(alone)) is None  # type: ignore[arg-type]
+    assert "nft" not in unit_of(alone)

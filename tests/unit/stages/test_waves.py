@@ -226,16 +226,17 @@ def test_a_units_files_and_start_come_after_the_wave_before_it_and_stop_with_a_f
     for i in range(3):
         unit = f"sglang-{i}.service"
         mine = [n for n, (name, _) in enumerate(ops) if unit in name and "wave" not in name]
-        assert [names[n].split(" ")[0] for n in mine] == ["Environment", "Unit", "Enable"]
+        assert [names[n].split(" ")[0] for n in mine] == ["Environment", "Who", "Unit",
+                                                           "Enable"]
         if i:  # after the wait for the wave before it
             assert min(mine) > names.index(f"Restart wave ready (after sglang-{i - 1}.service, "
                                            "when its wave is whole)")
-    conditions = [cond for name, cond in ops if name.startswith(("Environment", "Unit ",
+    conditions = [cond for name, cond in ops if name.startswith(("Environment", "Who", "Unit ",
                                                                  "Reload", "Enable"))]
     going: list[Any] = [c for cond in conditions
                         for c in (cond if isinstance(cond, list) else [cond])
                         if getattr(c, "__name__", "") == "going"]
-    assert len(going) == len(conditions) == 12
+    assert len(going) == len(conditions) == 15
     waves = going[0].__self__
     assert all(c.__self__ is waves for c in going) and all(c() for c in going)
     waves.error = "sglang-0.service failed to start"

@@ -98,6 +98,9 @@ def main() -> int:
         child = subprocess.Popen(
             ["systemd-nspawn", "-D", str(root), "--register=no", "--keep-unit", "--boot",
              f"--machine={name}", "--console=passive",
+             # A host's root manages its firewall (nftables: the servers' own ports); nspawn
+             # keeps CAP_NET_ADMIN only with a network of the guest's own otherwise.
+             "--capability=CAP_NET_ADMIN",
              # How `lab down` finds the guest even when this nspawn process is gone.
              f"--setenv={GUEST_MARK}={mark(slot, name)}"],
             stdin=subprocess.DEVNULL, preexec_fn=lambda: enter(groups))
