@@ -51,3 +51,24 @@ def test_a_1200_deep_directory_is_removed_and_no_link_in_it_followed(tmp_path: P
     assert prune_caches.prune(str(root), {"0.5.23"}) == ["0.5.21"]
     assert [p.name for p in root.iterdir()] == ["0.5.23"]
     assert (victim / "inside" / "keep").read_text() == "root's"
+
+
+def test_a_directory_moved_out_while_it_is_removed_stops_the_prune_there(
+        tmp_path: Path, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service user moves a directory out of the cache while the prune is inside it: the
+    way back up (``..``) is no longer the directory come down from, so the prune stops with an
+    error instead of removing what is beside the directory's new place."""
+    (root / "0.5.21" / "a" / "b").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "keep").mkdir(parents=True)
+    listed, b = prune_caches._names, (root / "0.5.21" / "a" / "b").stat().st_ino
+
+    def moving(fd: int) -> list[str]:  # as b is listed, a goes elsewhere
+        if os.fstat(fd).st_ino == b:
+            (root / "0.5.21" / "a").rename(elsewhere / "a")
+        return listed(fd)
+
+    monkeypatch.setattr(prune_caches, "_names", moving)
+    with pytest.raises(OSError, match=r"0\.5\.21: a was moved while it was being removed"):
+        prune_caches.prune(str(root), set())
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["a", "keep"]
