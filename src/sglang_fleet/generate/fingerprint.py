@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from sglang_fleet.generate.http_pool import Pool
+from sglang_fleet.remote.terminal import printable
 
 FIELDS = ("served_model_name", "model_path", "revision", "version", "sampling_defaults",
           "preferred_sampling_params", "speculative_algorithm", "speculative_draft_model_path",
@@ -40,7 +41,8 @@ class Fingerprint:
 
 
 def describe(f: dict[str, Any]) -> str:
-    """One line for a message. Example: "qwen3.6-27b (/models/q@abc), SGLang 0.5.23, EAGLE"."""
+    """One line for a message, the server's text shown safe (``terminal``).
+    Example: "qwen3.6-27b (/models/q@abc), SGLang 0.5.23, EAGLE"."""
     if not f:
         return "an unknown configuration (no /server_info)"
     where = f.get("model_path") or "?"
@@ -50,8 +52,8 @@ def describe(f: dict[str, Any]) -> str:
     steps = f.get("speculative_num_steps")
     name = f.get("served_model_name") or str(f.get("model_path") or "?").rstrip("/") \
         .rsplit("/", 1)[-1]
-    return (f"{name} ({where}), SGLang {f.get('version') or '?'}"
-            f", {spec}" + (f" x{steps}" if steps else ""))
+    return printable(f"{name} ({where}), SGLang {f.get('version') or '?'}, {spec}"
+                     + (f" x{steps}" if steps else ""))
 
 
 def from_info(info: dict[str, Any]) -> Fingerprint:

@@ -19,6 +19,8 @@ from typing import Any, TextIO
 from tqdm import tqdm
 from tqdm.utils import disp_len, disp_trim
 
+from sglang_fleet.remote.terminal import printable
+
 
 def token_split(usage: Any) -> tuple[int, int]:
     """(reasoning, answer) output tokens of one answer's usage.
@@ -217,7 +219,8 @@ class Display:
         if self.json_lines:
             print(json.dumps({"event": kind, **fields}), file=self.out, flush=True)
             return
-        text = f"{kind}: " + ", ".join(f"{k} {v}" for k, v in fields.items())
+        # a cause or a fingerprint quotes the server: shown safe (``terminal``)
+        text = printable(f"{kind}: " + ", ".join(f"{k} {v}" for k, v in fields.items()))
         if self.bar is not None:
             self.bar.write(text, file=sys.stderr)
         else:

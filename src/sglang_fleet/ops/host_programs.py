@@ -34,7 +34,7 @@ MODULES = ("cache_archive", "cache_copy", "cache_pack", "cache_unpack", "capacit
            "crash", "download_model", "eta", "gate_grpc", "gate_grpc_smoke", "gate_http",
            "gate_smoke", "gate_soak", "gate_unit",
            "member_start", "progress", "prune_caches", "readiness", "start_server",
-           "start_router", "warm_caches")
+           "start_router", "terminal", "warm_caches")
 
 
 def module_file(module: str) -> str:

@@ -12,6 +12,8 @@ is uploaded alone. ``sglang_fleet.ops.host_programs`` puts it on a host as the p
   huggingface_hub);
 - ``progress``: the progress lines of long work (used by ``download_model`` and
   ``warm_caches``);
+- ``terminal``: a host's text (journal lines, a server's answers) made safe to print, its
+  control characters shown as codes (used by the gate, ``member_start`` and the CLI);
 - ``prune_caches``: removes the per-version caches no release keeps, through descriptors (system
   python, as root, in a tree the service user writes);
 - ``start_server``: starts SGLang with its keys in-process (the engine release's python);

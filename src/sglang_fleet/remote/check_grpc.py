@@ -16,6 +16,7 @@ from .gate_http import GateError
 from .gate_smoke import describe
 from .gate_soak import SOAK_PROMPT, SOAK_TOKENS, run_soak, soak_with
 from .gate_unit import wait_healthy
+from .terminal import printable
 
 
 def target_of(url: str) -> str:
@@ -48,8 +49,8 @@ def run_grpc(args: argparse.Namespace, result: dict[str, Any]) -> None:
         info = server.server_info()
         if args.health_only:
             result["serving"] = {k: info.get(k) for k in ("version", "model_path")}
-            print(f"serving: GetServerInfo: SGLang {info.get('version')}, "
-                  f"model {info.get('model_path')}")
+            print(printable(f"serving: GetServerInfo: SGLang {info.get('version')}, "
+                            f"model {info.get('model_path')}"))
             return
         judge(args, info, invocation, result,
               lambda version: grpc_smoke(server, args.model_dir, args.reasoning_parser, version),

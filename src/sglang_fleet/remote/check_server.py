@@ -39,6 +39,7 @@ from .gate_http import GateError, answered, request
 from .gate_smoke import describe, smoke
 from .gate_soak import run_soak, soak
 from .gate_unit import SECRETS, journal, shown, time_to_ready, wait_healthy
+from .terminal import printable
 
 # What other code runs from this module (``sglang-fleet smoke`` and the lab use the smoke and
 # the request helpers through it), beside the program itself.
@@ -111,8 +112,8 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
         status, raw = request(f"{args.url}/server_info", key)
         info = server_info(status, raw) if status == 200 else {}
         result["serving"] = {k: info.get(k) for k in ("version", "model_path")}
-        print(f"serving: /server_info {status or 'no answer'}: SGLang {info.get('version')}, "
-              f"model {info.get('model_path')}")
+        print(printable(f"serving: /server_info {status or 'no answer'}: SGLang "
+                        f"{info.get('version')}, model {info.get('model_path')}"))
         return
     status, raw = request(f"{args.url}/server_info", key)
     if status != 200:
@@ -134,8 +135,9 @@ def judge(args: argparse.Namespace, info: dict[str, Any], invocation: str,
     if wrong:
         raise GateError("effective arguments differ from the rendered ones (a stale process or "
                         "another release is serving): " + "; ".join(wrong))
-    print(f"arguments: SGLang {info.get('version')}, {info.get('speculative_algorithm')}, "
-          f"model {info.get('model_path')}: as rendered")
+    print(printable(f"arguments: SGLang {info.get('version')}, "
+                    f"{info.get('speculative_algorithm')}, model {info.get('model_path')}: "
+                    "as rendered"))
     result["smoke"] = s = smoke_of(info.get("version"))
     print(describe(s))
     timing = time_to_ready(invocation)
@@ -146,7 +148,7 @@ def judge(args: argparse.Namespace, info: dict[str, Any], invocation: str,
     running = cap.total_running_requests or capacity.running_limit(info)
     soak_step(running)
     for line in capacity_lines(cap, args.target):
-        print(line)
+        print(printable(line))
     result["capacity"] = cap.as_json()
     result["measured"] = measured = eta.record(
         args.unit, invocation, info.get("version"), now(), running, result.get("soak"), s)
@@ -211,7 +213,7 @@ def main() -> int:
     except GateError as err:
         for line in err.details:
             print(f"journal: {shown(line)}")
-        print(f"error: {err}")
+        print(f"error: {printable(str(err))}")
         result["error"] = str(err)
     print(f"{RESULT_MARK} " + json.dumps(result))
     return 0 if result["ok"] else 1

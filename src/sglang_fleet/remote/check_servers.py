@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 # uploaded with this module (host_programs.upload follows the import); run as its own program
 from . import check_server
+from .terminal import printable
 
 DONE_MARK = "CHECKED"  # stages/gate_program.py splits the output at these lines
 
@@ -61,6 +62,7 @@ def main() -> int:
     with ThreadPoolExecutor(max_workers=len(todo)) as pool:
         done = list(pool.map(check, todo))
     for argv, (code, out) in zip(todo, done, strict=True):
+        out = printable(out, lines=True)  # quotes servers and journals, whoever printed it
         sys.stdout.write(out if out.endswith("\n") or not out else out + "\n")
         unit = argv[argv.index("--unit") + 1]
         print(f"{DONE_MARK} " + json.dumps({"unit": unit, "exit": code}))

@@ -14,14 +14,17 @@ from collections.abc import Callable
 
 from . import crash, readiness  # uploaded to the host with this module
 from .gate_http import GateError, request
+from .terminal import printable
 
 SECRETS: list[str] = []  # values never to print (the API key)
 
 
 def shown(line: str, width: int = 240) -> str:
-    """A journal line fit for the deploy's output: secrets masked, long lines cut."""
+    """A journal line fit for the deploy's output: secrets masked, control characters shown
+    as codes (``terminal``), long lines cut."""
     for secret in SECRETS:
         line = line.replace(secret, "***")
+    line = printable(line)
     return line if len(line) <= width else line[:width] + " …"
 
 

@@ -31,6 +31,7 @@ import sys
 import time
 
 from . import crash  # uploaded to the host with this module
+from .terminal import printable
 
 MARK = "MEMBER"
 START = "Dummy health check server started in background thread at"
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=float, default=1800)
     args = parser.parse_args(argv)
     result = check(args.unit, args.budget)
-    print(f"{args.unit}: {result.get('line') or result.get('error')}", flush=True)
+    print(printable(f"{args.unit}: {result.get('line') or result.get('error')}"), flush=True)
     print(f"{MARK} {json.dumps(result)}", flush=True)
     return 0 if result.get("ok") else 1
 

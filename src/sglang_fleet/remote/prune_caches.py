@@ -7,7 +7,8 @@ The service user can create, rename and link anything under its cache, at any mo
 compromised server may. So nothing here takes a name from a listing made earlier or follows a
 link: the root is opened one component at a time with O_NOFOLLOW, its entries are read from
 that descriptor, only a real directory named like a version is removed, and it is removed
-through descriptors all the way down (a link inside is unlinked, never followed).
+through descriptors all the way down, at any depth (a link inside is unlinked, never
+followed).
 
 Root with descriptors rather than the service user: the same code removes what is there
 whoever owns it (entries an older product release made as root included) and needs no
@@ -45,23 +46,62 @@ def open_root(path: str) -> int:
 
 def remove_directory(parent: int, name: str) -> bool:
     """``name`` in ``parent`` and all under it; False (nothing removed) if it is not a real
-    directory now."""
+    directory now.
+
+    A loop, not recursion, with one directory open at a time: the service user can make a
+    tree of any depth (recursion fails at 1,000 levels, a descriptor per level at the open
+    file limit). The way back up is ``..``, checked to be the very directory come down from
+    (an OSError if it moved meanwhile), so nothing outside the tree is ever reached."""
+    fd = _open_directory(parent, name)
+    if fd is None:
+        return False
+    # each level above the current directory: its name there, the level's identity and the
+    # names in it still to remove
+    above: list[tuple[str, tuple[int, int], list[str]]] = []
     try:
-        fd = os.open(name, _DIRECTORY, dir_fd=parent)
-    except OSError as exc:
-        if exc.errno in _NOT_A_DIRECTORY:
-            return False
-        raise
-    try:
-        with os.scandir(fd) as entries:
-            names = [entry.name for entry in entries]
-        for child in names:
-            if not remove_directory(fd, child):
-                os.unlink(child, dir_fd=fd)
+        todo = _names(fd)
+        while todo or above:
+            if todo:
+                child = todo.pop()
+                below = _open_directory(fd, child)
+                if below is None:
+                    os.unlink(child, dir_fd=fd)  # a file, or a link: unlinked, not followed
+                    continue
+                above.append((child, _identity(fd), todo))
+                fd, left = below, fd
+                os.close(left)
+                todo = _names(fd)
+                continue
+            child, identity, todo = above.pop()
+            fd, left = os.open("..", _DIRECTORY, dir_fd=fd), fd
+            os.close(left)
+            if _identity(fd) != identity:
+                raise OSError(f"{name}: {child} was moved while it was being removed")
+            os.rmdir(child, dir_fd=fd)
     finally:
         os.close(fd)
     os.rmdir(name, dir_fd=parent)
     return True
+
+
+def _open_directory(parent: int, name: str) -> int | None:
+    """``name`` in ``parent`` opened, None if it is not a real directory (a link included)."""
+    try:
+        return os.open(name, _DIRECTORY, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in _NOT_A_DIRECTORY:
+            return None
+        raise
+
+
+def _names(fd: int) -> list[str]:
+    with os.scandir(fd) as entries:
+        return [entry.name for entry in entries]
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    found = os.fstat(fd)
+    return found.st_dev, found.st_ino
 
 
 def stale(fd: int, keep: set[str]) -> list[str]:

@@ -38,6 +38,7 @@ from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitSt
 from sglang_fleet.hostconfig import groups
 from sglang_fleet.remote import eta
 from sglang_fleet.remote.gate_grpc import Scheduler
+from sglang_fleet.remote.terminal import printable
 from sglang_fleet.report import status_view
 from sglang_fleet.rollout import fleet, reach
 from sglang_fleet.rollout.router_api import Router, RouterError
@@ -326,7 +327,7 @@ class Fleet:
 
     def lines(self) -> list[str]:
         """The fleet's capacity, throughput and job time, each saying what it is from."""
-        return eta.lines(self.estimate(), "fleet") + (
+        return [printable(line) for line in eta.lines(self.estimate(), "fleet")] + (
             [f"fleet: {self.job_note}"] if self.job_note else [])
 
     def problems(self) -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from sglang_fleet.remote.terminal import printable
 from sglang_fleet.report import layout
 
 if TYPE_CHECKING:
@@ -49,9 +50,10 @@ def cells(row: Row) -> list[str]:
 
 def table(rows: list[Row], width: int | None = None) -> str:
     """The rows in ``width`` columns (the terminal's by default): a server's empty cells as
-    ``-`` (not known), a router's left empty (they do not apply to it)."""
-    return layout.fit(COLUMNS, [[c or ("" if r.kind == "router" else "-") for c in cells(r)]
-                                for r in rows],
+    ``-`` (not known), a router's left empty (they do not apply to it); what the hosts said
+    with its control characters shown as codes (``terminal``)."""
+    return layout.fit(COLUMNS, [[printable(c) or ("" if r.kind == "router" else "-")
+                                 for c in cells(r)] for r in rows],
                       essential=ESSENTIAL, width=width, shared_label="every server")
 
 
@@ -83,7 +85,7 @@ def verdict(rows: list[Row]) -> list[str]:
     healthy."""
     found = problems(rows)
     if found:
-        return [f"unhealthy: {problem}" for problem in found]
+        return [printable(f"unhealthy: {problem}") for problem in found]
     servers = [r for r in rows if r.kind != "router"]  # rank 0s and group members
     routers = len(rows) - len(servers)
     return [f"healthy: {len({r.host for r in servers})} hosts answered over SSH; "

@@ -26,6 +26,7 @@ from sglang_fleet.hostconfig import groups
 from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.host_programs import module_file, upload
 from sglang_fleet.remote import eta
+from sglang_fleet.remote.terminal import printable
 from sglang_fleet.report import summary
 from sglang_fleet.stages import last_good, resize
 from sglang_fleet.stages.engine import Release
@@ -245,9 +246,9 @@ def what_serves(launch: Launch, healthy: bool, lines: list[str]) -> str:
     if not healthy:
         return "the last good release did not come back either (/health_generate)"
     info = result_of(lines).get("serving") or {}
-    return (f"the last good release serves again ({launch.unit} alone on port {launch.port}, "
-            f"/health_generate 200, /server_info: SGLang {info.get('version')}, model "
-            f"{info.get('model_path')})")
+    return printable(f"the last good release serves again ({launch.unit} alone on port "
+                     f"{launch.port}, /health_generate 200, /server_info: SGLang "
+                     f"{info.get('version')}, model {info.get('model_path')})")
 
 
 @operation(is_idempotent=True)

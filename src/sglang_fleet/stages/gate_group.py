@@ -40,6 +40,7 @@ from sglang_fleet.hostconfig import groups
 from sglang_fleet.ops import Ops, fail, preview, result_line, run
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.remote.member_start import MARK
+from sglang_fleet.remote.terminal import printable
 from sglang_fleet.report import summary
 from sglang_fleet.stages import last_good
 from sglang_fleet.stages.group_restart import restart_group, shared
@@ -123,13 +124,13 @@ def member_started(launch: Launch, budget: int, record: GroupGate,
     lines = list(output.stdout_lines)
     for line in lines:
         if not line.startswith(f"{MARK} "):
-            logger.info(f"{host.print_prefix}{line}")
+            logger.info(f"{host.print_prefix}{printable(line)}")
     found = result_line(lines, MARK) or {}
     if ok and found.get("ok"):
         record.pids[host.name] = str(found.get("pid", ""))
-        host.noop(f"{who()} started: {found.get('line')}")
+        host.noop(printable(f"{who()} started: {found.get('line')}"))
         return
-    error = f"{who()}: {found.get('error') or 'its start check gave no result'}"
+    error = printable(f"{who()}: {found.get('error') or 'its start check gave no result'}")
     record.failed(host.name, error)
     if result is None:
         yield fail(error)

@@ -25,6 +25,7 @@ from sglang_fleet.ops.host_programs import program
 from sglang_fleet.paths import CURRENT, env_file, gate_record
 from sglang_fleet.remote.check_server import RESULT_MARK
 from sglang_fleet.remote.check_servers import DONE_MARK
+from sglang_fleet.remote.terminal import printable
 from sglang_fleet.rollout.fleet import ANY_ADDRESS
 
 CHECKER = "check_server"  # the host program (remote/check_server.py): see python()
@@ -88,7 +89,7 @@ def show_lines(lines: list[str], label: str = "") -> None:
     """check_server's human lines (after ``label``), not its result line (for result_of)."""
     for line in lines:
         if not line.startswith(f"{RESULT_MARK} "):
-            logger.info(f"{host.print_prefix}{label}{line}")
+            logger.info(f"{host.print_prefix}{label}{printable(line)}")
 
 
 def check(profile: Profile, launch: Launch, *flags: str, budget: int | None = None,
@@ -192,8 +193,9 @@ def result_of(lines: list[str]) -> dict[str, Any]:
 
 
 def error_of(lines: list[str]) -> str:
-    """What check_server found wrong, from its result line.
+    """What check_server found wrong, from its result line (its control characters shown as
+    codes: it quotes the server and the journal).
 
         error_of(['GATE {"ok": false, "error": "sglang.service failed to start: ..."}'])
     """
-    return str(result_of(lines).get("error", "gate failed"))
+    return printable(str(result_of(lines).get("error", "gate failed")))

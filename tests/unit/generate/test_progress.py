@@ -79,3 +79,20 @@ def test_status_without_a_pause() -> None:
 def test_compact_numbers() -> None:
     assert [compact(x) for x in (7, 0.42, 850.4, 999.5, 12_345, 1_234_567, 3e9)] == \
         ["7", "0.42", "850", "1.00k", "12.3k", "1.23M", "3.00G"]
+
+
+def test_an_event_shows_the_servers_text_with_its_escapes(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A pause's cause and a fingerprint quote the server: an escape in them would rewrite the
+    terminal's line; they are shown as codes (remote/terminal.py)."""
+    from sglang_fleet.generate import fingerprint
+
+    display = Display(busy_stats(), False)
+    display.event("paused", cause="HTTP 503: \x1b[2K\roverloaded\x07")
+    fields = {"model_path": "/m\x1b]0;owned\x07", "version": "0.5.23\x9b2K"}
+    display.event("fingerprint", answered_by=fingerprint.describe(fields))
+    assert capsys.readouterr().err.splitlines() == [
+        "paused: cause HTTP 503: \\x1b[2K\\x0doverloaded\\x07",
+        "fingerprint: answered_by m\\x1b]0;owned\\x07 (/m\\x1b]0;owned\\x07), SGLang "
+        "0.5.23\\x9b2K, no speculative decoding"]
+    assert "\x1b" not in fingerprint.describe(fields)

@@ -218,3 +218,16 @@ def test_status_shows_restarts_and_the_last_crash() -> None:
 SHOW_RUNNING = ["Id=sglang.service", "LoadState=loaded", "ActiveState=active",
                 "SubState=running", "ActiveEnterTimestamp=Mon 2026-11-30 23:01:02 UTC",
                 "ExecMainPID=4121", "ExecStart=", "NRestarts=0", "Result=success"]
+
+
+def test_a_hostile_line_costs_its_length_not_its_square() -> None:
+    """A server controls its log lines: a word of a million letters before the cause. A
+    pattern that tries ``\\w+`` from every letter takes hours on it (24K letters took 3.6 s),
+    so this test ends only when the search is linear; pytest's timeout fails it otherwise.
+    bench/crash_regex.py prints the times."""
+    word = "a" * 1_000_000
+    lines = [f"{word} x", f"{word} watchdog timeou", f"{word} Scheduler hit an exception: "
+             "RuntimeError: boom"]
+    assert crash.cause(lines) == "Scheduler hit an exception: RuntimeError: boom"
+    assert crash.cause([f"{word} Scheduler watchdog timeout (12.0 s)"]) == \
+        f"{word} Scheduler watchdog timeout (12.0 s)"

@@ -332,3 +332,19 @@ def test_each_unhealthy_server_and_unreachable_host_is_named_once() -> None:
     assert fleet["healthy"] is False and fleet["unreachable"] == [{"host": "gpu2",
                                                                    "error": error}]
     assert status_view.verdict(rows)[0] == f"unhealthy: gpu2: {error}"
+
+
+def test_what_hosts_said_is_shown_with_its_escapes() -> None:
+    """A crash cause a server forged (its escapes would rewrite the table's lines), a health
+    answer and a host's error with control characters: shown as codes, in the table, the
+    verdict and the fleet's lines."""
+    forged = "\x1b[2K\rScheduler hit an exception: RuntimeError: forged\x9b1A\x07"
+    rows = [serving_row("gpu1", last_crash=forged, health="HTTP 503 \x1b]0;owned\x07"),
+            serving_row("gpu2", state="unreachable", error="SSH: \x1b[31mrefused\r")]
+    printed = "\n".join([status_view.table(rows, width=400), *status_view.verdict(rows),
+                         *status.Fleet(rows).lines()])
+    assert [c for c in printed if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) < 0xA0] == []
+    assert "last crash: \\x1b[2K\\x0dScheduler hit an exception: RuntimeError: forged" \
+           "\\x9b1A\\x07" in printed
+    assert "unhealthy: gpu1 sglang.service: /health HTTP 503 \\x1b]0;owned\\x07" in printed
+    assert "gpu2 sglang.service (not read (SSH: \\x1b[31mrefused\\x0d))" in printed

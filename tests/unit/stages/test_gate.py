@@ -341,3 +341,33 @@ def test_a_changed_source_names_the_served_directory_and_the_restart(
         f"Stage s3://org/model/v1 (the model source changed: the server ran {served}; it "
         f"restarts onto {dest})")
     assert weights.stage_name("s3://org/model/v1", dest, dest) == "Stage s3://org/model/v1"
+
+
+class ForgedHost(GateHost):
+    """A host whose gate program quotes a server that forges lines: escapes in a journal line
+    it prints, in its error and in the version /server_info names."""
+
+    def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
+        if "sglang_fleet_remote.check_server" not in command:
+            return super().run_shell_command(command, **kwargs)
+        self.ran.append(command)
+        back = "--health-only" in command  # the restored release answers
+        result = {"ok": back, "error": None if back else self.error,
+                  "serving": {"version": "0.5.22\x1b[2K", "model_path": "/m"}}
+        lines = ["journal: \x1b[1A\x1b[2K\rforged", f"GATE {json.dumps(result)}"]
+        return back, CommandOutput([OutputLine("stdout", x) for x in lines])
+
+
+def test_the_gate_shows_what_the_host_said_with_its_escapes(
+        use: Callable[[Host], Host], launch: Launch, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(checker, "logger", type("L", (), {"info": print})())
+    use(ForgedHost({"File": files(SAVED), "PortListeners": []},
+                   error="sglang.service failed to start: \x1b[2K\rScheduler hit an exception"))
+    result = gate.GateResult()
+    assert run_gate(launch, result) == []
+    assert "journal: \\x1b[1A\\x1b[2K\\x0dforged" in capsys.readouterr().out
+    assert result.error == "sglang.service failed to start: \\x1b[2K\\x0dScheduler hit an " \
+                           "exception"
+    assert commands(gate.restored, field_profile(gpus=1), launch, 60, result) == []
+    assert "/server_info: SGLang 0.5.22\\x1b[2K, model /m" in result.serving

@@ -151,6 +151,22 @@ def test_a_member_with_no_start_line_fails_the_gate_naming_it(
     assert rank0.error == f"group g: b200-02 (rank 1 of group g): {error}"
 
 
+def test_a_member_shows_what_its_journal_said_with_its_escapes(
+        use: Callable[[Host], Host]) -> None:
+    """A member whose server forged its start line and its error: their escapes as codes."""
+    forged = f"\x1b[2K\r{START}\x07"
+    fake = use(member("b200-02", answered({"ok": True, "pid": "4242", "line": forged})))
+    launch = render_all(hostconfig.profile_for(fake))[0]  # type: ignore[arg-type]
+    assert commands(gate_group.member_started, launch, 60, GroupGate("g"), GateResult()) == []
+    assert fake.noops == [f"b200-02 (rank 1 of group g) started: \\x1b[2K\\x0d{START}\\x07"]
+    fake = member("b200-02", answered({"ok": False, "error": forged}))
+    fake.__class__ = Failing
+    use(fake)
+    result = GateResult()
+    assert commands(gate_group.member_started, launch, 60, GroupGate("g"), result) == []
+    assert result.error == f"b200-02 (rank 1 of group g): \\x1b[2K\\x0d{START}\\x07"
+
+
 def test_a_member_with_its_start_line_passes_and_rank0_only_waits(
         use: Callable[[Host], Host]) -> None:
     fake = use(member("b200-02", answered({"ok": True, "pid": "4242", "line": START})))
