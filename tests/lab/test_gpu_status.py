@@ -132,6 +132,13 @@ def test_dcgm_and_its_exporter_serve_every_gpu(deployed: None, tmp_path: Path) -
     assert main_pid() == pid  # the driver stage's DCGM: the server is untouched
     for unit in ("nvidia-dcgm", "nvidia-dcgm-exporter"):
         assert ssh("lab1", f"systemctl is-active {unit}").stdout.strip() == "active"
+    # the host engine on loopback (the lab's says where it would listen), reached from the
+    # host only; the exporter, without sglang_allowed_clients, unfiltered
+    assert ssh("lab1", "cat /run/lab-nvidia/nv-hostengine.listen").stdout == "127.0.0.1:5555\n"
+    shown = ssh("lab1", "systemctl show -p IPAddressAllow -p IPAddressDeny nvidia-dcgm "
+                "nvidia-dcgm-exporter").stdout.split("\n\n")
+    assert "127.0.0.0/8" in shown[0] and "0.0.0.0/0" in shown[0], shown
+    assert "0.0.0.0/0" not in shown[1], shown
     jobs = file_sd_jobs(targets)
     assert jobs["dcgm"] == [f"{address('lab1')}:9400"]
     metrics = httpx.get(f"{url('lab1', 9400)}/metrics", timeout=10).text

@@ -106,7 +106,7 @@ class HostConfig:
     sglang_allowed_clients: tuple[str, ...] = key(
         (), check=networks_list, parse=lambda v: tuple(networks([str(x) for x in v or ()])),
         fix="e.g. sglang_allowed_clients = ['10.0.0.0/8']", shown="`[]` (any)",
-        doc="CIDR networks the servers and router answer, besides the host")
+        doc="CIDR networks the servers, router and DCGM exporter answer, besides the host")
     sglang_trusted_local_users: tuple[str, ...] = key(
         (), check=user_names, parse=lambda v: tuple(str(x) for x in v or ()),
         fix="the host's login users you trust with the servers' own ports, e.g. "
@@ -157,6 +157,16 @@ class HostConfig:
         None, check=form(r"[0-9]{1,12},[0-9]{1,9}", "COMPLETIONS,TOKENS, e.g. 900000,1000"),
         doc="`\"COMPLETIONS,TOKENS\"`: the job's time in the gate's capacity report and host "
         "line, `status` and the roll's end (the fleet's: one value across the serving hosts)")
+
+    # --- compiled kernels a roll's first host shares with the hosts after it ---
+    kernel_share_max_gib: int = key(
+        4, check=whole(1, 256, "must be a whole number of GiB from 1 to 256"),
+        fix="e.g. kernel_share_max_gib = 8", doc="GiB of DeepGEMM kernel files a roll's first "
+        "host may share, and a later host accept (more: neither, each host compiles its own)")
+    kernel_share_max_entries: int = key(
+        100_000, check=whole(1, 1_000_000, "must be a whole number from 1 to 1000000"),
+        fix="e.g. kernel_share_max_entries = 200000", doc="files and directories of shared "
+        "kernels a roll's first host may share, and a later host accept")
 
     # --- engine and weights: where they come from ---
     engine_find_links: str | None = key(
@@ -288,8 +298,9 @@ class HostConfig:
         None, check=form(r"[0-9]{1,2}-[0-9]{1,2}", "a toolkit package suffix, e.g. 12-9"),
         parse=str, doc="a CUDA toolkit to install besides, e.g. `12-9`")
     install_dcgm: bool = key(
-        False, parse=bool, doc="DCGM (`nvidia-dcgm`) and its Prometheus exporter "
-        "(`nvidia-dcgm-exporter`, :9400)")
+        False, parse=bool, doc="DCGM (`nvidia-dcgm`, its host engine on 127.0.0.1:5555) and "
+        "its Prometheus exporter (`nvidia-dcgm-exporter`, :9400, behind "
+        "`sglang_allowed_clients`)")
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any] | Any, host: str,

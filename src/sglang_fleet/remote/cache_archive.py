@@ -3,7 +3,7 @@
 (standard library only: runs on the host with cache_copy).
 
     with tarfile.open(fileobj=stream, mode="r:gz") as tar:
-        members = checked(tar)             # Refused at the first member that may not be there
+        members = checked(tar, Bound(100_000, 4))   # Refused at the first member wrong
         manifest = manifest_of(tar, members)   # {"digest": ..., "inputs": {...}}
 """
 
@@ -15,6 +15,7 @@ import json
 import os
 import re
 import tarfile
+from dataclasses import dataclass
 from typing import IO, Any
 
 # DeepGEMM's kernels (SGLANG_DG_CACHE_DIR is <root>/deep_gemm): a directory per kernel under
@@ -24,8 +25,6 @@ from typing import IO, Any
 # std::filesystem::rename). Locks and builds under way stay behind.
 COPIED = ("deep_gemm/cache",)
 MANIFEST = "MANIFEST.json"
-MAX_MEMBERS = 1_000_000
-MAX_BYTES = 256 << 30
 MAX_DEPTH = 16
 DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -35,6 +34,28 @@ CHUNK = 1 << 20
 
 class Refused(Exception):
     """The archive (or the cache) is not what it may be; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """How much an archive may hold, counted as tar counts it: its members (files and
+    directories) and the bytes of its files; host data on the controller sets both."""
+
+    entries: int
+    gib: int
+
+    def over(self, entries: int, size: int) -> str | None:
+        """What ``entries`` members of ``size`` bytes in all go past, or None.
+
+            Bound(100, 4).over(101, 0)   # 'more than 100 entries (host data ...)'
+        """
+        if entries > self.entries:
+            past = f"{self.entries} entries (host data kernel_share_max_entries"
+        elif size > self.gib << 30:
+            past = f"{self.gib} GiB (host data kernel_share_max_gib"
+        else:
+            return None
+        return f"more than {past}; raise it to share more)"
 
 
 def _allowed(name: str) -> bool:
@@ -74,9 +95,9 @@ def member_problem(member: tarfile.TarInfo) -> str | None:
     return None
 
 
-def checked(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
-    """Every member of ``tar``, each allowed, no name twice and no file under a file or where
-    a directory is; Refused (naming the first one wrong) otherwise."""
+def checked(tar: tarfile.TarFile, bound: Bound) -> list[tarfile.TarInfo]:
+    """Every member of ``tar``, each allowed, no name twice, no file under a file or where a
+    directory is, and all within ``bound``; Refused (naming the first one wrong) otherwise."""
     members: list[tarfile.TarInfo] = []
     kinds: dict[str, bool] = {}  # name -> is a directory
     below: set[str] = set()  # every directory some member lies under
@@ -93,8 +114,9 @@ def checked(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
                 top == member.name or top.startswith(f"{member.name}/") for top in COPIED)):
             problem = "is a file where a directory belongs"
         total += max(member.size, 0)
-        if problem is None and (len(members) >= MAX_MEMBERS or total > MAX_BYTES):
-            problem = f"goes past {MAX_MEMBERS} members or {MAX_BYTES >> 30} GiB"
+        over = bound.over(len(members) + 1, total)
+        if problem is None and over:
+            problem = f"makes it {over}"
         if problem:
             raise Refused(f"the archive's member {member.name[:200]!r} {problem}: nothing "
                           "was extracted")

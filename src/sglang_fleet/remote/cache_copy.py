@@ -2,10 +2,12 @@
 (standard library only: system python, run as root).
 
     python -m sglang_fleet_remote.cache_copy pack --root /var/cache/sglang --digest D \\
-        --inputs JSON --out /var/cache/sglang-fleet/cache-copy/D.tar.gz
+        --inputs JSON --out /var/cache/sglang-fleet/cache-copy/D.tar.gz \\
+        --max-entries 100000 --max-gib 4
     python -m sglang_fleet_remote.cache_copy unpack --root /var/cache/sglang --digest D \\
         --sha256 H --archive /var/cache/sglang-fleet/cache-copy/D.tar.gz --user sglang \\
-        --record /var/cache/sglang-fleet/compiled/RELEASE-D.json --source b200-01
+        --record /var/cache/sglang-fleet/compiled/RELEASE-D.json --source b200-01 \\
+        --max-entries 100000 --max-gib 4
     python -m sglang_fleet_remote.cache_copy record --record PATH --digest D --inputs JSON
 
 What is copied: DeepGEMM's finished kernels (``deep_gemm/cache/kernel.<name>.<digest>/``, each
@@ -15,16 +17,17 @@ server may, so:
 
 - ``pack`` reads it through descriptors (O_NOFOLLOW at every component): only real directories
   and regular files go in, never a link, a device or a name starting with ``.`` (a build under
-  way); ownership and modes are not kept (root's, 0644 or 0755).
+  way); ownership and modes are not kept (root's, 0644 or 0755); past ``--max-entries``
+  members or ``--max-gib`` GiB of files it stops: nothing is shared.
 - ``unpack`` checks the archive's sha256 before reading it, then every member before writing
   anything: a relative name under ``deep_gemm/cache/`` (or the manifest), no empty, ``.`` or
   ``..`` part, no backslash or control character, a regular file or a directory only (no link,
-  hard link, device, FIFO or sparse file), no name twice, no file under a file, bounded in count
-  and bytes; and the manifest's digest must be the host's own. Then it writes as the service
-  user (root forks, the child drops to that user's uid and gids), through descriptors, into a
-  new directory of the cache, and renames each kernel into place unless the cache has it: the
-  files end the service user's, as the ones it compiles itself. Root then records the digest
-  (``--record``, in root's own directory).
+  hard link, device, FIFO or sparse file), no name twice, no file under a file, within
+  ``--max-entries`` and ``--max-gib``; and the manifest's digest must be the host's own. Then
+  it writes as the service user (root forks, the child drops to that user's uid and gids),
+  through descriptors, into a new directory of the cache, and renames each kernel into place
+  unless the cache has it: the files end the service user's, as the ones it compiles itself.
+  Root then records the digest (``--record``, in root's own directory).
 
 The parts: cache_archive.py (what an archive may hold, and the checks), cache_pack.py,
 cache_unpack.py; this module is the program and its ``record``.
@@ -46,7 +49,7 @@ import zlib
 from typing import Any
 
 # the program's parts, uploaded to the host with this module (host_programs.upload)
-from .cache_archive import NEW_FILE, Refused
+from .cache_archive import NEW_FILE, Bound, Refused
 from .cache_pack import pack
 from .cache_unpack import unpack
 
@@ -83,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         if name != "unpack":
             one.add_argument("--inputs", required=True, type=_json_object)
     sub.choices["pack"].add_argument("--out", required=True)
+    for name in ("pack", "unpack"):  # host data kernel_share_max_entries and _max_gib
+        sub.choices[name].add_argument("--max-entries", required=True, type=int)
+        sub.choices[name].add_argument("--max-gib", required=True, type=int)
     for name in ("unpack", "record"):
         sub.choices[name].add_argument("--record", required=True)
     unpacking = sub.choices["unpack"]
@@ -94,9 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in (getattr(args, p, None) for p in ("root", "out", "archive", "record")):
         if path is not None and (not path.startswith("/") or ".." in path.split("/")):
             parser.error(f"{path!r}: an absolute path without '..'")
+    bound = Bound(getattr(args, "max_entries", 0), getattr(args, "max_gib", 0))
     try:
         if args.command == "pack":
-            result = pack(args.root, args.digest, args.inputs, args.out)
+            result = pack(args.root, args.digest, args.inputs, args.out, bound)
         elif args.command == "record":
             write_record(args.record, {"digest": args.digest, "inputs": args.inputs,
                                        "source": "compiled here", "at": time.time()})
@@ -104,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not _SHA256.fullmatch(args.sha256):
                 parser.error(f"--sha256 {args.sha256!r}: 64 lower-case hex digits")
-            result = unpack(args.archive, args.sha256, args.digest, args.root, args.user)
+            result = unpack(args.archive, args.sha256, args.digest, args.root, args.user,
+                            bound)
             write_record(args.record, {"digest": args.digest, "inputs": result.pop("inputs"),
                                        "source": f"received from {args.source}",
                                        "at": time.time()})

@@ -4,7 +4,7 @@ then each kernel renamed into place unless the cache has it: the files end the s
 as the ones it compiles itself. Standard library only: runs on the host with cache_copy.
 
     unpack("/var/cache/sglang-fleet/cache-copy/D.tar.gz", sha256, "D", "/var/cache/sglang",
-           "sglang")
+           "sglang", Bound(100_000, 4))
     # {'ok': True, 'placed': 40, 'kept': 2, 'inputs': {...}}
 """
 
@@ -25,6 +25,7 @@ from .cache_archive import (
     DIRECTORY,
     MANIFEST,
     NEW_FILE,
+    Bound,
     Refused,
     checked,
     manifest_of,
@@ -168,8 +169,10 @@ def extract_as(user: str, stream: IO[bytes], members: list[tarfile.TarInfo],
     return {k: int(v) for k, v in result.items()}
 
 
-def unpack(archive: str, sha256: str, digest: str, root: str, user: str) -> dict[str, Any]:
-    """Verify, then unpack ``archive`` into ``root`` as ``user``; the manifest's inputs."""
+def unpack(archive: str, sha256: str, digest: str, root: str, user: str,
+           bound: Bound) -> dict[str, Any]:
+    """Verify (its members within ``bound``), then unpack ``archive`` into ``root`` as
+    ``user``; the manifest's inputs."""
     with os.fdopen(os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as stream:
         found = sha256_of(stream)
         if found != sha256:
@@ -177,7 +180,7 @@ def unpack(archive: str, sha256: str, digest: str, root: str, user: str) -> dict
                           "extracted")
         stream.seek(0)
         with tarfile.open(fileobj=stream, mode="r:gz") as tar:
-            members = checked(tar)
+            members = checked(tar, bound)
             manifest = manifest_of(tar, members)
         if manifest.get("digest") != digest:
             raise Refused(f"the archive's manifest is for {manifest.get('digest')!r}, this "

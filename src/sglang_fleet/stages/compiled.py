@@ -16,9 +16,10 @@ it; after its gate, the first host with a digest a later host lacks packs its ca
 the roll's directory (``compiled_exchange``). A later host whose own cache lacks
 that digest receives it after its turn, before its restart: uploaded to root's staging,
 unpacked by the host program (sha256, the manifest's digest, every member checked; written as
-the service user). A host whose digest differs compiles itself, and the roll says in what the
-inputs differ. Nothing here fails a deploy: a cache that cannot be shared or received is said,
-and that host's restart compiles.
+the service user). Both sides keep within their host data's bound (``kernel_share_max_gib``,
+``kernel_share_max_entries``): past it nothing is shared or unpacked. A host whose digest
+differs compiles itself, and the roll says in what the inputs differ. Nothing here fails a
+deploy: a cache that cannot be shared or received is said, and that host's restart compiles.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import File
 
-from sglang_fleet import paths
+from sglang_fleet import hostconfig, paths
 from sglang_fleet.config.render import Launch
 from sglang_fleet.facts.systemd import UnitStates
 from sglang_fleet.ops import Ops, privilege, result_line, run
 from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.remote.cache_archive import Bound
 from sglang_fleet.rollout import roll_directory
 from sglang_fleet.rollout.roll_directory import RollDirectory
 from sglang_fleet.stages import compiled_exchange as exchange
@@ -145,6 +147,16 @@ def _program(*args: str) -> dict[str, Any]:
     return _result(lines)
 
 
+def bound() -> Bound:
+    """What this host may share or accept (host data ``kernel_share_max_*``)."""
+    cfg = hostconfig.of(host)
+    return Bound(cfg.kernel_share_max_entries, cfg.kernel_share_max_gib)
+
+
+def _bound_args() -> tuple[str, ...]:
+    return "--max-entries", str(bound().entries), "--max-gib", str(bound().gib)
+
+
 def _mb(count: Any) -> str:
     return f"{int(count or 0) / 1e6:.0f} MB"
 
@@ -178,7 +190,7 @@ def kernels_shared(launches: list[Launch], release: Release) -> Ops:
     outgoing = f"{paths.CACHE_COPY}/{digest}.tar.gz"
     packed = _program("pack", "--root", paths.CACHE, "--digest", digest,
                       "--inputs", json.dumps(inputs.as_dict(), sort_keys=True),
-                      "--out", outgoing)
+                      "--out", outgoing, *_bound_args())
     if packed.get("ok") and packed.get("files"):
         packed = _fetch(outgoing, exchange.archive(roll_dir, digest), packed)
     _offer(roll_dir, inputs, packed, tic)
@@ -290,6 +302,10 @@ def _said(roll_dir: RollDirectory, text: str, warn: bool = False) -> None:
 
 def _receive(roll_dir: RollDirectory, shared: dict[str, Any], release: Release) -> Ops:
     digest, there = str(shared["digest"]), str(shared.get("host"))
+    over = bound().over(0, int(shared.get("bytes") or 0))
+    if over:  # the unpack would refuse it: not uploaded
+        _said(roll_dir, f"compiles itself: the kernels from {there} come to {over}", warn=True)
+        return
     tic = time.monotonic()
     incoming = f"{paths.CACHE_COPY}/{digest}.tar.gz"
     run(f"install -d -m 700 {paths.CACHE_COPY}")
@@ -299,7 +315,7 @@ def _receive(roll_dir: RollDirectory, shared: dict[str, Any], release: Release) 
         got = _program("unpack", "--root", paths.CACHE, "--digest", digest,
                           "--sha256", str(shared["sha256"]), "--archive", incoming,
                           "--user", paths.USER, "--record", record_path(release, digest),
-                          "--source", there)
+                          "--source", there, *_bound_args())
     if not got.get("ok"):
         _said(roll_dir, f"compiles itself: the kernels from {there} were not unpacked "
               f"({got.get('error')})", warn=True)

@@ -35,7 +35,7 @@ from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.report import summary
 from sglang_fleet.rollout.cutover import disrupt
-from sglang_fleet.stages.dcgm import DCGM_EXPORTER_DROP_IN, DCGM_PACKAGES, dcgm_running
+from sglang_fleet.stages.dcgm import DCGM_PACKAGES, DROP_INS, dcgm_running
 from sglang_fleet.stages.reboot import reboot_and_wait
 from sglang_fleet.stages.repository import APT_NO_UPGRADE, nvidia_repository, repository_url
 
@@ -346,7 +346,7 @@ def remove_driver() -> None:
         *cfg.packages, "nvidia-fabricmanager", f"nvidia-driver-pinning-{cfg.branch}", "nvlsm",
         *cfg.extras, "cuda-keyring"], shared=[f"linux-headers-{host.get_fact(KernelVersion)}"])
     files.file(name="Unattended-upgrades exclusion", path=APT_NO_UPGRADE, present=False)
-    files.directory(name="DCGM exporter drop-in", path=DCGM_EXPORTER_DROP_IN.rsplit("/", 1)[0],
-                    present=False)
+    for unit, drop_in in DROP_INS.items():
+        files.directory(name=f"{unit} drop-in", path=drop_in.rsplit("/", 1)[0], present=False)
     files.directory(name="Downloaded keyring package", path=paths.KEYRING_DIR, present=False)
     apt.update(name="Forget the NVIDIA repository", _if=purged.did_change)

@@ -5,6 +5,7 @@ when the tests run as root, else the user running them)."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
@@ -67,20 +68,27 @@ def cache(tmp_path: Path) -> Path:
     return root
 
 
-def pack(cache: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+BOUND = ["--max-entries", "100", "--max-gib", "1"]  # host data kernel_share_max_*
+
+
+def packed(cache: Path, tmp_path: Path, bound: list[str] = BOUND) -> tuple[int, dict[str, Any]]:
     out = tmp_path / "root-only" / f"{DIGEST}.tar.gz"
-    code, result = program("pack", "--root", str(cache), "--digest", DIGEST,
-                           "--inputs", json.dumps({"gpu_arch": "10.0"}), "--out", str(out))
+    return program("pack", "--root", str(cache), "--digest", DIGEST, "--inputs",
+                   json.dumps({"gpu_arch": "10.0"}), "--out", str(out), *bound)
+
+
+def pack(cache: Path, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    code, result = packed(cache, tmp_path)
     assert code == 0, result
-    return out, result
+    return tmp_path / "root-only" / f"{DIGEST}.tar.gz", result
 
 
-def unpack(archive: Path, into: Path, sha: str | None = None,
-           digest: str = DIGEST) -> tuple[int, dict[str, Any]]:
+def unpack(archive: Path, into: Path, sha: str | None = None, digest: str = DIGEST,
+           bound: list[str] = BOUND) -> tuple[int, dict[str, Any]]:
     sha = sha or hashlib.sha256(archive.read_bytes()).hexdigest()
     return program("unpack", "--root", str(into), "--digest", digest, "--sha256", sha,
                    "--archive", str(archive), "--user", USER, "--record",
-                   str(into.parent / "records" / f"r-{digest}.json"), "--source", "h1")
+                   str(into.parent / "records" / f"r-{digest}.json"), "--source", "h1", *bound)
 
 
 def test_pack_takes_finished_kernels_only(cache: Path, tmp_path: Path) -> None:
@@ -210,6 +218,39 @@ def test_unpack_writes_nothing_through_a_link_the_service_user_made(cache: Path,
     assert code == 1 and f"unpacking as {USER}" in result["error"]
     assert list(target.iterdir()) == []
     assert sorted(p.name for p in into.iterdir()) == ["deep_gemm"]  # the staging is gone
+
+
+def test_pack_shares_nothing_past_its_bound(cache: Path, tmp_path: Path) -> None:
+    """Past the entries, or past the bytes (a sparse file of 1 GiB + 1: refused before a byte
+    of it is read), the pack stops and says which host data key bounds it."""
+    code, result = packed(cache, tmp_path, ["--max-entries", "4", "--max-gib", "1"])
+    assert code == 1 and result["error"] == (
+        "the kernels under deep_gemm/cache come to more than 4 entries (host data "
+        "kernel_share_max_entries; raise it to share more): not shared")
+    with open(cache / KERNEL / "kernel.cubin", "r+b") as big:
+        big.truncate((1 << 30) + 1)
+    code, result = packed(cache, tmp_path)
+    assert code == 1 and "more than 1 GiB (host data kernel_share_max_gib" in result["error"]
+    assert not (tmp_path / "root-only" / f"{DIGEST}.tar.gz").exists()
+
+
+def test_unpack_refuses_an_archive_past_its_bound(tmp_path: Path) -> None:
+    into = service_dir(tmp_path / "dst" / "cache")
+    many = hostile(tmp_path, MANIFEST, *(member(f"{KERNEL}/f{i}") for i in range(5)))
+    code, result = unpack(many, into, bound=["--max-entries", "5", "--max-gib", "1"])
+    assert code == 1 and result["error"] == (
+        f"the archive's member '{KERNEL}/f4' makes it more than 5 entries (host data "
+        "kernel_share_max_entries; raise it to share more): nothing was extracted")
+    # a member that says it holds 1 GiB + 1: refused at its header, before its bytes
+    info = tarfile.TarInfo(f"{KERNEL}/kernel.cubin")
+    info.size = (1 << 30) + 1
+    manifest = MANIFEST[0].tobuf() + MANIFEST[1] + b"\0" * (-len(MANIFEST[1]) % 512)
+    big = tmp_path / "big.tar.gz"
+    big.write_bytes(gzip.compress(manifest + info.tobuf() + b"x" * 512))
+    code, result = unpack(big, into)
+    assert code == 1 and "makes it more than 1 GiB (host data kernel_share_max_gib" in \
+        result["error"] and "nothing was extracted" in result["error"]
+    assert list(into.iterdir()) == []
 
 
 @pytest.mark.parametrize("args", [

@@ -206,9 +206,9 @@ class CopyHost(Host):
     transfers write or record what moved."""
 
     def __init__(self, name: str, facts: dict[str, Any], answers: dict[str, dict[str, Any]],
-                 archive: bytes = b"") -> None:
+                 archive: bytes = b"", **data: Any) -> None:
         super().__init__(facts)
-        self.name, self.print_prefix = name, f"[{name}] "
+        self.name, self.print_prefix, self.data = name, f"[{name}] ", data
         self.answers, self.archive = answers, archive
         self.ran: list[str] = []
         self.uploaded: list[tuple[str, str]] = []
@@ -272,7 +272,8 @@ def test_the_first_host_packs_and_the_controller_keeps_its_archive(roll: Any) ->
     pack = shlex.split(fake.ran[0])
     assert pack[:5] == program("/usr/bin/python3", records.PROGRAM)[:5]
     assert pack[5:] == ["pack", "--root", paths.CACHE, "--digest", BASE, "--inputs",
-                        json.dumps(inputs().as_dict(), sort_keys=True), "--out", outgoing]
+                        json.dumps(inputs().as_dict(), sort_keys=True), "--out", outgoing,
+                        "--max-entries", "100000", "--max-gib", "4"]  # host data's defaults
     kept = exchange.archive(roll_dir, BASE)
     assert kept.read_bytes() == ARCHIVE and oct(kept.stat().st_mode & 0o777) == "0o600"
     [offer] = exchange.offers(roll_dir)
@@ -333,9 +334,28 @@ def test_a_later_host_with_the_same_digest_receives_before_its_restart(roll: Any
     unpack = shlex.split(fake.ran[-1])
     assert unpack[5:] == ["unpack", "--root", paths.CACHE, "--digest", BASE, "--sha256",
                           PACKED["sha256"], "--archive", incoming, "--user", paths.USER,
-                          "--record", records.record_path(RELEASE, BASE), "--source", "h1"]
+                          "--record", records.record_path(RELEASE, BASE), "--source", "h1",
+                          "--max-entries", "100000", "--max-gib", "4"]
     [note] = exchange.notes(roll_dir, "h2")
     assert note.startswith("kernels: received from h1: 40 kernels placed, 0 there already")
+
+
+def test_each_host_shares_and_accepts_within_its_host_data_bound(roll: Any) -> None:
+    packer = CopyHost("h1", facts(), {"pack": PACKED}, ARCHIVE, kernel_share_max_gib=8,
+                      kernel_share_max_entries=500)
+    roll(packer)
+    commands(compiled.kernels_shared, LAUNCHES, RELEASE)
+    assert shlex.split(packer.ran[0])[-4:] == ["--max-entries", "500", "--max-gib", "8"]
+    fake = CopyHost("h2", facts(), {"unpack": {"ok": True, "placed": 40, "kept": 0}},
+                    kernel_share_max_gib=2)
+    roll_dir = roll(fake)
+    exchange.archive(roll_dir, BASE).write_bytes(ARCHIVE)
+    exchange.offer(roll_dir, shared(inputs(), bytes=(2 << 30) + 1))  # more than h2 accepts
+    assert commands(compiled.kernels_received, LAUNCHES, RELEASE) == []
+    assert fake.uploaded == [] and fake.ran == []
+    assert exchange.notes(roll_dir, "h2") == [
+        "kernels: compiles itself: the kernels from h1 come to more than 2 GiB (host data "
+        "kernel_share_max_gib; raise it to share more)"]
 
 
 def test_a_host_of_another_architecture_compiles_and_the_roll_says_why(roll: Any) -> None:

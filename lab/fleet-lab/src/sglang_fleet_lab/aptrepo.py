@@ -50,6 +50,14 @@ DCGM_EXPORTER_UNIT = ("[Unit]\nDescription=NVIDIA DCGM-exporter service\n"
                       "ExecStart=/usr/bin/dcgm-exporter -f "
                       "/etc/dcgm-exporter/default-counters.csv\nRestart=on-abort\n\n"
                       "[Install]\nWantedBy=multi-user.target\n")
+# DCGM's own unit as its package installs it (NVIDIA/DCGM config-files/systemd/
+# nvidia-dcgm.service.in): nv-hostengine in the foreground (the lab's says where it would listen).
+DCGM_UNIT = ("[Unit]\nDescription=NVIDIA DCGM service\nConflicts=dcgm.service\n"
+             "After=nvidia-gpu-reset.target\nWants=nvidia-gpu-reset.target\n\n[Service]\n"
+             "User=root\nPrivateTmp=false\n\n"
+             "Environment=\"DCGM_HOME_DIR=/var/log/nvidia-dcgm\"\n\n"
+             "ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm\n\n"
+             "Restart=on-abort\n\n[Install]\nWantedBy=multi-user.target\n")
 DCGM_COUNTERS = ("# DCGM FIELD, Prometheus metric type, help message\n"
                  "DCGM_FI_DEV_GPU_TEMP, gauge, GPU temperature (in C).\n"
                  "DCGM_FI_DEV_POWER_USAGE, gauge, Power draw (in W).\n"
@@ -115,8 +123,8 @@ def packages(kernel: str) -> list[Deb]:
                    _daemon_unit("NVLink Subnet Manager", "nvlsm", "2025.06.4")}),
         Deb("datacenter-gpu-manager-4-cuda13", "1:4.4.1-1", description="NVIDIA DCGM",
             postinst=RELOAD, prerm=disable("nvidia-dcgm.service"),
-            files={"lib/systemd/system/nvidia-dcgm.service":
-                   _daemon_unit("NVIDIA DCGM service", "nv-hostengine", "4.4.1"),
+            files={"lib/systemd/system/nvidia-dcgm.service": DCGM_UNIT,
+                   "usr/bin/nv-hostengine": STUBS / "nv-hostengine",
                    "usr/bin/dcgmi": "#!/bin/sh\necho 'Successfully ran diagnostic.'\n"}),
         Deb("datacenter-gpu-manager-exporter", "4.5.2-4.8.1-1",
             description="NVIDIA DCGM Exporter", postinst=RELOAD,
