@@ -13,6 +13,7 @@ from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
+from pyinfra.api.facts import FactBase
 from pyinfra.api.operation import operation
 from pyinfra.context import host
 from pyinfra.facts.files import Directory, File, FindFiles, Sha256File
@@ -26,6 +27,30 @@ from sglang_fleet.ops import Ops, privilege
 # them in a server's output cannot hit ordinary text.
 API_KEY = re.compile(r"[A-Za-z0-9!#%&()*+,./:;<=>?@\[\]^_{|}~-]{16,512}")
 SECRET_NAME = re.compile(r"[a-z0-9][a-z0-9_.-]{0,63}")  # what names a secret in host data
+# A server environment file's key lines: a copy kept for later holds none, as a key rotated
+# since is revoked (the last good release goes back with the keys in force).
+KEY_LINE = f"^({paths.API_KEY_VAR}|{paths.ADMIN_API_KEY_VAR})="
+
+
+def without_keys(path: str) -> str:
+    """The command that prints the environment file ``path`` without its key lines."""
+    return f"sed -E {shlex.quote(f'/{KEY_LINE}/d')} {shlex.quote(path)}"
+
+
+def keys_of(path: str) -> str:
+    """The command that prints the key lines of the environment file ``path`` (none: nothing)."""
+    return f"sed -nE {shlex.quote(f'/{KEY_LINE}/p')} {shlex.quote(path)}"
+
+
+class KeylessSha256(FactBase[str | None]):
+    """The SHA-256 of an environment file without its key lines (None: no such file), to
+    compare with a kept copy (``without_keys``) without reading a key."""
+
+    def command(self, path: str) -> str:
+        return f"test ! -f {shlex.quote(path)} || {without_keys(path)} | sha256sum"
+
+    def process(self, output: list[str]) -> str | None:
+        return output[0].split()[0] if output else None
 
 
 def api_key(value: object, source: str, name: str) -> str:

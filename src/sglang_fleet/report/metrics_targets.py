@@ -20,6 +20,7 @@ from typing import Any
 from pyinfra.api.host import Host
 
 from sglang_fleet import hostconfig
+from sglang_fleet.config.connection import metrics_url
 from sglang_fleet.config.render import render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.rollout import fleet
@@ -29,12 +30,15 @@ DCGM_EXPORTER_PORT = 9400
 TARGETS_KEY = "prometheus_file_sd"
 
 
-def _hostport(url: str) -> str:
-    return url.split("//", 1)[-1].rstrip("/")
+def _scrape_target(url: str) -> str:
+    """Where a server's ``/metrics`` is, as ``HOST:PORT`` (Prometheus' default path): for one
+    in gRPC mode, its HTTP side port."""
+    return metrics_url(url).split("//", 1)[-1].removesuffix("/metrics")
 
 
 def targets(hosts: Iterable[Host]) -> list[dict[str, Any]]:
-    """file_sd groups: servers (job ``sglang``), routers (``sglang-router``), DCGM (``dcgm``).
+    """file_sd groups: servers (job ``sglang``; in gRPC mode their side port), routers
+    (``sglang-router``), DCGM (``dcgm``).
 
         [{"targets": ["10.0.0.11:30000"], "labels": {"job": "sglang", "host": "gpu1",
           "instance_index": "0", "model": "qwen3.6-27b"}}, ...]
@@ -47,7 +51,7 @@ def targets(hosts: Iterable[Host]) -> list[dict[str, Any]]:
         if not profile.server.metrics:
             continue  # no --enable-metrics: nothing to scrape
         for launch, url in zip(launches, fleet.urls(host, profile, launches), strict=True):
-            groups.append({"targets": [_hostport(url)],
+            groups.append({"targets": [_scrape_target(url)],
                            "labels": {"job": "sglang", "host": host.name,
                                       "instance_index": str(launch.instance),
                                       "model": profile.model.served_name or ""}})

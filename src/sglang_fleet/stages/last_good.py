@@ -1,7 +1,8 @@
 """Each server's last good release: the unit and environment files that last passed the gate,
 kept under ``LAST_GOOD`` (``keep_command``), and put back, with the ``current`` link on the
 release they run: after a failed gate (``restore_unit``, restarting it), and for a host a roll
-stopped before its restart (``restore_files``, no restart).
+stopped before its restart (``restore_files``, no restart). The environment is kept without its
+keys and goes back with the keys in place, today's: a key rotated since is revoked.
 
     restore_unit(name="Last good sglang.service", unit="sglang.service")
     restore_files(name="Files of sglang.service back", unit="sglang.service")
@@ -20,6 +21,7 @@ from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
 from sglang_fleet.ops import Ops, fail, preview
+from sglang_fleet.ops.secretfile import KeylessSha256, keys_of, without_keys
 from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
 from sglang_fleet.report import summary
 from sglang_fleet.rollout.cutover import disrupt
@@ -39,22 +41,21 @@ def saved_unit(unit: str) -> str:
 
 
 def keep_command(unit: str) -> str:
-    """The command that keeps the unit and environment in place as the last good release."""
+    """The command that keeps the unit and environment (without its keys) in place as the last
+    good release."""
     saved = saved_unit(unit)
-    return (f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
-            f"cp -p {env_file(unit)} {saved}.env")
-
-
-def _same(a: str, b: str) -> bool:
-    """Both files exist and hold the same bytes (read as facts: checksums)."""
-    sums = [host.get_fact(Sha256File, path=path) for path in (a, b)]
-    return sums[0] is not None and sums[0] == sums[1]
+    return (f"umask 077 && install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
+            f"{without_keys(env_file(unit))} > {saved}.env")
 
 
 def in_place(unit: str) -> bool:
-    """The unit and environment files in place are the ones that last passed the gate."""
+    """The unit and environment files in place are the ones that last passed the gate (the
+    environment's keys aside). Read as facts: checksums."""
     saved = saved_unit(unit)
-    return _same(saved, unit_path(unit)) and _same(f"{saved}.env", env_file(unit))
+    kept = [host.get_fact(Sha256File, path=path) for path in (saved, f"{saved}.env")]
+    now = [host.get_fact(Sha256File, path=unit_path(unit)),
+           host.get_fact(KeylessSha256, path=env_file(unit))]
+    return None not in kept and kept == now
 
 
 def _kept(unit: str) -> bool:
@@ -71,10 +72,13 @@ def _release_of(unit_file: str) -> str | None:
 
 
 def _copy_back_command(unit: str) -> str:
-    """The command that copies the kept unit and environment files back and reloads systemd."""
-    saved = saved_unit(unit)
-    return (f"cp -p {saved} {unit_path(unit)} && cp -p {saved}.env {env_file(unit)} && "
-            "systemctl daemon-reload")
+    """The command that copies the kept unit and environment files back, the environment with
+    the keys in place (today's), and reloads systemd."""
+    saved, env = saved_unit(unit), env_file(unit)
+    new = f"{env}.sglang-fleet-new"
+    # without_keys: a copy kept before keys were left out holds the keys of then
+    return (f"umask 077 && {{ {without_keys(f'{saved}.env')} && {keys_of(env)}; }} > {new} && "
+            f"cp -p {saved} {unit_path(unit)} && mv -f {new} {env} && systemctl daemon-reload")
 
 
 def _current_on_kept_release(unit: str) -> Ops:

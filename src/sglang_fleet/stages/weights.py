@@ -150,35 +150,48 @@ def present(path: str) -> Ops:
     host.noop(f"{path} holds a model (config.json)")
 
 
+def credentials(source: str) -> str | None:
+    """The credentials ``source`` needs, in their root-only files; the others removed, so that
+    none outlives the source or the host data it came from. Returns the token file (None:
+    anonymous)."""
+    cfg = hostconfig.of(host)  # the credentials' form: checked with the rest of the host's data
+    if source.startswith("s3://") and cfg.aws_access_key_id:
+        secret_file(name="AWS credentials (root only)", dest=AWS_CREDENTIALS, content=
+                    f"[default]\naws_access_key_id = {cfg.aws_access_key_id}\n"
+                    f"aws_secret_access_key = {cfg.aws_secret_access_key}\n")
+    else:
+        files.file(name="No AWS credentials file (the model source is not s3:// with host "
+                   "data aws_access_key_id)", path=AWS_CREDENTIALS, present=False)
+    if source.startswith("hf://") and cfg.hf_token:
+        secret_file(name="Hugging Face token (root only)", dest=HF_TOKEN,
+                    content=cfg.hf_token + "\n")
+        return HF_TOKEN
+    files.file(name="No Hugging Face token file (the model source is not hf:// with host data "
+               "hf_token)", path=HF_TOKEN, present=False)
+    return None
+
+
 @deploy("Model weights")
 def stage_weights(profile: Profile) -> list[OperationMeta]:
     """Returns the operations whose change means the server must restart."""
     source = profile.model.source
     dest = model_path(profile)
     if source.startswith("/"):
+        credentials(source)  # none needed: those of an earlier source go
         present(name=f"Model at {dest}", path=dest)
         return []
     moves = revision_warning(source)
     if moves:  # valid, but hosts staged on different days would serve different weights
         logger.warning(f"{host.print_prefix}model.source: {moves}; {REVISION_FIX}")
     secrets_directory()
-    cfg = hostconfig.of(host)  # the credentials' form: checked with the rest of the host's data
-    if cfg.aws_access_key_id:
-        secret_file(name="AWS credentials (root only)", dest=AWS_CREDENTIALS, content=
-                    f"[default]\naws_access_key_id = {cfg.aws_access_key_id}\n"
-                    f"aws_secret_access_key = {cfg.aws_secret_access_key}\n")
-    token_file = None
-    if cfg.hf_token:
-        secret_file(name="Hugging Face token (root only)", dest=HF_TOKEN,
-                    content=cfg.hf_token + "\n")
-        token_file = HF_TOKEN
+    token_file = credentials(source)
     files.directory(name="Models directory (root's; the service only reads it)",
                     path=str(Path(dest).parent), user="root", group="root", mode="755")
     install_tools()
     upload(DOWNLOADER)  # and progress, which it imports
     source = normalized_source(source)
     return [staged(name=stage_name(source, dest, served_model(profile)), source=source,
-                   dest=dest, endpoint=cfg.s3_endpoint_url, token_file=token_file,
+                   dest=dest, endpoint=hostconfig.of(host).s3_endpoint_url, token_file=token_file,
                    reuse=legacy_staging_dir(source))]
 
 

@@ -289,7 +289,8 @@ def restores(use: Use) -> list[list[Any]]:
     fake = use({"File": {"mode": 600}, "Sha256File": lambda path: path, "FindInFile": [],
                 "Link": None})
     found = [commands(last_good.restore_unit, "sglang-1.service")]
-    fake.facts.update(Sha256File=lambda path: "same", UnitCondition={"ActiveState": "failed"})
+    fake.facts.update(Sha256File=lambda path: "same", KeylessSha256=lambda path: "same",
+                      UnitCondition={"ActiveState": "failed"})
     found.append(commands(last_good.restore_unit, "sglang-1.service"))
     fake.facts.update(File=lambda path: None if "last-good" in path else {"mode": 600},
                       UnitCondition={"ActiveState": "inactive"})

@@ -99,15 +99,16 @@ def run_gate(launch: Launch, result: gate.GateResult) -> list[Any]:
 def test_a_passing_gate_keeps_its_release_as_the_last_good_once(
         use: Callable[[Host], Host], launch: Launch) -> None:
     env = env_file(UNIT)
-    use(GateHost({"Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1", env: "e",
-                                        f"{SAVED}.env": "e"})}))
+    keyless = sums(**{env: "e"})  # its environment without the keys (test_last_good)
+    use(GateHost({"Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1", env: "ek",
+                                        f"{SAVED}.env": "e"}), "KeylessSha256": keyless}))
     result = gate.GateResult()
-    assert run_gate(launch, result) == [
-        f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(UNIT)} {SAVED} && "
-        f"cp -p {env} {SAVED}.env"]
+    assert run_gate(launch, result) == [last_good.keep_command(UNIT)]
+    assert last_good.keep_command(UNIT).startswith(
+        f"umask 077 && install -d -m 700 {LAST_GOOD} && cp -p {unit_path(UNIT)} {SAVED} && ")
     assert not result.failed()
-    fake = use(GateHost({"Sha256File": sums(**{unit_path(UNIT): "u", SAVED: "u", env: "e",
-                                               f"{SAVED}.env": "e"})}))
+    fake = use(GateHost({"Sha256File": sums(**{unit_path(UNIT): "u", SAVED: "u", env: "ek",
+                                               f"{SAVED}.env": "e"}), "KeylessSha256": keyless}))
     assert run_gate(launch, result) == []
     assert fake.noops == [f"{UNIT} passed the gate and is the last good release already"]
 
@@ -239,22 +240,21 @@ def test_restore_unit_puts_back_the_unit_and_the_current_link(
         use: Callable[[Host], Host]) -> None:
     env = env_file(UNIT)
     facts = {"File": files(SAVED, f"{SAVED}.env"),
-             "Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1", env: "e",
-                                   f"{SAVED}.env": "e"}),
+             "Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1", f"{SAVED}.env": "e"}),
+             "KeylessSha256": sums(**{env: "e"}),
              "FindInFile": [f"ExecStart=/usr/bin/env PYTHONPATH=x {OLD}/bin/python -m y"],
              "Link": {"link_target": NEW}}
     use(Host(facts))
     assert commands(last_good.restore_unit, UNIT) == [
-        f"cp -p {SAVED} {unit_path(UNIT)} && cp -p {SAVED}.env {env} && "
-        f"systemctl daemon-reload && {start_command(UNIT)}",
+        f"{last_good._copy_back_command(UNIT)} && {start_command(UNIT)}",
         f"ln -sfn {OLD} {CURRENT}.new && mv -T {CURRENT}.new {CURRENT}"]
 
 
 def test_restore_unit_starts_only_a_stopped_unit(use: Callable[[Host], Host]) -> None:
     env = env_file(UNIT)
     facts = {"File": files(SAVED, f"{SAVED}.env"),
-             "Sha256File": sums(**{unit_path(UNIT): "u", SAVED: "u", env: "e",
-                                   f"{SAVED}.env": "e"}),
+             "Sha256File": sums(**{unit_path(UNIT): "u", SAVED: "u", f"{SAVED}.env": "e"}),
+             "KeylessSha256": sums(**{env: "e"}),
              "FindInFile": [f"ExecStart={OLD}/bin/python"], "Link": {"link_target": OLD}}
     fake = use(Host({**facts, "UnitCondition": {"ActiveState": "active"}}))
     assert commands(last_good.restore_unit, UNIT) == []

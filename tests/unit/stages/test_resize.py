@@ -19,7 +19,7 @@ from sglang_fleet import ops
 from sglang_fleet.config import sizing
 from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
-from sglang_fleet.paths import LAST_GOOD, SIZING, env_file, unit_path
+from sglang_fleet.paths import LAST_GOOD, SIZING, unit_path
 from sglang_fleet.remote import capacity
 from sglang_fleet.stages import gate, last_good, resize, service
 from tests.fakes import RELEASE, Host, commands
@@ -142,9 +142,7 @@ def test_a_gate_that_reaches_the_target_keeps_its_release(
     cap = capacity.parse(startup_log("0.5.23", sim_flags(sized), tmp_path, monkeypatch), "0.5.23")
     use(TargetHost(cap, {"Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1"})}))
     result = gate.GateResult(resize=240)
-    assert run_gate(result, final=True) == [
-        f"install -d -m 700 {LAST_GOOD} && cp -p {unit_path(UNIT)} {SAVED} && "
-        f"cp -p {env_file(UNIT)} {SAVED}.env"]
+    assert run_gate(result, final=True) == [last_good.keep_command(UNIT)]
     assert result.resizing()  # the size passed: remember_size runs next
 
 
