@@ -230,3 +230,22 @@ def test_a_new_release_compiles_once_on_a_host_whose_every_gpu_serves(lab: None)
     assert main_pid("lab1") != pid and server_info("lab1")["version"] == other
     code, out = deploy(limit="lab1")  # back to the pinned release for what follows
     assert code == 0, out[-4000:]
+
+
+def test_a_warm_up_runs_sandboxed_with_one_off_keys_on_a_spare_gpu(lab: None) -> None:
+    """Two servers on four GPUs: a flag change warms on GPU 2 first, in the service's sandbox
+    (systemd takes every property), with keys from a root-only file removed after it: a full
+    start asks its server with the client key, a precompile runs with the admin key alone."""
+    code, out = deploy("sglang.parallel.instances=2", limit="lab2")
+    assert code == 0, out[-4000:]
+    for mode, running in (("full", 16), ("compile", 24)):
+        code, out = deploy("sglang.parallel.instances=2", f"sglang.warmup={mode}",
+                           f"sglang.memory.max_running_requests={running}", limit="lab2")
+        assert code == 0, out[-4000:]
+        assert f"[lab2] warm-up ({mode}) of " in out and "on GPU 2, port 31000" in out, \
+            out[-4000:]
+        assert re.search(r"\[lab2\] warm-up .*: [\d.]+ s while sglang-0\.service served", out), \
+            out[-4000:]
+        assert ssh("lab2", "ls /etc/sglang/ | grep -c warmup || true").stdout.strip() == "0"
+    code, out = deploy(limit="lab2")  # back to auto: a server per GPU
+    assert code == 0, out[-4000:]

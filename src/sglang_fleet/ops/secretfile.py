@@ -69,9 +69,11 @@ def secrets_directory() -> None:
                     mode="700")
 
 
-def _upload(state: Any, host: Any, dest: str, content: str, privilege: dict[str, Any]) -> None:
+def write_secret(state: Any, host: Any, dest: str, content: str,
+                 privilege: dict[str, Any]) -> None:
     """Write ``content`` to ``dest`` through the command's standard input, as root: never in a
-    temporary file another user could read, never on a command line."""
+    temporary file another user could read, never on a command line (``secret_file``'s upload;
+    the warm-up's, for keys it uses at once)."""
     tmp = shlex.quote(f"{dest}.sglang-fleet-new")
     command = (f"umask 077 && cat > {tmp} && chown root:root {tmp} && chmod 600 {tmp} && "
                f"mv -f {tmp} {shlex.quote(dest)}")
@@ -110,7 +112,7 @@ def secret_file(dest: str, content: str) -> Ops:
         content += "\n"
     current = host.get_fact(Sha256File, path=dest)
     if current != hashlib.sha256(content.encode()).hexdigest():
-        yield FunctionCommand(_upload, (dest, content, privilege()), {})
+        yield FunctionCommand(write_secret, (dest, content, privilege()), {})
         return
     stat = host.get_fact(File, path=dest)
     if stat and (stat["user"], stat["group"], stat["mode"]) == ("root", "root", 600):

@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, TextIO
 
 # Environment variable (from the root-only EnvironmentFile) → the flag SGLang reads it from.
-KEYS = {"SGLANG_API_KEY": "--api-key", "SGLANG_ADMIN_API_KEY": "--admin-api-key"}
+API_KEY, ADMIN_API_KEY = "SGLANG_API_KEY", "SGLANG_ADMIN_API_KEY"
+KEYS = {API_KEY: "--api-key", ADMIN_API_KEY: "--admin-api-key"}
 MASK = "<redacted>"
 
 Message = MutableMapping[str, Any]

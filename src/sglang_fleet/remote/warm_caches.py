@@ -11,6 +11,15 @@ run as the service user on GPUs no server uses, with the service's cache environ
         -m sglang_fleet_remote.warm_caches --mode compile --python /opt/.../bin/python \\
         --module sglang.compile_deep_gemm --port 31000 --timeout 1800 -- --model-path ... --tp 1
 
+The child runs through the service's launcher (``start_server``): the keys of the warm-up's
+root-only environment file (``SGLANG_API_KEY``, ``SGLANG_ADMIN_API_KEY``: one-off, new each
+warm-up) reach SGLang in-process, never its command line, and are masked in what it prints.
+The full warm-up's own requests present the client key. A precompile gets the admin key alone:
+``compile_deep_gemm`` asks its own server without a key (0.5.23
+``launch_server_process_and_send_one_request``); SGLang refuses that once a client key is set,
+and with an admin key alone opens its generation endpoints but no admin one
+(``srt/utils/auth.py`` ``decide_request_auth``).
+
 Prints the child's output prefixed ``warm-up:``, then one line ``WARMUP <json>``; exit 0 when
 the caches were filled. With ``--progress SECONDS`` (the warm-up stage's 10) it prints instead,
 every SECONDS, one line saying how long it has run of its budget and the child's last line (a
@@ -35,6 +44,7 @@ from collections.abc import Iterator
 from typing import IO, Any
 
 from .progress import Reporter, duration  # uploaded to the host with this module
+from .start_server import API_KEY  # the launcher the child runs through, uploaded with it
 
 TAIL = 20  # lines of the child's output shown when it fails
 PROMPT = "What is 2+2? Answer with the number only."
@@ -59,12 +69,17 @@ def over_http(flags: list[str]) -> list[str]:
 
 
 def child_argv(args: argparse.Namespace) -> list[str]:
-    """The entry point with the server's own flags, over HTTP on a loopback port of its own (no
-    key: the warm-up server answers only this host)."""
+    """The entry point with the server's own flags, through the launcher (the keys from the
+    environment, in-process), over HTTP on a loopback port of its own."""
     flags = [*over_http(args.flags), "--host", "127.0.0.1", "--port", str(args.port)]
     if args.mode == "compile":
         flags += ["--timeout", str(args.timeout)]
-    return [args.python, "-m", args.module, *flags]
+    return [args.python, "-m", f"{__package__}.start_server", args.module, *flags]
+
+
+def child_env(mode: str) -> dict[str, str]:
+    """This environment, without the client key for a precompile (its requests carry none)."""
+    return {k: v for k, v in os.environ.items() if not (mode == "compile" and k == API_KEY)}
 
 
 def lines(stream: IO[bytes]) -> Iterator[str]:
@@ -93,9 +108,15 @@ def progress_line(args: argparse.Namespace, elapsed: float, tail: list[str]) -> 
             f"{last}")
 
 
+def _key_header() -> dict[str, str]:
+    key = os.environ.get(API_KEY)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def _get(url: str, timeout: float) -> int:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=_key_header()),
+                                    timeout=timeout) as resp:
             return int(resp.status)
     except (urllib.error.URLError, OSError):
         return 0
@@ -104,7 +125,7 @@ def _get(url: str, timeout: float) -> int:
 def _generate(base: str) -> None:
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 16}
     req = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json", **_key_header()})
     with urllib.request.urlopen(req, timeout=300) as resp:
         resp.read()
 
@@ -146,7 +167,7 @@ def warm(args: argparse.Namespace) -> dict[str, Any]:
     tic = time.monotonic()
     deadline = tic + args.timeout
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            env=child_env(args.mode), start_new_session=True)
     tail: list[str] = []
     assert proc.stdout is not None
     quiet = args.progress > 0

@@ -8,7 +8,8 @@ still serves, so the restart pays only loading and graph capture (profile ``warm
 - ``off``: nothing.
 
 It runs on GPUs no server of the profile uses (``parallel.instances`` x tp x dp from GPU 0 up),
-as the service user with the service's cache environment; a host without such GPUs is said so
+as the service user with the service's cache environment and sandbox, reachable from this host
+alone, with one-off keys in a root-only environment file; a host without such GPUs is said so
 and the restart pays the compile. While it runs, the host says every 10 s how long it has
 compiled of its budget and the compile's last line (shown as it comes).
 
@@ -20,9 +21,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 import shlex
+from pathlib import Path
 from typing import Any
 
+import jinja2
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
@@ -35,11 +39,13 @@ from sglang_fleet.config.render import Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.ports import PortListeners
 from sglang_fleet.facts.systemd import UnitState, UnitStates
-from sglang_fleet.ops import Ops, preview, result_line, run
+from sglang_fleet.ops import Ops, preview, privilege, result_line, run
 from sglang_fleet.ops.host_programs import program, upload
+from sglang_fleet.ops.secretfile import write_secret
+from sglang_fleet.ops.unitfile import UnsafeValue
 from sglang_fleet.stages import kernel_caches as caches
 from sglang_fleet.stages.engine import Release
-from sglang_fleet.stages.service import service_env
+from sglang_fleet.stages.service import TEMPLATE, environment
 
 PROGRAM = "warm_caches"
 PRECOMPILE = caches.PRECOMPILE_MODULE.rpartition(".")[2]  # beside the launcher's module
@@ -96,16 +102,40 @@ def free_port(start: int) -> int:
     return start
 
 
-def warm_command(profile: Profile, launch: Launch, release: Release, gpus: list[int],
-                 port: int, module: str, budget: int) -> str:
-    """A transient unit, as the service user with the service's cache environment and the
-    spare GPUs, that runs the host program and hands back its output."""
-    env = {**service_env(launch), **launch.env, "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
+def sandbox() -> list[str]:
+    """The service unit's hardening (its template's ``hardening`` block: one source for both),
+    for a server on one host, answering this host alone: the warm-up's unit properties."""
+    template = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(
+        Path(TEMPLATE).read_text())
+    values = {"paths": paths.template_values(), "infiniband": [], "allowed_clients": [],
+              "group_peers": []}
+    block = "".join(template.blocks["hardening"](template.new_context(values)))
+    lines = [line for line in block.splitlines() if line and not line.startswith("#")]
+    return [*lines, "IPAddressAllow=localhost", "IPAddressDeny=any"]  # asked from here alone
+
+
+def unit_name(launch: Launch) -> str:
+    return f"sglang-warmup-{launch.instance}"
+
+
+def warm_env(launch: Launch, gpus: list[int]) -> str:
+    """The warm-up's environment file: the service's (caches, the profile's env) on the spare
+    GPUs, with a client key and an admin key of its own, new each time."""
+    keys = {paths.API_KEY_VAR: secrets.token_hex(32),
+            paths.ADMIN_API_KEY_VAR: secrets.token_hex(32)}
+    return environment(launch, keys, {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))})
+
+
+def warm_command(profile: Profile, launch: Launch, release: Release, port: int, module: str,
+                 budget: int) -> str:
+    """A transient unit, as the service user with the service's sandbox and the warm-up's
+    environment file, that runs the host program and hands back its output."""
     run = ["systemd-run", "--quiet", "--wait", "--pipe", "--collect",
-           f"--unit=sglang-warmup-{launch.instance}", f"--uid={paths.USER}",
+           f"--unit={unit_name(launch)}", f"--uid={paths.USER}",
            f"--gid={paths.USER}", f"--working-directory={paths.STATE}",
            f"--property=RuntimeMaxSec={budget + 120}",
-           *(f"--setenv={k}={v}" for k, v in sorted(env.items()))]
+           f"--property=EnvironmentFile={paths.env_file(unit_name(launch))}",
+           *(f"--property={line}" for line in sandbox())]
     words = program("/usr/bin/python3", PROGRAM, "--mode", profile.warmup, "--python",
                     release.python_bin, "--module", module, "--port", str(port),
                     "--timeout", str(budget), "--progress", str(PROGRESS_SECONDS), "--",
@@ -117,6 +147,20 @@ def _report(lines: list[str]) -> dict[str, Any]:
     """The host program's ``WARMUP <json>`` line (an error when it printed none)."""
     return result_line(lines, "WARMUP") or {"ok": False, "error": "the warm-up printed no "
                                              "result", "tail": lines[-10:]}
+
+
+def warm_up(command: str, env_file: str, env_text: str) -> dict[str, Any]:
+    """Run the warm-up with its keys in ``env_file`` (root's, 0600) only while it runs; its
+    result."""
+    try:
+        write_secret(state, host, env_file, env_text, privilege())
+    except OSError as err:
+        return {"ok": False, "error": str(err)}
+    try:
+        _, output = run(command, print_output=True)
+    finally:
+        run(f"rm -f {shlex.quote(env_file)}")
+    return _report(list(output.stdout_lines))
 
 
 @operation(is_idempotent=True)
@@ -167,15 +211,19 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
                            f"{module}; {launch.unit}'s restart compiles (warmup: full "
                            "warms with a whole start)")
             return
+    try:
+        env_text = warm_env(launch, gpus)
+    except UnsafeValue as err:  # the service stage refuses it too, before any host changes
+        logger.warning(f"{host.print_prefix}warm-up skipped: {err}")
+        return
     port = free_port(launch.port + PORT_OFFSET)
     where = f"GPU {','.join(map(str, gpus))}, port {port}"
     # The warm-up itself, not a read of state: it runs here so its outcome decides what follows.
     # Its progress lines are shown as they come (pyinfra's print_output, for this command).
     logger.info(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on {where}, "
                 f"up to {budget} s")
-    _, output = run(warm_command(profile, launch, release, gpus, port, module, budget),
-                    print_output=True)
-    result = _report(list(output.stdout_lines))
+    command = warm_command(profile, launch, release, port, module, budget)
+    result = warm_up(command, paths.env_file(unit_name(launch)), env_text)
     if not result.get("ok"):
         for line in result.get("tail") or []:
             logger.warning(f"{host.print_prefix}warm-up: {line}")

@@ -3,6 +3,7 @@ real child processes standing in for a release's entry points."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import subprocess
@@ -20,11 +21,13 @@ from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.facts.systemd import UnitState
 from sglang_fleet.ops.host_programs import program
+from sglang_fleet.ops.unitfile import env_line
 from sglang_fleet.remote import warm_caches
 from sglang_fleet.stages import warmup
 from sglang_fleet.stages.engine import Release
 from tests.conftest import field_profile, free_port
 from tests.fakes import Host, commands
+from tests.unit.test_hostile import CONTROL, HOSTILE, server_unit
 
 PROFILE = field_profile({"parallel.instances": 1})  # a spare GPU to warm on
 LAUNCH = render(PROFILE)
@@ -42,19 +45,29 @@ def running(release: Release, flags: tuple[str, ...]) -> dict[str, UnitState]:
 
 
 class WarmHost(Host):
-    """A host whose warm-up program answers ``result`` (and records the command)."""
+    """A host whose warm-up program answers ``result``; records every command, whether its
+    output was printed and what went to its standard input."""
 
     def __init__(self, facts: dict[str, Any], result: dict[str, Any] | None = None) -> None:
         super().__init__(facts)
         self.result = result or {"mode": "compile", "seconds": 120.5, "ok": True}
         self.ran: list[str] = []
         self.printed: list[bool] = []
+        self.stdin: dict[str, str] = {}
 
     def run_shell_command(self, command: str, **kwargs: Any) -> tuple[bool, CommandOutput]:
         self.ran.append(command)
         self.printed.append(kwargs.get("print_output", False))
+        if "_stdin" in kwargs:
+            self.stdin[command] = kwargs["_stdin"]
+        if not command.startswith("systemd-run "):
+            return True, CommandOutput([])
         lines = ["warm-up: Compiling DeepGEMM", f"WARMUP {json.dumps(self.result)}"]
         return bool(self.result["ok"]), CommandOutput([OutputLine("stdout", x) for x in lines])
+
+    def warm_up_words(self) -> list[str]:
+        [command] = [c for c in self.ran if c.startswith("systemd-run ")]
+        return shlex.split(command)
 
 
 @pytest.fixture
@@ -93,9 +106,9 @@ def test_a_new_release_is_compiled_on_a_spare_gpu_then_marked(use: Callable[...,
     fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
     [mark] = commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
     assert mark.startswith(f"install -d -m 755 {warmup.MARKS} && touch {warmup.MARKS}/")
-    words = shlex.split(fake.ran[0])
+    words = fake.warm_up_words()
     assert words[:5] == ["systemd-run", "--quiet", "--wait", "--pipe", "--collect"]
-    assert "--uid=sglang" in words and "--setenv=CUDA_VISIBLE_DEVICES=1" in words
+    assert "--uid=sglang" in words and "--gid=sglang" in words
     tail = words[words.index("--mode"):]
     assert tail[:10] == ["--mode", "compile", "--python", RELEASE.python_bin, "--module",
                          "sglang.compile_deep_gemm", "--port", str(LAUNCH.port + 1000),
@@ -109,8 +122,10 @@ def test_the_warm_up_says_its_progress_as_it_comes(use: Callable[..., Any]) -> N
     """Every 10 s a line from the host program (--progress), printed by pyinfra as it comes."""
     fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
     commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
-    words = shlex.split(fake.ran[0])
-    assert words[words.index("--progress") + 1] == "10" and fake.printed == [True]
+    words = fake.warm_up_words()
+    assert words[words.index("--progress") + 1] == "10"
+    printed = [c for c, p in zip(fake.ran, fake.printed, strict=True) if p]
+    assert printed == [c for c in fake.ran if c.startswith("systemd-run ")]
     assert any("warm-up (compile) of sglang-0.5.23" in s and "up to 1800 s" in s
                for s in fake.said)
 
@@ -146,6 +161,73 @@ def test_a_failed_warm_up_warns_and_marks_nothing(use: Callable[..., Any]) -> No
     assert any("RuntimeError: CUDA error" in s for s in fake.said)
 
 
+ENV_FILE = "/etc/sglang/sglang-warmup-0.env"
+
+
+def test_the_warm_up_runs_in_the_service_units_sandbox_answering_this_host_alone(
+        use: Callable[..., Any]) -> None:
+    """Every hardening line of the rendered sglang.service is a property of the warm-up's
+    unit, with an IP allow-list of localhost alone; no environment on its command line."""
+    fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
+    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    words = fake.warm_up_words()
+    properties = [w.removeprefix("--property=") for w in words if w.startswith("--property=")]
+    unit = [line for line in server_unit("plain", "plain").splitlines()
+            if line and not line.startswith("#")]
+    hardening = unit[unit.index("DevicePolicy=closed"):unit.index("UMask=0027") + 1]
+    assert len(hardening) > 20 and all(line in properties for line in hardening)
+    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "CapabilityBoundingSet=",
+                 "ReadWritePaths=/var/lib/sglang/state /var/cache/sglang",
+                 "IPAddressAllow=localhost", "IPAddressDeny=any", f"EnvironmentFile={ENV_FILE}"):
+        assert line in properties
+    assert not any(w.startswith(("--setenv", "-E")) for w in words)
+
+
+def written_env(fake: WarmHost) -> str:
+    [(command, text)] = fake.stdin.items()
+    assert f"cat > {ENV_FILE}.sglang-fleet-new" in command and "chmod 600" in command
+    return text
+
+
+def test_the_warm_up_has_one_off_keys_in_a_root_only_file_never_on_a_command_line(
+        use: Callable[..., Any]) -> None:
+    fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
+    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    text = written_env(fake)
+    env = dict(line.split("=", 1) for line in text.splitlines() if not line.startswith("#"))
+    key, admin = env["SGLANG_API_KEY"].strip("'"), env["SGLANG_ADMIN_API_KEY"].strip("'")
+    assert len(key) == len(admin) == 64 and key != admin
+    assert env["CUDA_VISIBLE_DEVICES"] == "'1'" and env["HOME"] == "'/var/lib/sglang/state'"
+    assert not any(key in c or admin in c for c in fake.ran)
+    # written before the warm-up, removed after it
+    assert fake.ran[1].startswith("systemd-run ") and fake.ran[2] == f"rm -f {ENV_FILE}"
+    again = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
+    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    assert key not in written_env(again)
+
+
+def test_a_failed_warm_up_removes_its_keys_too(use: Callable[..., Any]) -> None:
+    result = {"mode": "full", "ok": False, "error": "the warm-up server exited"}
+    fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:])), result))
+    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    assert fake.ran[-1] == f"rm -f {ENV_FILE}"
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_environment_values_stay_literal_in_the_env_file(
+        use: Callable[..., Any], text: str) -> None:
+    launch = dataclasses.replace(LAUNCH, env={**LAUNCH.env, "X": text})
+    fake = use(WarmHost(facts(running(OLD, launch.argv[3:]))))
+    commands(warmup.caches_warmed, PROFILE, launch, RELEASE, 1800)
+    if CONTROL.search(text):  # refused, said, nothing run
+        assert fake.ran == [] and any("control character" in s for s in fake.said)
+        return
+    lines = written_env(fake).splitlines()
+    assert env_line("X", text) in lines and len(lines) == len(warmup.warm_env(LAUNCH, [1])
+                                                               .splitlines()) + 1
+    assert not any("X=" in w for w in fake.warm_up_words())  # the file's alone
+
+
 def test_the_key_ignores_port_host_and_gpus_but_not_flags() -> None:
     two = render(PROFILE, instance=0)
     key = warmup.warm_key(two, RELEASE, "compile")
@@ -157,34 +239,49 @@ def test_the_key_ignores_port_host_and_gpus_but_not_flags() -> None:
     assert warmup.warm_key(two, RELEASE, "full") != key
 
 
-# The host program, with stand-ins for a release's entry points.
+# The host program, with stand-ins for a release's entry points: keys as SGLang takes them
+# (``--api-key`` guards every endpoint but /health*), the precompile's requests keyless.
 ENTRY = textwrap.dedent('''
     import http.server, sys, time
     args = sys.argv[1:]
-    port = int([args[i + 1] for i, a in enumerate(args) if a == "--port"][-1])  # argparse's
+    def flag(name):
+        return ([args[i + 1] for i, a in enumerate(args) if a == name] or [None])[-1]
+    port, key, admin = int(flag("--port")), flag("--api-key"), flag("--admin-api-key")
+    print("argv:", *args, flush=True)
+    print("keys:", *[n for n, k in (("api", key), ("admin", admin)) if k], flush=True)
+    if key and key.encode() in open("/proc/self/cmdline", "rb").read():
+        print("a key is on the command line", flush=True)
     if "--fail" in args:
         print("RuntimeError: CUDA error", flush=True); sys.exit(3)
     if "--smg-grpc-mode" in args:    # no HTTP to ask
         print("gRPC server listening", flush=True); time.sleep(60); sys.exit(4)
-    if "--timeout" in args:          # the precompile: compile, then exit
+    if "--timeout" in args:          # the precompile: asks its own server without a key
+        if key:
+            print("Sync request failed: Unauthorized", flush=True); sys.exit(5)
         print("Compiling DeepGEMM kernels", flush=True); sys.exit(0)
     class H(http.server.BaseHTTPRequestHandler):
-        def _ok(self):
-            self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
-        do_GET = do_POST = _ok
+        def _answer(self):
+            allowed = self.path.startswith("/health") or not key or \\
+                self.headers.get("Authorization") == f"Bearer {key}"
+            self.send_response(200 if allowed else 401); self.end_headers()
+            self.wfile.write(b"{}")
+        do_GET = do_POST = _answer
         def log_message(self, *a): pass
     print("The server is fired up and ready to roll!", flush=True)
     http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
 ''')
+KEYS = {"SGLANG_API_KEY": "client" * 6, "SGLANG_ADMIN_API_KEY": "admin" * 8}
 
 
-def run_program(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+def run_program(tmp_path: Path, *args: str,
+                env: dict[str, str] | None = None) -> tuple[int, dict[str, Any], str]:
     (tmp_path / "entry.py").write_text(ENTRY)
     argv = [sys.executable, "-m", "sglang_fleet.remote.warm_caches", "--python",
             sys.executable, "--module", "entry", "--port", str(free_port()), "--timeout", "30",
             *args]
+    path = f"{tmp_path}:{Path(warm_caches.__file__).parents[2]}"
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": f"{tmp_path}:{Path(warm_caches.__file__).parents[2]}"})
+                          env={"PYTHONPATH": path, **(env or {})})
     line = next(x for x in proc.stdout.splitlines() if x.startswith("WARMUP "))
     return proc.returncode, json.loads(line[7:]), proc.stdout
 
@@ -205,6 +302,24 @@ def test_a_grpc_mode_server_is_warmed_over_http(tmp_path: Path) -> None:
     assert "--smg-grpc-mode" in launch.argv
     code, result, out = run_program(tmp_path, "--mode", "full", "--", *launch.argv[3:])
     assert code == 0 and result["ok"] and "fired up" in out, out
+
+
+def test_program_full_hands_the_keys_in_process_and_asks_with_the_client_key(
+        tmp_path: Path) -> None:
+    code, result, out = run_program(tmp_path, "--mode", "full", "--", "--model-path", "/m",
+                                    env=KEYS)
+    assert code == 0 and result["ok"], out
+    assert "keys: api admin" in out and "on the command line" not in out
+    assert "--api-key <redacted> --admin-api-key <redacted>" in out  # masked as it prints
+    assert not any(key in out for key in KEYS.values())
+
+
+def test_program_compile_gets_the_admin_key_alone(tmp_path: Path) -> None:
+    """SGLang's precompile asks its own server without a key: a client key would stop it."""
+    code, result, out = run_program(tmp_path, "--mode", "compile", "--", "--model-path", "/m",
+                                    env=KEYS)
+    assert code == 0 and result["ok"], out
+    assert "keys: admin\n" in out.replace("warm-up: ", "")
 
 
 def test_program_reports_a_failing_entry_point(tmp_path: Path) -> None:
