@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sglang_fleet import paths
+from sglang_fleet.config.validators import key_shaped
 
 Check = Callable[[Any], str | None]
 
@@ -102,7 +103,7 @@ _SECRET_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 
 
 def secret_name(value: Any) -> str | None:
-    if _SECRET_NAME.match(value):
+    if _SECRET_NAME.match(value) and not key_shaped(value):  # never the key pasted in its place
         return None
     return "must be the NAME of a secret (lower-case letters, digits, . _ -), never the key itself"
 

@@ -58,6 +58,24 @@ def finite_problem(value: float) -> str | None:
     return None if math.isfinite(value) else f"must be a finite number, got {value}"
 
 
+# A credential pasted where a secret's NAME belongs: 32 hex digits (a hex key, a digest), a UUID,
+# a token's prefix (OpenAI, Hugging Face, GitHub, GitLab, Slack) before 16 random characters, or
+# 24 letters and digits mixed: what names people give secrets never look like these.
+_KEY_SHAPED = re.compile(
+    r"[0-9a-f]{32}|[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}"
+    r"|(^|[^a-z0-9])(sk|pk|rk|hf|gh[oprsu]|github_pat|glpat|xox[abpr])[-_][a-z0-9_-]*[a-z0-9]{16}"
+    r"|(?=[a-z]*[0-9])(?=[0-9]*[a-z])[a-z0-9]{24}", re.IGNORECASE)
+
+
+def key_shaped(value: str) -> bool:
+    """Whether a secret's NAME looks like a key or token (refuse it, and never print it).
+
+        >>> key_shaped("sglang-api-key"), key_shaped("sk-" + "3f9a" * 6)
+        (False, True)
+    """
+    return _KEY_SHAPED.search(value) is not None
+
+
 # PEP 508 names (also used for extras): letters and digits, with . _ - inside.
 _PEP508 = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from sglang_fleet.config import profile_yaml, validators
 from sglang_fleet.hostconfig.spec import Check, Found, Raw, Wrong
+from sglang_fleet.ops.secretfile import SECRET_NAME
 from sglang_fleet.ops.unitfile import UnsafeValue, networks
 
 INSECURE_KEY = "allow_insecure_urls"
@@ -53,44 +54,79 @@ def port(value: Any, raw: Raw) -> Found:
         f"must be a port from 1024 to 65535, got {value!r}"
 
 
-def flag(value: Any, raw: Raw) -> Found:
-    return None if isinstance(value, bool) else f"must be True or False, got {value!r}"
-
-
 def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def form(pattern: re.Pattern[str] | str, example: str, masked: bool = False) -> Check:
+# A yes/no key's words, in any case: data files write True or False, and pyinfra's --data passes
+# true/false as bools, 1/0 as ints and any other word as text (a bare bool() made "no" a yes).
+_TRUTH = {"true": True, "yes": True, "on": True, "1": True,
+          "false": False, "no": False, "off": False, "0": False}
+FLAG_WORDS = "true/false, yes/no, on/off or 1/0"
+
+
+def truth(value: Any) -> bool | None:
+    """A yes/no key's value as a bool; None when it is none of its words.
+
+        truth("No"), truth(1), truth("maybe")     # (False, True, None)
+    """
+    if isinstance(value, bool):
+        return value
+    return _TRUTH.get(str(value).lower()) if isinstance(value, int | str) else None
+
+
+def flag(value: Any, raw: Raw) -> Found:
+    """A yes/no key (``allow_reboot``): one of its words, read by ``truth``."""
+    return None if truth(value) is not None else f"must be {FLAG_WORDS}, got {_shown(value)}"
+
+
+def form(pattern: re.Pattern[str] | str, example: str) -> Check:
     """A value that ends up in package names, paths or commands: its strict form. ``example``
-    is "WHAT, e.g. VALUE" (the fix); ``masked``: never print the value (a secret's NAME, where
-    the secret itself may have been pasted).
+    is "WHAT, e.g. VALUE" (the fix).
 
         form(r"[0-9]{3,4}", "a driver branch, e.g. 580")("580; id", raw)
         # "'580; id' is not a driver branch"
     """
     compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
     what = example.partition(", e.g.")[0]
-    kinds: tuple[type, ...] = (str,) if masked else (int, str)  # a branch may be 580, a name not
 
     def check(value: Any, raw: Raw) -> Found:
         if isinstance(value, bool):
             return Wrong(f"must be {what}, got {value!r}", example)
-        text = str(value) if isinstance(value, kinds) else None
+        text = str(value) if isinstance(value, int | str) else None  # a branch may be 580
         if text is not None and compiled.fullmatch(text):
             return None
-        return Wrong(f"{'the value' if masked else _shown(value)} is not {what}", example)
+        return Wrong(f"{_shown(value)} is not {what}", example)
+    return check
+
+
+def _name_problem(value: Any) -> str | None:
+    """What is wrong with a secret's NAME, never saying the value: the key itself may have been
+    pasted in its place."""
+    if not isinstance(value, str) or not SECRET_NAME.fullmatch(value):
+        return "is not the NAME of a secret (lower-case letters, digits, . _ -; at most 64)"
+    if validators.key_shaped(value):
+        return "is not the NAME of a secret: it looks like a key or token"
+    return None
+
+
+def secret_name(example: str) -> Check:
+    """The NAME of a secret in ``secrets`` (``router_api_key_secret``), e.g. ``example``."""
+    def check(value: Any, raw: Raw) -> Found:
+        wrong = _name_problem(value)
+        return Wrong(f"the value {wrong}", f"the NAME of a secret, e.g. {example}, with its "
+                     f"value in secrets = {{'{example}': ...}}") if wrong else None
     return check
 
 
 def url(value: Any, raw: Raw) -> Found:
     """A repository, index or endpoint the hosts fetch from as root: https, unless host data
-    ``allow_insecure_urls`` is True."""
+    ``allow_insecure_urls`` is yes."""
     if not isinstance(value, str):
         return Wrong(f"must be a URL string, got {type(value).__name__} {value!r}",
                      "write https://HOST[:PORT]/PATH")
-    wrong = validators.url_problem(value, raw.get(INSECURE_KEY) is True)
+    wrong = validators.url_problem(value, truth(raw.get(INSECURE_KEY)) is True)
     if wrong is None:
         return None
     fix = (f"use https://, or set {INSECURE_KEY} = True in host data where plain http is "
@@ -159,11 +195,17 @@ def credential(name: str, needs: str | None = None) -> Check:
 
 
 def secret_map(value: Any, raw: Raw) -> Found:
-    """``secrets``: names to values, each a secret value (never printed)."""
+    """``secrets``: secret names to values, each a secret value (neither printed: a key may
+    have been pasted as a name)."""
     if not isinstance(value, Mapping):
         return f"must be a mapping of secret names to values, got {type(value).__name__}"
     found = []
     for name, secret in value.items():
+        named = _name_problem(name)
+        if named:
+            found.append(Wrong(f"a name in it {named}", "name each secret, e.g. "
+                               "sglang-api-key, and give the key as its value", key="secrets"))
+            continue
         wrong = secret_value(secret, raw)
         if wrong:
             found.append(Wrong(str(wrong), "one line: the value itself, read from a file, "

@@ -37,14 +37,15 @@ from sglang_fleet.hostconfig.checks import (
     port,
     profile_path,
     secret_map,
+    secret_name,
     sha256,
     subset_of,
+    truth,
     url,
     user_names,
     whole,
 )
 from sglang_fleet.hostconfig.spec import Raw, checked, checked_all, key
-from sglang_fleet.ops.secretfile import SECRET_NAME
 from sglang_fleet.ops.unitfile import networks
 from sglang_fleet.stages.repository import KEYRING, NVIDIA_REPOS
 
@@ -66,6 +67,7 @@ PURGEABLE = ("engine", "weights", "driver")
 SECONDS = "must be a whole number of seconds from 1 to 86400"
 POSITIVE = "must be a positive integer"
 ONE_LINE = "one line: the value itself, read from a file"
+YES_OR_NO = "write True or False (or yes/no, on/off, 1/0)"
 
 
 def _in_group(raw: Raw, name: str) -> bool:
@@ -140,8 +142,8 @@ class HostConfig:
         doc="secret values by name (`sglang-api-key`, `sglang-router-admin-key`, ...), 16 to "
         "512 printable characters")
     replace_stale_servers: bool = key(
-        False, parse=bool, doc="let the deploy stop a server it did not start that holds a "
-        "server's port")
+        False, check=flag, parse=truth, fix=YES_OR_NO,
+        doc="let the deploy stop a server it did not start that holds a server's port")
     startup_budget_seconds: int = key(
         1800, check=whole(1, 86400, SECONDS), fix="e.g. 1800",
         doc="how long a server may take to load and warm up (1..86400)")
@@ -172,7 +174,8 @@ class HostConfig:
     engine_find_links: str | None = key(
         None, check=url, doc="a wheelhouse pip may also install the engine from (https)")
     allow_insecure_urls: bool = key(
-        False, check=flag, fix="allow_insecure_urls = True (only where plain http is intended)",
+        False, check=flag, parse=truth,
+        fix="allow_insecure_urls = True (only where plain http is intended), or False",
         doc="accept `http://` repository, index, find-links and S3 URLs (a lab)")
     s3_endpoint_url: str | None = key(
         None, check=url, shown="AWS", doc="S3-compatible endpoint for `s3://` model sources "
@@ -247,15 +250,14 @@ class HostConfig:
         doc="seconds before an open breaker lets a request try the worker again (smg also as "
         "soon as its health checks pass)")
     router_api_key_secret: str = key(
-        "sglang-api-key",
-        check=form(SECRET_NAME, "the NAME of a secret, e.g. sglang-api-key", masked=True),
+        "sglang-api-key", check=secret_name("sglang-api-key"),
         doc="the secret clients present to the router (and it presents to the workers)")
     router_admin_api_key_secret: str = key(
-        "sglang-router-admin-key",
-        check=form(SECRET_NAME, "the NAME of a secret, e.g. sglang-router-admin-key",
-                   masked=True), doc="the secret for the router's `/workers` API")
+        "sglang-router-admin-key", check=secret_name("sglang-router-admin-key"),
+        doc="the secret for the router's `/workers` API")
     router_allow_no_key: bool = key(
-        False, parse=bool, doc="run the router without keys (refused otherwise)")
+        False, check=flag, parse=truth, fix=YES_OR_NO,
+        doc="run the router without keys (refused otherwise)")
 
     # --- monitoring ---
     prometheus_file_sd: str | None = key(
@@ -285,7 +287,8 @@ class HostConfig:
         "open", check=open_flavour, fix="remove nvidia_driver_flavour or set it to 'open'",
         doc="anything else is refused (Blackwell needs the open modules)")
     allow_reboot: bool = key(
-        False, parse=bool, doc="whether the deploy may reboot the host")
+        False, check=flag, parse=truth, fix=YES_OR_NO,
+        doc="whether the deploy may reboot the host")
     reboot_timeout_seconds: int = key(
         REBOOT_TIMEOUT, check=whole(10, None, "must be a whole number of seconds, at least 10"),
         fix=f"how long to wait for a host to come back from a reboot, e.g. {REBOOT_TIMEOUT}",
@@ -298,9 +301,9 @@ class HostConfig:
         None, check=form(r"[0-9]{1,2}-[0-9]{1,2}", "a toolkit package suffix, e.g. 12-9"),
         parse=str, doc="a CUDA toolkit to install besides, e.g. `12-9`")
     install_dcgm: bool = key(
-        False, parse=bool, doc="DCGM (`nvidia-dcgm`, its host engine on 127.0.0.1:5555) and "
-        "its Prometheus exporter (`nvidia-dcgm-exporter`, :9400, behind "
-        "`sglang_allowed_clients`)")
+        False, check=flag, parse=truth, fix=YES_OR_NO, doc="DCGM (`nvidia-dcgm`, its host "
+        "engine on 127.0.0.1:5555) and its Prometheus exporter (`nvidia-dcgm-exporter`, :9400, "
+        "behind `sglang_allowed_clients`)")
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any] | Any, host: str,

@@ -606,6 +606,7 @@ def _host_data(**data: Any) -> Callable[[], Any]:
     return profile
 
 
+HEX_KEY = "3f9a" * 16  # a key pasted where a secret's name belongs: refused, never shown
 HOST_CASES: list[tuple[str, Callable[[], Any], str]] = [
     ("overrides not a mapping", _host_data(sglang_overrides=["x"]), "must be a mapping"),
     ("auto past the last port", _host_data(gpu_count=64, **{"sglang.server.port": 65500}),
@@ -628,7 +629,11 @@ HOST_CASES: list[tuple[str, Callable[[], Any], str]] = [
      "not an http(s) URL"),
     ("s3 endpoint an integer", _host_data(s3_endpoint_url=9000), "must be a URL string"),
     ("address words", _host_data(sglang_address="bad host!"), "neither an IP address"),
-    ("allow_insecure_urls words", _host_data(allow_insecure_urls="yes"), "True or False"),
+    ("allow_insecure_urls words", _host_data(allow_insecure_urls="sure"),
+     "allow_insecure_urls: must be true/false, yes/no, on/off or 1/0, got 'sure'"),
+    ("allow_reboot words", _host_data(allow_reboot="maybe"),
+     "allow_reboot: must be true/false, yes/no, on/off or 1/0, got 'maybe'"),
+    ("router_allow_no_key 2", _host_data(router_allow_no_key=2), "router_allow_no_key: must be"),
     ("profile an integer", _host_data(sglang_profile=5), "no serving profile"),
     ("profile empty", _host_data(sglang_profile=""), "no serving profile"),
     ("profile newline", _host_data(sglang_profile="profiles/x.yaml\n"), "U+000A"),
@@ -666,6 +671,10 @@ HOST_CASES: list[tuple[str, Callable[[], Any], str]] = [
     ("router version true", _host_data(router_version=True), "must be a release"),
     ("router secret holds a key", _host_data(router_api_key_secret="sk-LIVE-ABC"),
      "the value is not the NAME of a secret"),
+    ("router secret 64 hex", _host_data(router_admin_api_key_secret=HEX_KEY),
+     "router_admin_api_key_secret: the value is not the NAME of a secret: it looks like a key"),
+    ("secrets named by a key", _host_data(secrets={HEX_KEY: "x" * 32}),
+     "secrets: a name in it is not the NAME of a secret: it looks like a key"),
     ("router host words", _host_data(router_host="any interface"), "neither an IP address"),
     ("router url ftp", _host_data(router_url="ftp://r:30080"), "not an http(s) URL"),
     ("router port 443", _host_data(router_port=443), "privileged"),
@@ -682,6 +691,15 @@ def test_host_data(name: str, load: Callable[[], Any], expect: str) -> None:
     message = str(exc.value)
     assert message.startswith("pyinfra data of h1: "), message
     assert expect in message and "\n    fix: " in message, message
+    assert HEX_KEY not in message
+
+
+@pytest.mark.parametrize("key", ["allow_reboot", "router_allow_no_key", "allow_insecure_urls"])
+@pytest.mark.parametrize("value", ["no", "NO", "off", "false", 0, False])
+def test_host_data_no_is_no(key: str, value: object) -> None:
+    """As --data gives a word (``allow_reboot=no`` stays the text "no") or a file writes it."""
+    inv = Inventory(([("h1", {key: value})], {}))  # type: ignore[no-untyped-call]
+    assert getattr(hostdata.of(inv.get_host("h1")), key) is False
 
 
 def test_host_data_insecure_urls_when_allowed() -> None:
@@ -712,7 +730,11 @@ ROLL_CASES = [
      "quote it"),
     ("data empty value", INVENTORY, ("--data", "sglang.memory.page_size="), "is empty"),
     ("data insecure words", INVENTORY, ("--data", "allow_insecure_urls=maybe"),
-     "True or False"),
+     "allow_insecure_urls: must be true/false, yes/no, on/off or 1/0, got 'maybe'"),
+    ("data reboot words", INVENTORY, ("--data", "allow_reboot=maybe"),
+     "allow_reboot: must be true/false, yes/no, on/off or 1/0, got 'maybe'"),
+    ("data secret name 64 hex", INVENTORY, ("--data", f"router_api_key_secret={HEX_KEY}"),
+     "router_api_key_secret: the value is not the NAME of a secret"),
     ("data http find-links", INVENTORY, ("--data", "engine_find_links=http://w/"),
      "plain http"),
     ("drain timeout nan", INVENTORY, ("--drain-timeout", "nan"), "seconds from 0"),
@@ -750,6 +772,7 @@ def test_roll_inputs(tmp_path: Path) -> None:
     results = json.loads(run.stdout.splitlines()[-1])
     for (name, _, _, expect), (code, err) in zip(ROLL_CASES, results, strict=True):
         assert_named_error(code, err, Case(name, (), expect, usage=name in ROLL_USAGE))
+        assert HEX_KEY not in err, name
 
 
 def test_corpus_size() -> None:
