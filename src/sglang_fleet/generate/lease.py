@@ -111,8 +111,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except OSError:  # EPERM: it runs, as another user
-        return True
+    except PermissionError:  # EPERM: it runs, as another user
+        pass
     return True
 
 

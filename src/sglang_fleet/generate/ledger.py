@@ -23,6 +23,7 @@ from sglang_fleet.generate.job_state import JobState
 from sglang_fleet.generate.lease import layout
 from sglang_fleet.generate.output_files import (
     FENCE_KEY,
+    entry_files,
     failure_names,
     failures_name,
     gathered_failures_name,
@@ -115,11 +116,12 @@ class Ledger(JobState):
         """This run's finished shards whose file carries another fencing token than its entry:
         a late PUT of a run that had lost the lease replaced it, so it is not committed (it
         is deleted by tidy() and redone)."""
-        fenced = {i: e for i, e in finished.items() if self.mine(i) and FENCE_KEY in e}
+        files = [(i, e[FENCE_KEY], name) for i, e in finished.items()
+                 if self.mine(i) and FENCE_KEY in e for name in entry_files(e)]
         with ThreadPoolExecutor(16) as pool:  # one HEAD each: in parallel
-            marks = pool.map(self.store.fence_of, [e["name"] for e in fenced.values()])
-            return {i for (i, e), mark in zip(fenced.items(), marks, strict=True)
-                    if mark != e[FENCE_KEY]}
+            marks = pool.map(self.store.fence_of, [name for _, _, name in files])
+            return {i for (i, fence, _), mark in zip(files, marks, strict=True)
+                    if mark != fence}
 
     def tidy(self) -> None:
         """Once the run is past every refusal: delete what a killed run left (failures files

@@ -91,6 +91,14 @@ def fenced(entry: dict[str, Any], fence: str | None) -> dict[str, Any]:
     return entry if fence is None else {**entry, FENCE_KEY: fence}
 
 
+def entry_files(entry: dict[str, Any]) -> list[str]:
+    """A shard entry's files on the output. Example: ["shard-000002.jsonl",
+    "failures-000002.jsonl"] for a shard with failed lines."""
+    index = shard_index(entry["name"], "shard-")
+    return [entry["name"]] + ([failures_name(index)] if entry["failures"] and index is not None
+                              else [])
+
+
 def failure_names(done: dict[int, dict[str, Any]], rounds: dict[int, dict[str, Any]],
                   share: tuple[int, int] | None = None) -> list[str]:
     """The failures files listing the lines still without a record: the last retry round's,

@@ -25,6 +25,7 @@ from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.output_files import (
     FENCE_KEY,
     MANIFEST,
+    entry_files,
     failure_names,
     failures_name,
     id_key,
@@ -152,11 +153,12 @@ def _listed(reader: Reader, manifest: dict[str, Any], manifest_file: str, key: s
 def check_fence(reader: Reader, entry: dict[str, Any], manifest_file: str) -> None:
     """A shard whose file carries another fencing token than its entry was replaced by a late
     write of a run that had lost the output's lease: not committed (lease.py)."""
-    if FENCE_KEY in entry and reader.fence_of(entry["name"]) != entry[FENCE_KEY]:
-        raise GenerateError(f"{reader.location.rstrip('/')}/{entry['name']}: not the file "
-                            f"{manifest_file} lists: a run that had lost the output's lease "
-                            "wrote it late, so it is not committed; run the generate command "
-                            "again: it redoes that shard")
+    for name in entry_files(entry) if FENCE_KEY in entry else []:
+        if reader.fence_of(name) != entry[FENCE_KEY]:
+            raise GenerateError(f"{reader.location.rstrip('/')}/{name}: not the file "
+                                f"{manifest_file} lists: a run that had lost the output's "
+                                "lease wrote it late, so it is not committed; run the "
+                                "generate command again: it redoes that shard")
 
 
 def show(output: str, failed: bool = False, s3_endpoint: str | None = None,

@@ -203,7 +203,12 @@ class S3Reader:
 
     def fence_of(self, name: str) -> str | None:
         """The fencing token the object was written with (None: an older sglang-fleet's)."""
-        head = self.s3.head_object(Bucket=self.bucket, Key=self.prefix + name)
+        try:
+            head = self.s3.head_object(Bucket=self.bucket, Key=self.prefix + name)
+        except self.s3.exceptions.ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey"):
+                return None  # gone: no token, so not the file an entry names
+            raise
         fence = head.get("Metadata", {}).get("fence")
         return None if fence is None else str(fence)
 

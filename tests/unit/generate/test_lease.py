@@ -113,36 +113,45 @@ def test_a_run_refused_by_another_layouts_manifest_aborts_nothing(
     assert keys == {"run/manifest-0-of-2.json", "run/failures-000002.jsonl"}
 
 
+@pytest.mark.parametrize("name", ["shard-000000.jsonl", "failures-000000.jsonl"])
 def test_a_late_put_of_a_run_that_lost_the_lease_is_not_committed(
         sims: Sims, s3_server: str, s3: Any, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run stalls with a shard's PUT in flight; its lease expires, a second run does the job;
-    then the stalled PUT lands over shard 0. `results` refuses that shard (before: it printed
-    the stale run's records as the job's), and the next run redoes it."""
+        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A run stalls with a PUT of shard 0's records (or failures) in flight; its lease
+    expires, a second run does the job; then the stalled PUT lands over shard 0's file.
+    `results` refuses that shard (before: it took the stale run's file as the job's, and
+    --retry-failures would have sent lines that have a record again), and the next run
+    redoes it."""
     def write(store: S3Store) -> None:
-        part = store.spool / "shard-000000.jsonl.part"
-        part.write_bytes(b'{"id": "r0", "content": "from the run that lost the lease"}\n')
-        store.put_file(part, "shard-000000.jsonl")
+        part = store.spool / f"{name}.part"
+        part.write_bytes(b'{"id": "r1", "content": "from the run that lost the lease"}\n')
+        store.put_file(part, name)
 
-    stale, stall, writer = stalled_writer(s3_server, monkeypatch, "shard-000000.jsonl", write)
+    stale, stall, writer = stalled_writer(s3_server, monkeypatch, name, write)
     url = sims.start("--max-running-requests", "8")
-    inp = write_input(tmp_path / "in.jsonl", 20)
+    inp = tmp_path / "in.jsonl"
+    good = write_input(tmp_path / "good.jsonl", 19).read_text().splitlines(keepends=True)
+    inp.write_text("".join([good[0], '{"id": "bad"}\n', *good[1:]]))  # line 2 fails
     args = (str(inp), "s3://jobs/run/", url)
-    assert generate(*args, shard_size=10, s3_endpoint=s3_server)[0]["records"] == 20
+    summary = generate(*args, shard_size=10, s3_endpoint=s3_server)[0]
+    assert summary["records"] == 19 and summary["failures"] == 1
     stall.go.set()
     writer.join(60)
-    head = s3.head_object(Bucket="jobs", Key="run/shard-000000.jsonl")
+    head = s3.head_object(Bucket="jobs", Key=f"run/{name}")
     assert head["Metadata"]["fence"] == stale.fence  # the late PUT landed
-    with pytest.raises(GenerateError, match=r"run/shard-000000\.jsonl: not the file "
+    with pytest.raises(GenerateError, match=rf"run/{name}: not the file "
                        r"manifest\.json lists: a run that had lost the output's lease wrote "
                        r"it late, so it is not committed"):
         results.show("s3://jobs/run/", s3_endpoint=s3_server, out=io.BytesIO())
     summary, stats = generate(*args, shard_size=10, s3_endpoint=s3_server)
-    assert stats.shards_written == 1 and summary["records"] == 20
+    assert stats.shards_written == 1 and summary["records"] == 19
     view = io.BytesIO()
     assert results.show("s3://jobs/run/", s3_endpoint=s3_server, out=view) == 0
     ids = [json.loads(line)["id"] for line in view.getvalue().splitlines()]
-    assert sorted(ids) == sorted(f"r{i}" for i in range(20))
+    assert sorted(ids) == sorted(f"r{i}" for i in range(19))
+    failed = io.BytesIO()
+    results.show("s3://jobs/run/", failed=True, s3_endpoint=s3_server, out=failed)
+    assert [json.loads(line)["line"] for line in failed.getvalue().splitlines()] == [2]
 
 
 def test_a_late_manifest_put_does_not_replace_the_new_runs(
