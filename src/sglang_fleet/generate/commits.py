@@ -112,12 +112,13 @@ class Commits(Ledger):
             counts = (shard.records, shard.failures, shard.digest.hexdigest(), nbytes)
             if shard.round:
                 await asyncio.to_thread(self.store.put_file, shard.out_path, out_name)
-                self.rounds[shard.round] = round_entry(shard.round, *counts, self.share)
+                self.rounds[shard.round] = round_entry(shard.round, *counts, self.share,
+                                                       self.store.fence)
                 # a retry round runs on a finished job, which stays finished if killed now
                 await self.write_manifest(complete=True)
             else:
                 self.done[shard.index] = shard_entry(shard.index, self.size, *counts,
-                                                     shard.input_digest)
+                                                     shard.input_digest, self.store.fence)
                 await self.write_manifest(complete=False)
                 await asyncio.to_thread(self.store.put_file, shard.out_path, out_name)
             self.stats.shards_written += 1

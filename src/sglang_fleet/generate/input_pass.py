@@ -101,15 +101,14 @@ class InputPass(Commits):
         while (batch := await asyncio.to_thread(next, batches, None)) is not None:
             for lineno, raw in batch:
                 index = lineno // self.size
-                if not self.mine(index):
-                    self.foreign(lineno, raw)
-                    continue
                 if reading is None or index != reading.index:
                     if reading is not None:
                         await self.end_reading(http, reading, tasks)
                     reading = self.begin_reading(index)
                 reading.add(raw)
-                if into is not None and lineno in (retry or ()):
+                if not self.mine(index):
+                    self.foreign(lineno, raw)
+                elif into is not None and lineno in (retry or ()):
                     await self.dispatch(http, lineno, raw, tasks, into=into)
                 elif index in self.done:
                     await self.skip(reading, lineno, raw)
@@ -134,8 +133,10 @@ class InputPass(Commits):
 
     async def end_reading(self, http: Pool, reading: Reading, tasks: Tasks) -> None:
         try:
-            if reading.index in self.done:
+            if reading.index in self.done or reading.index in self.others:
                 await self.compare(http, reading, tasks)
+            elif not self.mine(reading.index):
+                pass  # another worker's, not finished yet: its owner compares it
             elif self.opts.retry_failures:
                 raise refuse_changed(self.opts.input, reading.index, self.size,
                                      "the input has lines past the finished job's end",
@@ -184,19 +185,33 @@ class InputPass(Commits):
 
     # ---- a finished shard whose input changed ----------------------------------------------
     async def compare(self, http: Pool, reading: Reading, tasks: Tasks) -> None:
-        """A finished shard against the lines read now for its range: the same, or refused,
-        or (--redo-changed) discarded and sent again."""
-        why = changed(self.done[reading.index], reading)
+        """A finished shard (this run's, or another worker's) against the lines read now for
+        its range: the same, or refused, or (--redo-changed) discarded and sent again; another
+        worker's is left to its owner under --redo-changed."""
+        index = reading.index
+        why = changed(self.done.get(index) or self.others[index], reading)
+        if why is not None and index in self.others:
+            why = self.foreign_change(index, why)
         if why is not None:
             if not self.opts.redo_changed or self.opts.retry_failures or self.rounds:
-                raise refuse_changed(self.opts.input, reading.index, self.size, why,
+                raise refuse_changed(self.opts.input, index, self.size, why,
                                      self.fix_changed())
-            self.display.event("redo", shard=shard_name(reading.index), reason=why)
+            self.display.event("redo", shard=shard_name(index), reason=why)
             await self.discard(reading)
             await self.replay(http, reading, tasks)
-        self.unverified.discard(reading.index)
+        self.unverified.discard(index)
         if not self.unverified:
             self.release_commits()
+
+    def foreign_change(self, index: int, why: str) -> str | None:
+        """Another worker's changed shard: said with its owner and the output; None under
+        --redo-changed, which each worker runs for its own shards."""
+        if self.opts.redo_changed and not self.opts.retry_failures:
+            self.display.event("changed_elsewhere", shard=shard_name(index), reason=why)
+            return None
+        assert self.share is not None  # a run without --worker owns every shard
+        owner = f"--worker {index % self.share[1]}/{self.share[1]}"
+        return f"{why}; it is {owner}'s shard on {self.store.location.rstrip('/')}"
 
     def fix_changed(self) -> str:
         if self.opts.retry_failures:
@@ -205,6 +220,9 @@ class InputPass(Commits):
         if self.rounds and self.opts.redo_changed:
             return ("this job has --retry-failures rounds, whose records are not split by "
                     "shard: write to another output")
+        if self.share is not None:
+            return (f"rerun every worker with {REDO_FLAG} (each discards and redoes its own "
+                    "changed shards), or write to another output")
         return (f"rerun with {REDO_FLAG} to discard and redo only the changed shards, or "
                 "write to another output")
 

@@ -7,8 +7,9 @@ On-disk state (the output location holds all of it, so the same command resumes)
   commit, and a finished shard is never redone nor rewritten (``S`` is ``--shard-size``).
 - ``failures-NNNNNN.jsonl``: that shard's failed lines, committed just before the shard (a
   failures file without its shard is from a killed run and is deleted at the next start).
-- ``manifest.json``: the job (shard size) and each shard's counts, sha256 and input digest
-  (identity.py: the job is its input's content, not its path), rewritten just before each
+- ``manifest.json``: the job (shard size) and each shard's counts, sha256, input digest
+  (identity.py: the job is its input's content, not its path) and, on S3, fencing token
+  (lease.py: the run that wrote it, which its files carry), rewritten just before each
   shard is committed, so a committed shard always has its input digest; an entry whose shard
   is missing was being committed when the run was killed and is redone. Its ``format`` is the
   input's (batchformat.py: chat or OpenAI Batch), which a resumed job's input must keep.
@@ -22,8 +23,9 @@ On-disk state (the output location holds all of it, so the same command resumes)
 Lines of the same shard are answered in any order; an id appears in exactly one shard, and a
 repeated id in the input goes to the failures file instead of being written twice.
 
-On a resumed job each finished shard's input digest is compared as its lines are read: a
-changed shard stops the run (or, with --redo-changed, is discarded and redone). Until every
+On a resumed job each finished shard's input digest is compared as its lines are read (a
+--worker run compares the other workers' finished shards too): a changed shard stops the run
+(or, with --redo-changed, its own is discarded and redone). Until every
 finished shard has been compared, no new shard is committed, so a refused run writes nothing.
 
 The job is one object built in layers, one module each (job_state.py lists them): this module
@@ -89,6 +91,7 @@ class Job(InputPass, FleetWatch):
             await self.pick_model(http)
             await self.size_fleet(http)
             await self.take_fingerprint(http)
+            await asyncio.to_thread(self.tidy)  # past every refusal before the input's
             self.display.event("started", input=self.opts.input, output=self.store.location,
                                url=self.opts.url, concurrency=self.stats.concurrency)
             if lines:

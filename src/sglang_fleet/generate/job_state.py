@@ -109,6 +109,8 @@ class JobState:
         self.size = opts.shard_size
         self.manifest: dict[str, Any] = {}
         self.done: dict[int, dict[str, Any]] = {}
+        self.others: dict[int, dict[str, Any]] = {}  # other workers' finished shards, compared
+        self.strays: list[str] = []  # a killed run's files, deleted once past every refusal
         self.rounds: dict[int, dict[str, Any]] = {}  # --retry-failures rounds committed
         self.open: dict[int, Shard] = {}
         self.seen: set[int] = set()

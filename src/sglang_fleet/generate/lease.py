@@ -13,7 +13,11 @@ against the Date of the answer), so writers' clock skew does not matter.
     lease.ensure()       # before each write
     lease.release()
 
-A future ``--worker K/N`` (workers splitting one job) holds ``.lease-K-of-N`` for its share.
+A ``--worker K/N`` run holds ``.lease-K-of-N`` for its share, and refuses to run beside a
+live lease of another layout (check_layout). The lease's owner id is the run's fencing token:
+every object a run writes carries it (``x-amz-meta-fence``) and its manifest entry names it,
+so a late PUT of a run that lost the lease, held up past its expiry, is never taken as
+committed (store.py, ledger.py, results.py).
 """
 
 from __future__ import annotations
@@ -28,12 +32,44 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sglang_fleet.generate.errors import GenerateError
 
 LEASE_TTL_S = 60.0
 LOST = ("PreconditionFailed", "ConditionalRequestConflict")  # another writer's PUT won
+PROC = Path("/proc")  # the processes this user may see (hidepid=2 hides other users')
+
+
+def layout(share: tuple[int, int] | None) -> str:
+    """How a share is run. Example: layout((0, 3)) == "--worker K/3"."""
+    return "one run (no --worker)" if share is None else f"--worker K/{share[1]}"
+
+
+def share_of(name: str, base: str) -> tuple[int, int] | Literal[False] | None:
+    """The share a file's name says (None: the whole job's), False if it is not ``base``'s.
+    Example: share_of(".lease-1-of-3", ".lease") == (1, 3); share_of(".lease", ".lease") is
+    None."""
+    if name == base:
+        return None
+    parts = name.removeprefix(f"{base}-").split("-of-")
+    if name.startswith(f"{base}-") and len(parts) == 2 and all(x.isdigit() for x in parts):
+        return int(parts[0]), int(parts[1])
+    return False
+
+
+def clash(a: tuple[int, int] | None, b: tuple[int, int] | None) -> bool:
+    """Whether runs of shares ``a`` and ``b`` would write the same shards: one run and a
+    worker, or workers of another N. Example: clash(None, (0, 2)) is True."""
+    return (a is None) != (b is None) or (a is not None and b is not None and a[1] != b[1])
+
+
+def layout_refusal(location: str, name: str, theirs: tuple[int, int] | None,
+                   ours: tuple[int, int] | None, who: str) -> GenerateError:
+    return GenerateError(f"{location}: {name}: a run of {layout(theirs)} is writing here "
+                         f"({who}), and this run, {layout(ours)}, would write the same shards"
+                         "\n    fix: wait for it or stop it; run a job one way only (every "
+                         "worker with the same --worker K/N, or no --worker)")
 
 
 def lease_name(share: tuple[int, int] | None = None) -> str:
@@ -59,7 +95,7 @@ def _process_start(pid: int) -> str | None:
     """When a process started (clock ticks since boot), None if there is no such process;
     with a pid, it tells a reused pid from the lease's owner."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = (PROC / str(pid) / "stat").read_text()
     except FileNotFoundError:
         return None
     except OSError:
@@ -67,8 +103,30 @@ def _process_start(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` may run though /proc does not show it: with ``hidepid=2`` another
+    user's processes are hidden there, yet kill(pid, 0) still tells ESRCH (none) from EPERM
+    (someone else's)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # EPERM: it runs, as another user
+        pass
+    return True
+
+
+def _who(body: dict[str, Any]) -> str:
+    return f"host {body.get('host', '?')}, pid {body.get('pid', '?')}"
+
+
 def _error_code(exc: Exception) -> str:
     return str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+
+
+def lease_lost(exc: Exception) -> bool:
+    """Whether S3 refused a conditional write because another writer's PUT came first."""
+    return _error_code(exc) in LOST
 
 
 class Lease:
@@ -78,6 +136,7 @@ class Lease:
                  share: tuple[int, int] | None = None) -> None:
         self.s3, self.bucket, self.location = s3, bucket, location
         self.name = lease_name(share)
+        self.prefix, self.share = prefix, share
         self.key = prefix + self.name
         self.ttl = LEASE_TTL_S
         self.owner = {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "pid": os.getpid(),
@@ -95,7 +154,7 @@ class Lease:
         for _ in range(5):  # each turn loses a race to another run at most once
             if self._put(IfNoneMatch="*"):
                 break
-            current = self._read()
+            current = self._read(self.key)
             if current is None:
                 continue  # released between our PUT and our GET
             body, etag, expires = current
@@ -134,10 +193,10 @@ class Lease:
         self.deadline = sent + self.ttl * 2 / 3
         return True
 
-    def _read(self) -> tuple[dict[str, Any], str, datetime] | None:
-        """The lease on S3: (its body, ETag, expiry by the server's clock), None if absent."""
+    def _read(self, key: str) -> tuple[dict[str, Any], str, datetime] | None:
+        """A lease on S3: (its body, ETag, expiry by the server's clock), None if absent."""
         try:
-            answer = self.s3.get_object(Bucket=self.bucket, Key=self.key)
+            answer = self.s3.get_object(Bucket=self.bucket, Key=key)
         except Exception as exc:
             if _error_code(exc) in ("NoSuchKey", "404"):
                 return None
@@ -174,11 +233,25 @@ class Lease:
             return False
         start = _process_start(pid)
         if start is None:
-            return True
+            return not _alive(pid)
         return bool(start) and body.get("started") not in (None, start)
 
+    def check_layout(self, names: set[str]) -> None:
+        """Taken after this run's own lease, so that of two runs of other layouts starting at
+        once at least one sees the other: while a live lease of a run that would write the
+        same shards (one run beside a worker) is under the prefix, give ours back and refuse."""
+        for name in sorted(names):
+            theirs = share_of(name, ".lease")
+            if theirs is False or not clash(theirs, self.share):
+                continue
+            current = self._read(self.prefix + name)
+            if current is not None and not self._expired(current[0], current[2]):
+                self.release()
+                raise layout_refusal(self.location, name, theirs, self.share,
+                                     _who(current[0]))
+
     def _refusal(self, body: dict[str, Any], expires: datetime) -> GenerateError:
-        who = f"host {body.get('host', '?')}, pid {body.get('pid', '?')}"
+        who = _who(body)
         when = expires.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         return GenerateError(f"{self.location}: {self.name}: another sglang-fleet generate is "
                              f"writing here ({who}; its lease, renewed while it runs, expires "

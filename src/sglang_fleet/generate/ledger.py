@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -19,11 +20,13 @@ import orjson
 from sglang_fleet.generate import batchformat
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.job_state import JobState
+from sglang_fleet.generate.lease import layout
 from sglang_fleet.generate.output_files import (
+    FENCE_KEY,
+    entry_files,
     failure_names,
     failures_name,
     gathered_failures_name,
-    layout,
     manifest_name,
     manifest_share,
     retry_failures_name,
@@ -40,24 +43,28 @@ class Ledger(JobState):
 
     def load_state(self) -> None:
         """Read the manifests (this run's, and other workers' for the layout), add this run's
-        shards committed after its manifest's last write, drop its stray failures files."""
+        shards committed after its manifest's last write, list its stray files for tidy().
+        Nothing is written here: a refusal leaves the output as it was."""
         names = self.store.names()
         manifests = self.read_manifests(names)
         self.manifest = manifests.get(self.share, {})
         self.fingerprints = dict(self.manifest.get("fingerprints") or {})
-        entries = [e for m in manifests.values() for e in m.get("shards", [])]
-        self.done = {i: e for e in entries if e["name"] in names
-                     and self.mine(i := int(e["first_line"] - 1) // self.size)}
+        finished = {int(e["first_line"] - 1) // self.size: e for m in manifests.values()
+                    for e in m.get("shards", []) if e["name"] in names}
+        stale = self.written_late(finished)
+        self.done = {i: e for i, e in finished.items() if self.mine(i) and i not in stale}
+        self.others = {i: e for i, e in finished.items() if not self.mine(i)}
+        self.strays = [shard_name(i) for i in sorted(stale)]
         for name in names:
             index = shard_index(name, "shard-")
-            if index is not None and index not in self.done and self.mine(index):
+            if index is not None and index not in finished and self.mine(index):
                 self.done[index] = self._rebuild(index, names)
         for name in names:
             index = shard_index(name, "failures-")
             if index is not None and index not in self.done and self.mine(index):
-                self.store.delete(name)
+                self.strays.append(name)
         self.load_rounds(names)
-        self.unverified = set(self.done)
+        self.unverified = set(self.done) | set(self.others)
         self.stats.shards_skipped = len(self.done)
         self.stats.skipped = sum(e["records"] for e in [*self.done.values(),
                                                         *self.rounds.values()])
@@ -103,7 +110,25 @@ class Ledger(JobState):
         for name in names:
             round_ = shard_index(name, "retry-failures-", self.share)
             if round_ is not None and round_ not in self.rounds:
-                self.store.delete(name)
+                self.strays.append(name)
+
+    def written_late(self, finished: dict[int, dict[str, Any]]) -> set[int]:
+        """This run's finished shards whose file carries another fencing token than its entry:
+        a late PUT of a run that had lost the lease replaced it, so it is not committed (it
+        is deleted by tidy() and redone)."""
+        files = [(i, e[FENCE_KEY], name) for i, e in finished.items()
+                 if self.mine(i) and FENCE_KEY in e for name in entry_files(e)]
+        with ThreadPoolExecutor(16) as pool:  # one HEAD each: in parallel
+            marks = pool.map(self.store.fence_of, [name for _, _, name in files])
+            return {i for (i, fence, _), mark in zip(files, marks, strict=True)
+                    if mark != fence}
+
+    def tidy(self) -> None:
+        """Once the run is past every refusal: delete what a killed run left (failures files
+        without their shard, shards written late) and abort its uploads (S3)."""
+        for name in self.strays:
+            self.store.delete(name)
+        self.store.tidy()
 
     def outstanding(self) -> int:
         """Lines without a record: the last retry round's failures, else the shards'."""
@@ -141,7 +166,7 @@ class Ledger(JobState):
         if self.share is not None:
             self.manifest["worker"] = list(self.share)
         data = json.dumps(self.manifest, indent=1).encode()
-        await asyncio.to_thread(self.store.put_bytes, data, manifest_name(self.share))
+        await asyncio.to_thread(self.store.put_bytes, data, manifest_name(self.share), True)
 
     # ---- the lines still without a record --------------------------------------------------
     async def failed_lines(self) -> set[int]:

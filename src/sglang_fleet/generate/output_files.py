@@ -17,14 +17,11 @@ from typing import Any, Literal
 import orjson
 
 from sglang_fleet.generate.identity import DIGEST_KEY
+from sglang_fleet.generate.lease import share_of
 from sglang_fleet.generate.store import share_suffix
 
 MANIFEST = "manifest.json"
-
-
-def layout(share: tuple[int, int] | None) -> str:
-    """How a share is run. Example: layout((0, 3)) == "--worker K/3"."""
-    return "one run (no --worker)" if share is None else f"--worker K/{share[1]}"
+FENCE_KEY = "fence"  # the run that wrote an entry's files: their x-amz-meta-fence (store.py)
 
 
 def shard_name(index: int) -> str:
@@ -65,31 +62,41 @@ def shard_index(name: str, prefix: str, share: tuple[int, int] | None = None) ->
 def manifest_share(name: str) -> tuple[int, int] | Literal[False] | None:
     """The share a manifest's name says (None: the whole job's), False if not a manifest.
     Example: manifest_share("manifest-1-of-3.json") == (1, 3)."""
-    if name == MANIFEST:
-        return None
-    parts = name.removeprefix("manifest-").removesuffix(".json").split("-of-")
-    if name.startswith("manifest-") and name.endswith(".json") and len(parts) == 2 and \
-            all(x.isdigit() for x in parts):
-        return int(parts[0]), int(parts[1])
-    return False
+    return share_of(name.removesuffix(".json"), "manifest") if name.endswith(".json") \
+        else False
 
 
 def shard_entry(index: int, size: int, records: int, failures: int, data_sha: str,
-                nbytes: int, input_digest: str | None = None) -> dict[str, Any]:
-    """A shard's manifest entry. Example: shard_entry(2, 1000, 998, 2, "ab..", 51234)
+                nbytes: int, input_digest: str | None = None,
+                fence: str | None = None) -> dict[str, Any]:
+    """A shard's manifest entry; ``fence``: the fencing token its files carry (S3).
+    Example: shard_entry(2, 1000, 998, 2, "ab..", 51234)
     == {"name": "shard-000002.jsonl", "first_line": 2001, "records": 998, ...}."""
     entry = {"name": shard_name(index), "first_line": index * size + 1, "records": records,
              "failures": failures, "bytes": nbytes, "sha256": data_sha}
     if input_digest is not None:
         entry[DIGEST_KEY] = input_digest
-    return entry
+    return fenced(entry, fence)
 
 
 def round_entry(round_: int, records: int, failures: int, data_sha: str,
-                nbytes: int, share: tuple[int, int] | None = None) -> dict[str, Any]:
+                nbytes: int, share: tuple[int, int] | None = None,
+                fence: str | None = None) -> dict[str, Any]:
     """A --retry-failures round's manifest entry (no input digest: a round has no range)."""
-    return {"name": retry_name(round_, share), "round": round_, "records": records,
-            "failures": failures, "bytes": nbytes, "sha256": data_sha}
+    return fenced({"name": retry_name(round_, share), "round": round_, "records": records,
+                   "failures": failures, "bytes": nbytes, "sha256": data_sha}, fence)
+
+
+def fenced(entry: dict[str, Any], fence: str | None) -> dict[str, Any]:
+    return entry if fence is None else {**entry, FENCE_KEY: fence}
+
+
+def entry_files(entry: dict[str, Any]) -> list[str]:
+    """A shard entry's files on the output. Example: ["shard-000002.jsonl",
+    "failures-000002.jsonl"] for a shard with failed lines."""
+    index = shard_index(entry["name"], "shard-")
+    return [entry["name"]] + ([failures_name(index)] if entry["failures"] and index is not None
+                              else [])
 
 
 def failure_names(done: dict[int, dict[str, Any]], rounds: dict[int, dict[str, Any]],

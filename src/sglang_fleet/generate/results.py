@@ -23,7 +23,9 @@ import orjson
 
 from sglang_fleet.generate.errors import GenerateError
 from sglang_fleet.generate.output_files import (
+    FENCE_KEY,
     MANIFEST,
+    entry_files,
     failure_names,
     failures_name,
     id_key,
@@ -138,12 +140,25 @@ def _listed(reader: Reader, manifest: dict[str, Any], manifest_file: str, key: s
     for entry in manifest.get(key, []):
         index = shard_index(entry["name"], prefix, share)
         if entry["name"] in names and index is not None:
+            if key == "shards":
+                check_fence(reader, entry, manifest_file)
             found[index] = entry
         elif manifest.get("complete") or key == "retries":  # a round is listed once written
             raise GenerateError(f"{reader.location.rstrip('/')}/{manifest_file} lists "
                                 f"{entry['name']}, which is not on the output; run the "
                                 "generate command again: it redoes a missing shard")
     return found
+
+
+def check_fence(reader: Reader, entry: dict[str, Any], manifest_file: str) -> None:
+    """A shard whose file carries another fencing token than its entry was replaced by a late
+    write of a run that had lost the output's lease: not committed (lease.py)."""
+    for name in entry_files(entry) if FENCE_KEY in entry else []:
+        if reader.fence_of(name) != entry[FENCE_KEY]:
+            raise GenerateError(f"{reader.location.rstrip('/')}/{name}: not the file "
+                                f"{manifest_file} lists: a run that had lost the output's "
+                                "lease wrote it late, so it is not committed; run the "
+                                "generate command again: it redoes that shard")
 
 
 def show(output: str, failed: bool = False, s3_endpoint: str | None = None,

@@ -11,8 +11,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import ROOT
-from tests.unit.generate.test_job import Sims, cli, sims, write_input
+from tests.unit.generate.test_job import Sims, cli, run_cli, sims, write_input
 
 __all__ = ["sims"]  # the fixture, used by name
 N = 900
@@ -106,3 +108,44 @@ def test_a_resume_against_another_release_is_refused_unless_mixed_is_allowed(
     assert sorted(versions.values()) == ["0.5.22", "0.5.23"]
     rows = [json.loads(line) for line in results(out).stdout.splitlines()]
     assert len(rows) == 400 and {r["fingerprint"] for r in rows} == set(versions)
+
+
+def files(out: Path) -> dict[str, bytes]:
+    """The output's files, but for the runs' lock files (taking a lock creates its file)."""
+    return {p.name: p.read_bytes() for p in out.iterdir()
+            if p.is_file() and not p.name.startswith(".lock")}
+
+
+def test_a_worker_on_an_edited_input_is_refused_for_another_workers_shards(
+        sims: Sims, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Worker 1/2 finishes on the input; a line is inserted at the top; worker 0/2 then runs:
+    refused, naming worker 1's shard, writing nothing (before: it compared only its own
+    shards, so 2 lines had no record, 2 ids two, and every worker exited 0). With
+    --redo-changed each worker redoes its own changed shards: each id once."""
+    url = sims.start("--max-running-requests", "8")
+    inp = write_input(tmp_path / "in.jsonl", 40)
+    out = tmp_path / "out"
+
+    def worker(k: int, *flags: str) -> tuple[int, str]:
+        return run_cli(capsys, str(inp), str(out), "--url", url, "--shard-size", "10",
+                       "--worker", f"{k}/2", "--json", *flags)
+
+    assert worker(1)[0] == 0
+    before = files(out)
+    inp.write_text('{"id": "new", "messages": [{"role": "user", "content": "first"}]}\n'
+                   + inp.read_text())
+    code, err = worker(0)
+    assert code == 1, err
+    assert f"error: {inp}: lines 11-20 (shard 1): shard-000001.jsonl was made from other " \
+           f"lines" in err and f"it is --worker 1/2's shard on {out}" in err, err
+    assert "\n    fix: rerun every worker with --redo-changed" in err, err
+    assert files(out) == before
+    for k in (0, 1):
+        code, err = worker(k, "--redo-changed")
+        assert code == 0, err
+    view = results(out)
+    assert view.returncode == 0, view.stderr
+    ids = [json.loads(line)["id"] for line in view.stdout.splitlines()]
+    assert sorted(ids) == sorted(["new"] + [f"r{i}" for i in range(40)])
+    for k in (0, 1):
+        assert worker(k)[0] == 0  # the job is now the new input's, for both workers
