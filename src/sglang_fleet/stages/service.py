@@ -170,8 +170,7 @@ def _removal(unit: str) -> str:
     env = paths.env_file(unit)
     logger.info(f"{host.print_prefix}removing {unit} and its secret file {env}")
     return (f"systemctl disable --now {unit}; rm -f {paths.unit_path(unit)} {env} "
-            f"{exposure.rules_path(unit)} "
-            f"{paths.gate_record(unit)} && systemctl daemon-reload && "
+            f"{paths.gate_record(unit)} {exposure.rules_path(unit)} && systemctl daemon-reload && "
             f"systemctl reset-failed {unit} 2>/dev/null; true")
 
 

@@ -190,7 +190,8 @@ def test_units_are_found_through_facts_and_retired_by_name(
     [command] = commands(service.retire_other_units, keep=["sglang.service"])
     assert command.startswith("systemctl disable --now sglang-1.service; rm -f "
                               f"{paths.UNITS}/sglang-1.service /etc/sglang/sglang-1.env "
-                              f"{paths.gate_record('sglang-1.service')} ")  # its gate's figures
+                              f"{paths.gate_record('sglang-1.service')} "  # its gate's figures
+                              "/etc/sglang/sglang-1.nft ")  # its ports' table
     fake = use(Host({"FindFiles": units[:1]}))
     assert commands(service.retire_other_units, keep=["sglang.service"]) == []
     assert fake.noops == ["no other sglang units"]
