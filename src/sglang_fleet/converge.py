@@ -14,16 +14,14 @@ from pyinfra.api.operation import OperationMeta
 from pyinfra.context import host, inventory, state
 
 from sglang_fleet import hostconfig
-from sglang_fleet.config import connection, preflight
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.users import LoginUsers
-from sglang_fleet.hostconfig import groups
+from sglang_fleet.hostconfig import groups, preflight
 from sglang_fleet.report import metrics_targets
 from sglang_fleet.rollout import cutover, fleet
-from sglang_fleet.stages import exposure
 from sglang_fleet.stages.compiled import announce_kernels, share_kernels
 from sglang_fleet.stages.driver import install_driver
 from sglang_fleet.stages.engine import Release, install_engine
@@ -45,18 +43,12 @@ def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
     remembered for ``memory.target_running_requests``, preflighted before any change."""
     smi = host.get_fact(NvidiaSmi)
     profile = hostconfig.profile_for(host, smi)
-    if check:
-        profile = with_remembered_size(profile)
-        data = hostconfig.of(host)
-        connection.require_filter(profile, data.sglang_allowed_clients, data.source)
-    # A member of a multi-node group: its --node-rank and rank 0's address, from the inventory
-    # (checked: its group is one server of parallel.nnodes hosts with one profile).
-    launches = render_all(profile, rank=groups.rank_for(host, profile))
-    if check:
-        exposure.require(profile, launches, data.sglang_allowed_clients,
-                         data.sglang_trusted_local_users, host.get_fact(LoginUsers), data.source)
-        preflight.require_host(profile, launches, host.name, hostconfig.gpu_count(host, smi))
-    return profile, launches
+    if not check:  # a member of a multi-node group: its rank from the inventory
+        return profile, render_all(profile, rank=groups.rank_for(host, profile))
+    profile = with_remembered_size(profile)
+    users: list[str] = host.get_fact(LoginUsers)
+    facts = preflight.Facts(gpu_count=hostconfig.gpu_count(host, smi), login_users=tuple(users))
+    return profile, preflight.launches(host, profile, facts)  # check's and the roll's checks
 
 
 def whole_group(what: str) -> None:

@@ -90,12 +90,12 @@ def test_smg_tokenizes_and_parses_at_the_gateway(deployed: str) -> None:
 
 def test_the_grpc_port_answers_the_router_alone(deployed: str) -> None:
     """The servicer checks no key: its port let every allowed network in (the unit's
-    allow-list is unit-wide; issue 44). Now lab2's server answers lab1, the router's host, and
-    nobody else: not lab2 itself from its own address (its loopback stays the gate's)."""
+    allow-list is unit-wide; issue 44). Now a server answers the router's host (lab1) and its
+    own host (the gate and status ask from there), and no other host."""
     assert connects("lab1", address("lab2"), 30000, source=address("lab1")) == "open"
+    assert connects("lab2", address("lab2"), 30000, source=address("lab2")) == "open"
+    assert connects("lab2", address("lab2"), 30000) == "open"  # from loopback
     assert connects("lab1", address("lab1"), 30000, source=address("lab2")) == "dropped"
-    assert connects("lab2", address("lab2"), 30000, source=address("lab2")) == "dropped"
-    assert connects("lab2", address("lab2"), 30000) == "open"  # from loopback: the gate's way
 
 
 def test_status_asks_each_servers_health_check(deployed: str) -> None:

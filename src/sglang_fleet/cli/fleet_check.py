@@ -89,8 +89,7 @@ def serving_host(host: Host) -> checking.Report:
     data, profile, overrides, GPUs), then every phase of ``check`` on it; where the deploy's
     reading stops, the profile's own phases still run, for the problems after it."""
     from sglang_fleet import hostconfig as hostdata
-    from sglang_fleet.config import preflight
-    from sglang_fleet.config.render import render_all
+    from sglang_fleet.hostconfig import preflight
 
     report = checking.Report()
     try:
@@ -100,11 +99,8 @@ def serving_host(host: Host) -> checking.Report:
         _rest_of(report, host)
         return report
     checking.check_loaded(report, prof, set(), lambda p: p)  # its instances resolved already
-    from sglang_fleet.hostconfig import groups
-
-    try:  # and what a deploy and a roll check besides: its group, enough GPUs for its servers
-        launches = render_all(prof, rank=groups.rank_for(host, prof))
-        preflight.require_host(prof, launches, host.name, hostdata.gpu_count(host))
+    try:  # and the deploy's own checks (its group, its GPUs, its ports), as a roll runs them
+        preflight.launches(host, prof, preflight.Facts(gpu_count=hostdata.gpu_count(host)))
     except InputError as err:
         report.add(err.problems)
     return report

@@ -15,6 +15,7 @@ but keeps them all in it), so every member derives the same ranks.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,6 +27,7 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import render
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.hostconfig.access import is_serving, lenient, of
+from sglang_fleet.hostconfig.keys import ROUTERS_GROUP
 from sglang_fleet.hostconfig.serving import PROFILE_KEY, declared_profile
 from sglang_fleet.ops.unitfile import UnsafeValue, networks
 
@@ -197,6 +199,31 @@ def peer_networks(host: Host) -> list[str]:
                 "members in by address (sglang_allowed_clients is set)",
                 f"set sglang_address = 'IP' for {member.name} (where the group's members reach "
                 "it)"))
+    if problems:
+        raise InputError(problems)
+    return found
+
+
+def router_networks(worker: Host) -> list[str]:
+    """Who may use a gRPC-mode worker's port: the address of each host of the inventory's
+    ``routers`` group, or, in an inventory without one (routers run elsewhere), the worker's
+    ``sglang_allowed_clients``. InputError naming a router whose address is a name: the rule
+    holds addresses only."""
+    inventory = getattr(worker, "inventory", None)
+    group = (inventory.get_group(ROUTERS_GROUP, None) if inventory else None) or []
+    if not group:
+        return list(of(worker).sglang_allowed_clients)
+    found, problems = [], []
+    for router in group:
+        try:
+            found.append(str(ipaddress.ip_address(of(router).address)))
+        except ValueError:
+            problems.append(Problem(
+                f"pyinfra data of {router.name}", "sglang_address",
+                f"{of(router).address!r} is not an IP address: {worker.name}'s gRPC port lets "
+                "the routers in by address",
+                f"set sglang_address = 'IP' for {router.name} (where the workers see its "
+                "requests come from)"))
     if problems:
         raise InputError(problems)
     return found

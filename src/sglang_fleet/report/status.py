@@ -34,10 +34,10 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
+from sglang_fleet.facts.grpc import GrpcHealth
 from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitStates
 from sglang_fleet.hostconfig import groups
 from sglang_fleet.remote import eta
-from sglang_fleet.remote.gate_grpc import Scheduler
 from sglang_fleet.remote.terminal import printable
 from sglang_fleet.report import status_view
 from sglang_fleet.rollout import fleet, reach
@@ -85,6 +85,8 @@ class Row:
     measured_release: str = ""
     not_measured: str = ""  # why its record does not count ("" when it does)
     group: str = ""  # a multi-node group's member: "group G rank R of N"
+    # A gRPC-mode server's HealthCheck as its host asked it (not shown: ``health`` says it).
+    grpc_health: tuple[bool, str] | None = field(default=None, repr=False)
 
 
 def parse_metrics(text: str) -> dict[str, Any]:
@@ -121,9 +123,12 @@ def parse_metrics(text: str) -> dict[str, Any]:
 
 def _grpc_health(row: Row) -> bool:
     """A gRPC-mode server's ``HealthCheck`` (the servicer generates one token, as
-    ``/health_generate`` does)."""
-    with Scheduler(row.url.removeprefix("grpc://")) as server:
-        healthy, why = server.health(HTTP_TIMEOUT)
+    ``/health_generate`` does), as its host asked it (``read_host``): its port answers the
+    routers and the host alone."""
+    if row.grpc_health is None:
+        row.health = "not read (its host did not ask it: see its state)"
+        return False
+    healthy, why = row.grpc_health
     reached = healthy or f"/HealthCheck: {UNREACHED}:" not in why
     row.health = "ok" if healthy else (f"gRPC: {why.rpartition('/HealthCheck: ')[2][:80]}"
                                        if reached else f"unreachable (gRPC {UNREACHED})")
@@ -248,6 +253,8 @@ def read_host(host: Host, rows: list[Row]) -> None:
         _fill_unit(row, units.get(row.unit))
         if row.restarts or row.state.startswith("failed"):
             row.last_crash = _last_crash(host, row.unit)
+        if row.url.startswith("grpc://"):
+            row.grpc_health = _asked_on(host, row.url.removeprefix("grpc://").rstrip("/"))
     _fill_gpus(rows, health, list(hostconfig.of(host).gpu_health_ignore))
     try:
         records = host.get_fact(GateRecords, units=[r.unit for r in rows]) or {}
@@ -279,6 +286,14 @@ def server_of(row: Row) -> eta.Server:
                       per_request_tps=row.per_request_tps,
                       release=row.measured_release or None, measured_at=row.measured_at or None,
                       left_out=down or row.not_measured or None)
+
+
+def _asked_on(host: Host, target: str) -> tuple[bool, str] | None:
+    try:
+        found: tuple[bool, str] | None = host.get_fact(GrpcHealth, target=target)
+    except Exception as exc:  # as read_host: the row says it
+        return False, f"asked on its host: {reach.first_line(exc, 160)}"
+    return found
 
 
 def _last_crash(host: Host, unit: str) -> str:
@@ -398,4 +413,4 @@ def _collect(inventory: Any, inventory_path: str, with_routers: bool) -> Fleet:
 
 
 def as_json(rows: list[Row]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in rows]
+    return [{k: v for k, v in asdict(r).items() if k != "grpc_health"} for r in rows]

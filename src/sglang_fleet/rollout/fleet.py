@@ -160,27 +160,6 @@ def routers(inventory: Inventory) -> list[RouterConfig]:
     return [RouterConfig.from_host(host) for host in group]
 
 
-def router_networks(inventory: Inventory, worker: Host) -> list[str]:
-    """Who may use a gRPC-mode worker's port: the address of each host of the ``routers``
-    group, or, in an inventory without one (routers run elsewhere), the worker's
-    ``sglang_allowed_clients``. InputError naming a router whose address is a name: the rule
-    holds addresses only."""
-    group = inventory.get_group(ROUTERS_GROUP, None) or []
-    if not group:
-        return list(hostconfig.of(worker).sglang_allowed_clients)
-    found = []
-    for router in group:
-        try:
-            found.append(str(ipaddress.ip_address(address(router))))
-        except ValueError:
-            raise InputError.one(hostconfig.of(router).source, "sglang_address",
-                                 f"{address(router)!r} is not an IP address: {worker.name}'s "
-                                 "gRPC port lets the routers in by address",
-                                 f"set sglang_address = 'IP' for {router.name} (where the "
-                                 "workers see its requests come from)") from None
-    return found
-
-
 def all_worker_urls(inventory: Iterable[Host]) -> list[str]:
     return [url for host in serving_hosts(inventory) for url in worker_urls(host)]
 

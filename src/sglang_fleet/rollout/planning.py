@@ -22,10 +22,9 @@ from pyinfra.api.state import State
 from pyinfra.context import ctx_state
 
 from sglang_fleet import hostconfig
-from sglang_fleet.config import preflight, validators
-from sglang_fleet.config.render import render_all
+from sglang_fleet.config import validators
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.hostconfig import groups
+from sglang_fleet.hostconfig import groups, preflight
 from sglang_fleet.rollout import fleet, scale
 from sglang_fleet.rollout.router_api import Router
 
@@ -163,8 +162,8 @@ def plan(inventory: str, data: Sequence[str], batch: int | str,
     for host in hosts:  # every host's change is checked before the first one is touched
         try:
             profile = hostconfig.profile_for(host)
-            launches = render_all(profile, rank=groups.rank_for(host, profile))
-            preflight.require_host(profile, launches, host.name, hostconfig.gpu_count(host))
+            launches = preflight.launches(
+                host, profile, preflight.Facts(gpu_count=hostconfig.gpu_count(host)))
             routed = fleet.routed_unit_urls(host, profile, launches)  # none on a rank >= 1
             after[host.name] = list(routed.values())
             units[host.name] = {unit: [url] for unit, url in routed.items()}

@@ -20,6 +20,7 @@ from pyinfra.context import host, state
 from pyinfra.facts.files import File
 
 from sglang_fleet import hostconfig
+from sglang_fleet.config.exposure import spans_hosts
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
 from sglang_fleet.hostconfig import groups
@@ -49,7 +50,6 @@ from sglang_fleet.stages.gate_program import (
     result_of,
 )
 from sglang_fleet.stages.group_restart import restart_group, shared
-from sglang_fleet.stages.group_unit import spans_hosts
 from sglang_fleet.stages.service import foreign_listeners, startup_budget
 
 
@@ -322,7 +322,7 @@ def smoke_test(profile: Profile, launches: list[Launch]) -> None:
 def gate_programs() -> None:
     """The host programs the gate runs (``check_server`` and what it imports), uploaded before
     the service stage so that none of it happens while the server restarts."""
-    upload("capacity", "crash", "eta", "readiness", CHECKER, TOGETHER, MEMBER)
+    upload("capacity", "crash", "eta", "readiness", CHECKER, TOGETHER, MEMBER, "grpc_health")
 
 
 @deploy("Gate")

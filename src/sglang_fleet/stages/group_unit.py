@@ -8,14 +8,10 @@ from __future__ import annotations
 
 from pyinfra.context import host
 
+from sglang_fleet.config.exposure import spans_hosts
 from sglang_fleet.config.render import Launch
 from sglang_fleet.facts.infiniband import InfinibandDevices
 from sglang_fleet.hostconfig import groups
-
-
-def spans_hosts(launch: Launch) -> bool:
-    """Whether ``launch`` is one rank of a server over several hosts."""
-    return int(launch.args.get("nnodes") or 1) > 1
 
 
 def group_unit(launch: Launch, allowed_clients: list[str]) -> dict[str, list[str]]:

@@ -18,6 +18,7 @@ from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
+from sglang_fleet.config.exposure import rules_path
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
 from sglang_fleet.ops import Ops, fail, preview
@@ -41,11 +42,12 @@ def saved_unit(unit: str) -> str:
 
 
 def keep_command(unit: str) -> str:
-    """The command that keeps the unit and environment (without its keys) in place as the last
-    good release."""
-    saved = saved_unit(unit)
+    """The command that keeps the unit, its environment (without its keys) and its ports'
+    table (``.nft``, where it has one) in place as the last good release."""
+    saved, rules = saved_unit(unit), rules_path(unit)
     return (f"umask 077 && install -d -m 700 {LAST_GOOD} && cp -p {unit_path(unit)} {saved} && "
-            f"{without_keys(env_file(unit))} > {saved}.env")
+            f"{without_keys(env_file(unit))} > {saved}.env && "
+            f"{{ if [ -e {rules} ]; then cp -p {rules} {saved}.nft; else rm -f {saved}.nft; fi; }}")
 
 
 def in_place(unit: str) -> bool:
@@ -55,7 +57,8 @@ def in_place(unit: str) -> bool:
     kept = [host.get_fact(Sha256File, path=path) for path in (saved, f"{saved}.env")]
     now = [host.get_fact(Sha256File, path=unit_path(unit)),
            host.get_fact(KeylessSha256, path=env_file(unit))]
-    return None not in kept and kept == now
+    rules = [host.get_fact(Sha256File, path=p) for p in (f"{saved}.nft", rules_path(unit))]
+    return None not in kept and kept == now and rules[0] == rules[1]
 
 
 def _kept(unit: str) -> bool:
@@ -74,11 +77,13 @@ def _release_of(unit_file: str) -> str | None:
 def _copy_back_command(unit: str) -> str:
     """The command that copies the kept unit and environment files back, the environment with
     the keys in place (today's), and reloads systemd."""
-    saved, env = saved_unit(unit), env_file(unit)
+    saved, env, rules = saved_unit(unit), env_file(unit), rules_path(unit)
     new = f"{env}.sglang-fleet-new"
-    # without_keys: a copy kept before keys were left out holds the keys of then
+    # without_keys: a copy kept before keys were left out holds the keys of then; the ports'
+    # table goes back with its unit, which loads it as it starts (none kept: none)
     return (f"umask 077 && {{ {without_keys(f'{saved}.env')} && {keys_of(env)}; }} > {new} && "
-            f"cp -p {saved} {unit_path(unit)} && mv -f {new} {env} && systemctl daemon-reload")
+            f"{{ if [ -e {saved}.nft ]; then cp -p {saved}.nft {rules}; else rm -f {rules}; fi; }} "
+            f"&& cp -p {saved} {unit_path(unit)} && mv -f {new} {env} && systemctl daemon-reload")
 
 
 def _current_on_kept_release(unit: str) -> Ops:

@@ -18,12 +18,13 @@ from typing import Any
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
-from pyinfra.context import host, inventory, state
+from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindFiles
 from pyinfra.operations import apt, files, systemd
 
 from sglang_fleet import hostconfig, paths
-from sglang_fleet.config import connection
+from sglang_fleet.config import connection, exposure
+from sglang_fleet.config.exposure import spans_hosts
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
 from sglang_fleet.errors import InputError, Problem
@@ -36,11 +37,10 @@ from sglang_fleet.ops.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.ops.unitfile import UnsafeValue, env_line, systemd_word, unit_text
 from sglang_fleet.rollout import fleet, roll_directory
 from sglang_fleet.rollout.cutover import disrupt, rejoin, turn
-from sglang_fleet.stages import exposure
 from sglang_fleet.stages.compiled import receive_kernels
 from sglang_fleet.stages.engine import Release, switch_release
 from sglang_fleet.stages.gate_program import check_all, error_of
-from sglang_fleet.stages.group_unit import group_unit, spans_hosts
+from sglang_fleet.stages.group_unit import group_unit
 from sglang_fleet.stages.kernel_caches import cache_env
 from sglang_fleet.stages.waves import Waves, retired
 
@@ -103,8 +103,7 @@ def firewall(profile: Profile, launch: Launch) -> str | None:
     """The launch's nftables table (``exposure``): its inter-process ports to its group's
     members, its gRPC port to the routers; None when it opens no such port."""
     grpc = connection.grpc(profile)
-    return exposure.rules(launch, peers(launch),
-                          fleet.router_networks(inventory, host) if grpc else [],
+    return exposure.rules(launch, peers(launch), groups.router_networks(host) if grpc else [],
                           hostconfig.of(host).address, str(launch.args.get("host") or ""), grpc)
 
 
@@ -186,6 +185,10 @@ def firewall_file(unit: str, rules: str | None) -> Ops:
     """
     dest = exposure.rules_path(unit)
     if rules is None:
+        if host.get_fact(File, path=dest):  # its new definition no longer deletes the table
+            name = exposure.table(unit, hostconfig.of(host).address)
+            nft = exposure.NFT
+            yield f"if [ -x {nft} ]; then {nft} delete table inet {name}; fi; true"
         yield from files.file._inner(path=dest, present=False)
         return
     yield from apt.packages._inner(packages=[exposure.PACKAGE])

@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 from pyinfra.api.inventory import Inventory
 
-from sglang_fleet import cli
+from sglang_fleet import cli, hostconfig
 from sglang_fleet.cli import fleet_check
 from sglang_fleet.config import checking, keys, preflight, profile, validators
 from sglang_fleet.config.profile import Profile
+from sglang_fleet.errors import InputError
+from sglang_fleet.hostconfig import preflight as host_preflight
 from tests.conftest import FIELD_PROFILE, ROOT
 from tests.conftest import MINIMAL as SHORT_REVISION
 from tests.unit.cli.test_input_corpus import PROFILE_CASES, _expand
@@ -252,6 +254,24 @@ def test_more_instances_than_gpus_is_said_per_host() -> None:
     report = fleet_check.serving_host(h1)
     assert [p.key for p in report.errors] == ["parallel.instances"]
     assert "4 instance(s) of tp x dp = 4 GPUs need 16, h1 has 8" in report.errors[0].message
+
+
+def test_check_runs_the_deploys_own_checks() -> None:
+    """``check --inventory``, a roll's planning and the deploy run one list of checks
+    (hostconfig/preflight.py): a gRPC host without an allow-list got "ok" from check and was
+    refused by the deploy (issue 45); a multi-node group without one is refused by both now."""
+    grpc = {"sglang.server.router_connection": "grpc", "sglang.server.api_key_secret": None}
+    h1, _ = host(grpc)
+    report = fleet_check.serving_host(h1)
+    assert [(p.source, p.key) for p in report.errors] == [
+        ("pyinfra data of h1", "sglang_allowed_clients")]
+    assert "gRPC mode" in report.errors[0].message
+    with pytest.raises(InputError) as refused:
+        host_preflight.launches(h1, hostconfig.profile_for(h1), host_preflight.Facts(gpu_count=8))
+    assert [(p.source, p.key) for p in refused.value.problems] == [
+        (p.source, p.key) for p in report.errors]
+    fine, _ = host({**grpc, "sglang_allowed_clients": ["10.0.0.0/24"]})
+    assert fleet_check.serving_host(fine).ok
 
 
 _RUNNER = """

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from sglang_fleet.config import connection
+from sglang_fleet.facts.grpc import GrpcHealth
+from sglang_fleet.remote import grpc_health
 from sglang_fleet.remote.gate_grpc import Scheduler
 from sglang_fleet.remote.gate_http import GateError
 from sglang_fleet.report import status
@@ -147,17 +149,31 @@ def test_check_server_gates_a_grpc_server_with_the_same_steps(
     assert "max_running_requests: serving 8, rendered 16" in wrong.stdout
 
 
-def test_status_reads_health_over_grpc_and_metrics_from_the_side_port(target: str) -> None:
+def asked_on_host(target: str, capsys: pytest.CaptureFixture[str]) -> tuple[bool, str] | None:
+    """What status reads from a server's host: remote/grpc_health.py's line, through the fact
+    that runs it over SSH (its port answers the routers and the host alone)."""
+    assert grpc_health.main([target]) == 0
+    return GrpcHealth().process(capsys.readouterr().out.splitlines())
+
+
+def test_status_reads_health_over_grpc_and_metrics_from_the_side_port(
+        target: str, capsys: pytest.CaptureFixture[str]) -> None:
     row = status.Row("server", "lab1", f"grpc://{target}")
+    row.grpc_health = asked_on_host(target, capsys)
     status._http(row)
     assert row.health == "ok"
     assert (row.running, row.queued) == (0, 0) and row.model.endswith("qwen3.6-27b")
 
 
-def test_status_says_a_grpc_server_that_is_not_there_is_unreachable() -> None:
+def test_status_says_a_grpc_server_that_is_not_there_is_unreachable(
+        capsys: pytest.CaptureFixture[str]) -> None:
     target = f"127.0.0.1:{free_port()}"
     with Scheduler(target) as server:
         assert not server.ready(1)
     row = status.Row("server", "lab1", f"grpc://{target}")
+    row.grpc_health = asked_on_host(target, capsys)
     status._http(row)
     assert (row.health, row.running) == ("unreachable (gRPC UNAVAILABLE)", None)
+    unasked = status.Row("server", "lab1", f"grpc://{target}")  # its host was not read
+    status._http(unasked)
+    assert unasked.health.startswith("not read") and unasked.running is None

@@ -36,7 +36,7 @@ def inventory() -> Inventory:
                                 "sglang.parallel.tp": 8}  # one server a host
         if name in GROUPS:
             data |= {"sglang_group": GROUPS[name], "sglang.parallel.tp": 16,
-                     "sglang.parallel.nnodes": 2}
+                     "sglang.parallel.nnodes": 2, "sglang_allowed_clients": ["10.0.0.0/8"]}
         hosts.append((name, data))
     return Inventory(  # type: ignore[no-untyped-call]
         (hosts, {}), b200=(NAMES, {"sglang_profile": str(FIELD_PROFILE), "gpu_count": 8}))

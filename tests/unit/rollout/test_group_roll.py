@@ -20,7 +20,8 @@ from sglang_fleet.rollout.roll_directory import RollDirectory
 from tests.conftest import FIELD_PROFILE
 from tests.unit.rollout.test_roll import FakeRouter, Runs, answering
 
-TP16 = {"sglang_group": "tp16", "sglang.parallel.tp": 16, "sglang.parallel.nnodes": 2}
+TP16 = {"sglang_group": "tp16", "sglang.parallel.tp": 16, "sglang.parallel.nnodes": 2,
+        "sglang_allowed_clients": ["10.0.0.0/8"]}  # a group needs one
 RANK0_URL = "http://10.0.0.11:30000"
 
 

@@ -134,7 +134,7 @@ def test_a_member_loads_its_ports_table_as_it_starts(monkeypatch: pytest.MonkeyP
     assert f"ExecStopPost=-+/usr/sbin/nft delete table inet {name}" in unit.splitlines()
     rules = service.firewall(hostconfig.profile_for(host), launch_of(host))  # type: ignore[arg-type]
     assert rules is not None and f"table inet {name} {{" in rules
-    assert "elements = { 127.0.0.1/32, 10.0.0.11/32, 10.0.0.12/32 }" in rules
+    assert "elements = { 127.0.0.1/32, 10.0.0.12/32, 10.0.0.11/32 }" in rules
     assert "tcp dport { 20000 } ip saddr != @peers4 drop" in rules
     # a server on one host, over HTTP, without DP attention: no table, no nft
     alone = on(monkeypatch, inv, "b200-03")

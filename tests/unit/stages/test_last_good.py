@@ -35,6 +35,7 @@ def where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(last_good, "LAST_GOOD", str(tmp_path / "last-good"))
     monkeypatch.setattr(last_good, "unit_path", lambda unit: str(tmp_path / unit))
     monkeypatch.setattr(last_good, "env_file", lambda unit: str(tmp_path / "sglang.env"))
+    monkeypatch.setattr(last_good, "rules_path", lambda unit: str(tmp_path / "sglang.nft"))
     tools = tmp_path / "bin"
     tools.mkdir()
     (tools / "systemctl").write_text("#!/bin/sh\n[ \"$1\" = daemon-reload ]\n")
@@ -116,3 +117,24 @@ def test_the_release_in_place_is_the_kept_one_whatever_its_keys(where: Path) -> 
     assert keyless_sum() != kept
     (where / "sglang.env").unlink()
     assert keyless_sum() is None
+
+
+def test_the_ports_table_goes_back_with_its_unit(where: Path) -> None:
+    """The unit loads its table as it starts (``ExecStartPre=+nft -f``): a rollback puts back
+    the table that passed with it, and none where it had none (a unit whose table is missing
+    would not start; one with the newer deploy's would let in whom that one lets in)."""
+    env = env_text({API_KEY_VAR: OLD}, "eth0")
+    deployed(where, "unit over gRPC\n", env)
+    (where / "sglang.nft").write_text("table of the gRPC unit\n")
+    sh(last_good.keep_command(UNIT))
+    deployed(where, "unit over HTTP\n", env)
+    (where / "sglang.nft").unlink()  # the new deploy has no table
+    sh(last_good._copy_back_command(UNIT))
+    assert (where / UNIT).read_text() == "unit over gRPC\n"
+    assert (where / "sglang.nft").read_text() == "table of the gRPC unit\n"
+    # kept without a table: the restore removes the one a later deploy wrote
+    (where / "sglang.nft").unlink()
+    sh(last_good.keep_command(UNIT))
+    (where / "sglang.nft").write_text("table of a later deploy\n")
+    sh(last_good._copy_back_command(UNIT))
+    assert not (where / "sglang.nft").exists()

@@ -9,7 +9,7 @@ per unit, loaded as the unit starts and deleted as it stops (``ExecStartPre=+``,
   those addresses only the service user's connections (an ``output`` rule on ``meta skuid``:
   another local user of a member host has a member's address too).
 - The gRPC port: the routers alone (the inventory's ``routers`` hosts, else
-  ``sglang_allowed_clients``), and this host's loopback (the gate and status run here as root).
+  ``sglang_allowed_clients``), and the host itself (the gate, and status over SSH, ask here).
   Local users other than the operators are kept out by refusal: ``local_users_exposed``.
 
 SGLang's layout with DP attention, read in 0.5.23 ``srt/server_args.py`` PortArgs.init_new:
@@ -36,7 +36,6 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.releases import at_least
 from sglang_fleet.config.render import Launch
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.stages.group_unit import spans_hosts
 
 ZMQ_TCP_PORT_DELTA = 233  # 0.5.23 srt/server_args.py ZMQ_TCP_PORT_DELTA
 ZMQ_PORTS = 6  # port_base .. port_base + 5 (NUM_DERIVED_PORTS without the Rust server)
@@ -55,6 +54,11 @@ def dp_attention(launch: Launch) -> bool:
     """Whether the launch runs attention data parallel (SGLang's TCP inter-process sockets)."""
     args = launch.args
     return bool(args.get("enable_dp_attention")) or int(args.get("attn_dp_size") or 1) > 1
+
+
+def spans_hosts(launch: Launch) -> bool:
+    """Whether ``launch`` is one rank of a server over several hosts."""
+    return int(launch.args.get("nnodes") or 1) > 1
 
 
 def init_port(launch: Launch) -> int:
@@ -178,15 +182,25 @@ def _ports(ports: list[int]) -> str:
     return "{ " + ", ".join(str(p) for p in ports) + " }"
 
 
+def _ip(text: str) -> str | None:
+    """``text`` as an IP address, or None (a host name, the wildcard)."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        return None
+
+
 def _guard(ports: str, bind: str, set4: str, set6: str) -> list[str]:
     """Input rules dropping what reaches ``ports`` from outside the sets: on the one address the
-    server listens on, or, listening on every address, on all of them."""
-    if bind in WILDCARD:
+    server listens on, or, listening on every address (or on a name, resolved by the server),
+    on all of them."""
+    where = _ip(bind) if bind not in WILDCARD else None
+    if where is None:
         return [f"        tcp dport {ports} ip saddr != @{set4} drop",
                 f"        tcp dport {ports} ip6 saddr != @{set6} drop"]
-    if ipaddress.ip_address(bind).version == 4:
-        return [f"        ip daddr {bind} tcp dport {ports} ip saddr != @{set4} drop"]
-    return [f"        ip6 daddr {bind} tcp dport {ports} ip6 saddr != @{set6} drop"]
+    if ipaddress.ip_address(where).version == 4:
+        return [f"        ip daddr {where} tcp dport {ports} ip saddr != @{set4} drop"]
+    return [f"        ip6 daddr {where} tcp dport {ports} ip6 saddr != @{set6} drop"]
 
 
 def rules(launch: Launch, peers: list[str], routers: list[str], address: str, bind: str,
@@ -202,8 +216,11 @@ def rules(launch: Launch, peers: list[str], routers: list[str], address: str, bi
     if not member and not grpc:
         return None
     name = table(launch.unit, address)
-    v4, v6 = _split([*LOOPBACK, *peers])
-    r4, r6 = _split([*LOOPBACK, *routers])
+    # The host itself, by loopback and by its own addresses: the gate and status ask from it,
+    # and SGLang's own processes reach a socket on the address it is bound to from there.
+    own = [*LOOPBACK, *(a for a in (_ip(address), _ip(bind)) if a and a not in WILDCARD)]
+    v4, v6 = _split([*own, *peers])
+    r4, r6 = _split([*own, *routers])
     lines = [f"# Managed by sglang-fleet: who reaches {launch.unit}'s own ports.",
              f"table inet {name} {{}}", f"delete table inet {name}", f"table inet {name} {{"]
     lines += _set("peers4", "ipv4_addr", v4) + _set("peers6", "ipv6_addr", v6)

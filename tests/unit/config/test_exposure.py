@@ -1,4 +1,4 @@
-"""Who reaches a server's own ports (stages/exposure.py): the nftables table each unit loads, the
+"""Who reaches a server's own ports (config/exposure.py): the nftables table each unit loads, the
 peer list SGLang checks, and the refusals before any change (issue 44's review: pickle ports
 open to every local user and allowed network, gRPC workers with no key)."""
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from sglang_fleet.config import exposure
 from sglang_fleet.config.multinode import Rank
 from sglang_fleet.config.profile import load
 from sglang_fleet.config.render import Launch, render_all
-from sglang_fleet.stages import exposure
 
 PROFILE = "qwen3.6-27b-mtp"
 
@@ -52,7 +52,8 @@ def test_a_group_member_keeps_the_store_and_sockets_to_its_members_on_every_addr
     text = exposure.rules(launch(**GROUP, **DP), ["10.0.0.11/32", "10.0.0.12/32"], [],
                           "10.0.0.12", "0.0.0.0", grpc=False)
     assert text is not None
-    assert "elements = { 127.0.0.1/32, 10.0.0.11/32, 10.0.0.12/32 }" in text
+    # the host's own address first: rank 1 reaches a socket on it from itself too
+    assert "elements = { 127.0.0.1/32, 10.0.0.12/32, 10.0.0.11/32 }" in text
     ports = "{ 20000, 20001, 20002, 20003, 20004, 20005, 20006, 20013 }"
     assert f"        tcp dport {ports} ip saddr != @peers4 drop" in text
     assert f"ip daddr @peers4 tcp dport {ports} meta skuid" in text
@@ -65,10 +66,21 @@ def test_the_grpc_port_is_the_routers_alone_where_the_server_listens() -> None:
     text = exposure.rules(launch(host="10.0.0.11"), [], ["10.0.0.5"], "10.0.0.11", "10.0.0.11",
                           grpc=True)
     assert text is not None
+    # the router, and the host itself: the gate asks on the address the server listens on
     assert "set routers4 { type ipv4_addr; flags interval; elements = { 127.0.0.1/32, " \
-           "10.0.0.5/32 }; }" in text
+           "10.0.0.11/32, 10.0.0.5/32 }; }" in text
     assert "ip daddr 10.0.0.11 tcp dport 30000 ip saddr != @routers4 drop" in text
     assert "peers4 drop" not in text
+
+
+def test_a_server_bound_to_a_name_is_guarded_on_every_address() -> None:
+    """``server.host`` may be a host name (the server resolves it): no address to match on."""
+    text = exposure.rules(launch(host="b200-01.example", **DP), [], [], "b200-01.example",
+                          "b200-01.example", grpc=True)
+    assert text is not None
+    assert "        tcp dport 30000 ip saddr != @routers4 drop" in text
+    assert "        tcp dport { 30013 } ip saddr != @peers4 drop" in text
+    assert "elements = { 127.0.0.1/32 }" in text  # no name in a set
 
 
 def test_the_table_is_named_for_the_unit_and_the_host_and_replaced_whole() -> None:
