@@ -32,7 +32,7 @@ SOURCE = Path(remote.__file__).resolve().parent
 MODULES = ("cache_archive", "cache_copy", "cache_pack", "cache_unpack", "capacity",
            "capacity_figures", "capacity_log", "check_grpc", "check_server", "check_servers",
            "crash", "download_model", "eta", "gate_grpc", "gate_grpc_smoke", "gate_http",
-           "gate_smoke", "gate_soak", "gate_unit",
+           "gate_smoke", "gate_soak", "gate_unit", "grpc_health",
            "member_start", "progress", "prune_caches", "readiness", "start_server",
            "start_router", "terminal", "warm_caches")
 
