@@ -10,7 +10,7 @@ per unit, loaded as the unit starts and deleted as it stops (``ExecStartPre=+``,
   another local user of a member host has a member's address too).
 - The gRPC port: the routers alone (the inventory's ``routers`` hosts, else
   ``sglang_allowed_clients``), and the host itself (the gate, and status over SSH, ask here).
-  Local users other than the operators are kept out by refusal: ``local_users_exposed``.
+  Local users other than the operators are kept out by refusal (``problems``).
 
 SGLang's layout with DP attention, read in 0.5.23 ``srt/server_args.py`` PortArgs.init_new:
 on one host the init address is ``127.0.0.1:port+233`` (``ZMQ_TCP_PORT_DELTA``; ``port-233``
@@ -203,6 +203,11 @@ def _guard(ports: str, bind: str, set4: str, set6: str) -> list[str]:
     return [f"        ip6 daddr {where} tcp dport {ports} ip6 saddr != @{set6} drop"]
 
 
+def guarded(launch: Launch, grpc: bool) -> bool:
+    """Whether the launch opens a port beyond its clients' one (and so has a table)."""
+    return grpc or bool(member_ports(launch))
+
+
 def rules(launch: Launch, peers: list[str], routers: list[str], address: str, bind: str,
           grpc: bool, user: str = paths.USER) -> str | None:
     """The unit's nftables table, or None when it opens no port beyond its clients' one.
@@ -212,9 +217,9 @@ def rules(launch: Launch, peers: list[str], routers: list[str], address: str, bi
     + address: the host's address (the table's name)
     + bind: the address the server listens on (``server.host``)
     """
-    member = member_ports(launch)
-    if not member and not grpc:
+    if not guarded(launch, grpc):
         return None
+    member = member_ports(launch)
     name = table(launch.unit, address)
     # The host itself, by loopback and by its own addresses: the gate and status ask from it,
     # and SGLang's own processes reach a socket on the address it is bound to from there.

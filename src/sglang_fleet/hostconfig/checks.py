@@ -226,20 +226,30 @@ def networks_list(value: Any, raw: Raw) -> Found:
     return None
 
 
-_FINDING = re.compile(r"[a-z][a-z0-9-]{1,40}")
+def list_of(pattern: str, what: str, fix: str | None = None) -> Check:
+    """A list of ``what`` in ``pattern``'s form; none (a falsy value): none.
+
+        list_of(r"[a-z][a-z0-9-]{1,40}", "finding id")(["xid-94"], raw)   # None
+    """
+    compiled = re.compile(pattern)
+
+    def check(value: Any, raw: Raw) -> Found:
+        if not value:
+            return None
+        if isinstance(value, str) or not isinstance(value, list | tuple):
+            return f"must be a list of {what}s, got {value!r}"
+        wrong = [v for v in value if not isinstance(v, str) or not compiled.fullmatch(v)]
+        if not wrong:
+            return None
+        said = f"{repr(wrong[0])[:60]} is not a {what}"
+        return Wrong(said, fix) if fix else said
+    return check
 
 
-def finding_ids(value: Any, raw: Raw) -> Found:
-    """GPU health finding ids such as ``xid-94``; none (a falsy value): none ignored."""
-    if not value:
-        return None
-    if isinstance(value, str) or not isinstance(value, list | tuple):
-        return f"must be a list of finding ids, got {value!r}"
-    wrong = [v for v in value if not isinstance(v, str) or not _FINDING.fullmatch(v)]
-    if wrong:
-        return Wrong(f"{repr(wrong[0])[:60]} is not a finding id", "ids as the deploy names "
-                     "them: xid-79, ecc-uncorrectable, remap-pending, remap-failure, fabric, ...")
-    return None
+# GPU health finding ids such as ``xid-94``
+finding_ids = list_of(r"[a-z][a-z0-9-]{1,40}", "finding id", "ids as the deploy names them: "
+                      "xid-79, ecc-uncorrectable, remap-pending, remap-failure, fabric, ...")
+user_names = list_of(r"[a-z_][a-z0-9_.-]{0,31}\$?", "user name")  # as useradd takes them
 
 
 def names(value: Any) -> list[str]:
@@ -300,19 +310,6 @@ def sha256(value: Any, raw: Raw) -> Found:
 
 
 _GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
-
-
-_USER = re.compile(r"[a-z_][a-z0-9_.-]{0,31}\$?")
-
-
-def user_names(value: Any, raw: Raw) -> Found:
-    """Account names, as useradd takes them; none (a falsy value): none."""
-    if not value:
-        return None
-    if isinstance(value, str) or not isinstance(value, list | tuple):
-        return f"must be a list of user names, got {_shown(value)}"
-    wrong = [v for v in value if not isinstance(v, str) or not _USER.fullmatch(v)]
-    return f"{_shown(wrong[0])} is not a user name" if wrong else None
 
 
 def group_name(value: Any, raw: Raw) -> Found:

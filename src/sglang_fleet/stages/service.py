@@ -380,7 +380,7 @@ def unit_file(profile: Profile, launch: Launch, release: Release) -> dict[str, A
         paths=paths.template_values(), allowed_clients=allowed_clients(),
         **group_unit(launch, allowed_clients()),  # a multi-node member: peers, InfiniBand
         firewall=exposure.unit_lines(launch.unit, hostconfig.of(host).address)
-        if firewall(profile, launch) else [],
+        if exposure.guarded(launch, connection.grpc(profile)) else [],
         exec_start=exec_start(launch, release), timeout_start=budget,
         timeout_stop=drain_budget(), start_limit_interval=budget * 4,
         **restart_policy(host.get_fact(SystemdVersion)))
