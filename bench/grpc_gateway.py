@@ -26,7 +26,7 @@ import httpx
 from routers import BODY, MODEL, Load, measure
 from simserver import free_port, grpc_free_port, start_grpc_sim, start_sim
 
-from sglang_fleet.rollout.fleet import ROUTER_PACKAGES
+from sglang_fleet.fleet.inventory import ROUTER_PACKAGES
 from sglang_fleet_lab.gateways import smg_in_front_of
 
 LUA = f"""wrk.method = "POST"

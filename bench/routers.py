@@ -33,8 +33,8 @@ from pathlib import Path
 
 from simserver import free_port, start_sim
 
-from sglang_fleet.rollout.fleet import ROUTER_PACKAGES
-from sglang_fleet.rollout.router_api import drained
+from sglang_fleet.fleet.inventory import ROUTER_PACKAGES
+from sglang_fleet.fleet.router_api import drained
 from sglang_fleet_lab.gateways import LoopbackRouter, loopback_config
 
 # wrk's own default (2 s) would count a request slowed by a busy machine as failed; a roll's

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "src/sglang_fleet/data/host-tools.lock.txt"
-TOP = ["boto3", "huggingface_hub"]  # what remote/download_model.py imports (weights.py)
+TOP = ["boto3", "huggingface_hub"]  # what weights/host/download_model.py imports
 HEADER = """\
 # The staging tools' venv on hosts (/opt/sglang/tools): installed by the weights stage with
 # `uv pip sync --require-hashes --no-build`. Do not edit: regenerate with

@@ -8,7 +8,7 @@ from typing import Any
 
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
-from sglang_fleet.stages.engine import Release
+from sglang_fleet.stages.engine.deploy import Release
 
 RELEASE = Release("sglang", "0.5.23", (), None, None, "/usr/bin/python3")
 

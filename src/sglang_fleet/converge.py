@@ -19,22 +19,23 @@ from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.users import LoginUsers
+from sglang_fleet.fleet import cutover
+from sglang_fleet.fleet import inventory as fleet
 from sglang_fleet.hostconfig import groups, preflight
+from sglang_fleet.hostconfig.gpu_health import require_gpu_health
 from sglang_fleet.report import metrics_targets
-from sglang_fleet.rollout import cutover, fleet
-from sglang_fleet.stages.compiled import announce_kernels, share_kernels
-from sglang_fleet.stages.driver import install_driver
-from sglang_fleet.stages.engine import Release, install_engine
-from sglang_fleet.stages.gate import gate_programs, run_gate, smoke_test
-from sglang_fleet.stages.gate_group import restore_group
-from sglang_fleet.stages.gpu_preflight import require_gpu_health
-from sglang_fleet.stages.last_good import restore_files, restore_last_good
-from sglang_fleet.stages.resize import with_remembered_size
-from sglang_fleet.stages.router import install_router, remove_router
-from sglang_fleet.stages.service import install_service, require_free_ports, startup_budget
-from sglang_fleet.stages.teardown import Purge, teardown
-from sglang_fleet.stages.warmup import warm_caches
-from sglang_fleet.stages.weights import stage_weights
+from sglang_fleet.stages.compiled.deploy import announce_kernels, share_kernels
+from sglang_fleet.stages.driver.deploy import install_driver
+from sglang_fleet.stages.engine.deploy import Release, install_engine
+from sglang_fleet.stages.gate.deploy import gate_programs, run_gate, smoke_test
+from sglang_fleet.stages.gate.group import restore_group
+from sglang_fleet.stages.gate.resize import with_remembered_size
+from sglang_fleet.stages.router.deploy import install_router, remove_router
+from sglang_fleet.stages.service.deploy import install_service, require_free_ports, startup_budget
+from sglang_fleet.stages.service.last_good import restore_files, restore_last_good
+from sglang_fleet.stages.teardown.deploy import Purge, teardown
+from sglang_fleet.stages.warmup.deploy import warm_caches
+from sglang_fleet.stages.weights.deploy import stage_weights
 
 
 def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:

@@ -8,8 +8,6 @@ and teardown take them from here.
 
 from __future__ import annotations
 
-from importlib import resources
-
 # The engine: pinned releases side by side, ``current`` and ``previous`` links (root's).
 ROOT = "/opt/sglang"
 RELEASES = f"{ROOT}/releases"
@@ -98,15 +96,6 @@ def env_file(unit: str) -> str:
     '/etc/sglang/sglang-router.env'
     """
     return f"{SECRETS}/{unit.removesuffix('.service')}.env"
-
-
-def template(name: str) -> str:
-    """A unit template shipped in the package (found wherever pyinfra runs from).
-
-    >>> template("sglang.service.j2").endswith("sglang_fleet/templates/sglang.service.j2")
-    True
-    """
-    return str(resources.files("sglang_fleet") / "templates" / name)
 
 
 def template_values() -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 - the Grafana dashboard queries only metric names that exist: SGLang's (as the simulator, built
   from the pinned release's own source, serves them), the DCGM fields the lab's dcgm-exporter
-  serves, and the router's ``smg_*`` names ``tests/unit/rollout/test_gateways.py`` finds on both
+  serves, and the router's ``smg_*`` names ``tests/unit/fleet/test_gateways.py`` finds on both
   gateways;
 - the Prometheus configuration reads the file_sd list the deploy writes, for the jobs it writes;
 - the prompts are ``sglang-fleet generate`` input, and a job of them runs;
@@ -75,7 +75,7 @@ def dcgm_names() -> set[str]:
 
 
 def router_names() -> set[str]:
-    """The router's names tests/unit/rollout/test_gateways.py asserts on both gateways'
+    """The router's names tests/unit/fleet/test_gateways.py asserts on both gateways'
     metrics port."""
     source = (ROOT / "tests" / "unit" / "rollout" / "test_gateways.py").read_text()
     names = set(re.findall(r'"(smg_[a-z_]+)"', source))
@@ -205,7 +205,7 @@ def test_the_dashboard_is_importable_as_it_is() -> None:
 def example_fleet(tmp_path: Path) -> list[Any]:
     """One B200 host serving the instances-auto example (4 servers), with the router and DCGM,
     loaded as the deploy loads an inventory (nothing is contacted)."""
-    from sglang_fleet.rollout import planning
+    from sglang_fleet.roll import planning
 
     profile = EXAMPLES / "profiles" / "qwen3.6-27b-mtp-instances-auto.yaml"
     path = tmp_path / "fleet.py"

@@ -49,7 +49,7 @@ def test_check_warns_about_a_branch(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_the_weights_stage_warns_about_a_branch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang_fleet.stages import weights
+    from sglang_fleet.stages.weights import deploy as weights
     said: list[str] = []
     monkeypatch.setattr(weights, "logger", type("L", (), {"warning": said.append})())
     monkeypatch.setattr(weights, "host", type("H", (), {"print_prefix": "[b200-01] "})())

@@ -142,7 +142,7 @@ HOSTS = {host: url(host, 30000) for host in ("lab1", "lab2")}
 
 def router_health() -> dict[str, bool]:
     """Each server's health as the router sees it (its /workers, with the admin key)."""
-    from sglang_fleet.rollout.router_api import Router, RouterError
+    from sglang_fleet.fleet.router_api import Router, RouterError
     from sglang_fleet_lab.state import load
 
     try:

@@ -101,7 +101,7 @@ def ready_in_parts(host: str, out: str) -> None:
     assert abs(total - (weights + kv + graphs + ready)) <= 0.3  # five roundings to 0.1 s
     model = server_info(host)["served_model_name"]
     check = ssh(host, shlex.join(program(
-        "python3", "check_server", "--unit", "sglang-0.service", "--url",
+        "python3", "sglang_fleet.stages.gate.host.check_server", "--unit", "sglang-0.service", "--url",
         url(host, 30000), "--env-file", "/etc/sglang/sglang-0.env",
         "--model", str(model), "--soak-requests", "0")))
     gate = json.loads(next(line[5:] for line in check.stdout.splitlines()
@@ -168,7 +168,7 @@ def test_api_key_is_enforced_and_never_shown(lab: None) -> None:
                        f"{key}' {models}").stdout == "200"
     unit = ssh("lab1", "systemctl cat sglang-0.service").stdout
     assert key not in unit and "--api-key" not in unit
-    assert "-m sglang_fleet_remote.start_server " in unit
+    assert "-m sglang_fleet.remote.start_server " in unit
     assert ssh("lab1", "stat -c '%U %a' /etc/sglang/sglang-0.env").stdout.strip() == "root 600"
     code, out = deploy("sglang.memory.max_running_requests=16")
     assert code == 0 and key not in out

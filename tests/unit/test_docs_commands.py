@@ -64,10 +64,10 @@ ELSEWHERE: dict[str, str] = {
         "tests/lab/test_fleet.py::test_roll_restarts_each_host_once_without_a_failed_request",
     # rolls at fleet scale: the same roll over 120 hosts with a fake launcher and router
     "uv run sglang-fleet roll inventories/b200.py --batch 10% --max-unavailable 12% "
-    "--tolerate 2% --parallel 50": "tests/unit/rollout/test_fleet_scale.py::"
+    "--tolerate 2% --parallel 50": "tests/unit/roll/test_fleet_scale.py::"
         "test_a_tolerant_preparation_skips_failed_hosts_and_reports_them",
     "uv run sglang-fleet roll inventories/b200.py --batch 10% --max-unavailable 12% "
-    "--tolerate 2% --parallel 50 --resume": "tests/unit/rollout/test_fleet_scale.py::"
+    "--tolerate 2% --parallel 50 --resume": "tests/unit/roll/test_fleet_scale.py::"
         "test_the_budget_counts_hosts_already_unhealthy_and_the_roll_resumes",
     "pyinfra -y inventories/b200.py deploys/teardown.py [--data purge=engine,weights,driver]":
         "tests/lab/test_fleet.py::test_teardown_purges_back_to_a_fresh_host_and_deploy_works_again",

@@ -15,13 +15,15 @@ from typing import Any
 import jinja2
 import pytest
 
-from sglang_fleet import paths
 from sglang_fleet.ops import host_programs as hostcode
 from sglang_fleet.ops import unitfile
 from sglang_fleet.ops.unitfile import UnsafeValue, env_line, systemd_word, unit_text
-from sglang_fleet.stages import engine, router, weights
-from sglang_fleet.stages.engine import Release
-from sglang_fleet.stages.service import restart_policy
+from sglang_fleet.stages.engine import deploy as engine
+from sglang_fleet.stages.engine.deploy import Release
+from sglang_fleet.stages.router import deploy as router
+from sglang_fleet.stages.service import deploy as service
+from sglang_fleet.stages.service.deploy import restart_policy
+from sglang_fleet.stages.weights import deploy as weights
 from tests.fakes import Host
 
 HOSTILE = [
@@ -35,7 +37,8 @@ CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def render_template(name: str, **values: Any) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(paths.template("x")).parent),
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(
+        [Path(service.TEMPLATE).parent, Path(router.TEMPLATE).parent]),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     return env.get_template(name).render(**values)
 
@@ -199,7 +202,7 @@ def test_the_unit_of_a_member_keeps_its_shape(text: str) -> None:
 def test_network_environment_values_are_literal(text: str) -> None:
     """What the host-data checks let through is written literally all the same."""
     from sglang_fleet.config.render import render
-    from sglang_fleet.stages.service import environment
+    from sglang_fleet.stages.service.deploy import environment
     from tests.conftest import field_profile
 
     env = environment(render(field_profile()), {}, {"NCCL_SOCKET_IFNAME": text})

@@ -55,7 +55,8 @@ def _versions(reports: dict[str, checking.Report], serving: list[str]) -> str:
 
 def check(inventory: str, data: list[str]) -> tuple[dict[str, bool], dict[str, checking.Report]]:
     """Every host of the inventory (name -> serving) and what the check found on each."""
-    from sglang_fleet.rollout import fleet, planning
+    from sglang_fleet.fleet import inventory as fleet
+    from sglang_fleet.roll import planning
 
     loaded = planning.load(inventory, planning.parse_data(data))
     if not fleet.serving_hosts(loaded):
@@ -149,7 +150,7 @@ def _sized_for(report: checking.Report, gpus: int | None,
 def merge(reports: dict[str, checking.Report]) -> checking.Report:
     """The hosts' reports as one: each problem once, naming the hosts that share it
     (``planning.grouped``, as a roll says them)."""
-    from sglang_fleet.rollout.planning import grouped
+    from sglang_fleet.roll.planning import grouped
 
     merged = checking.Report()
     for kind in ("errors", "warnings", "notes"):

@@ -23,12 +23,12 @@ UNHEALTHY = 1
 
 if TYPE_CHECKING:
     from sglang_fleet.report.status import Fleet
-    from sglang_fleet.rollout.roll import Roll
+    from sglang_fleet.roll.roll import Roll
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
-    """Rolling redeploy through the router (see sglang_fleet.rollout.roll)."""
-    from sglang_fleet.rollout import command
+    """Rolling redeploy through the router (see sglang_fleet.roll.roll)."""
+    from sglang_fleet.roll import command
 
     options = {"batch": args.batch, "drain_timeout": args.drain_timeout,
                "health_timeout": args.health_timeout, "batch_instances": args.batch_instances,
@@ -48,9 +48,9 @@ def roll_as_json(made: Roll) -> tuple[bool, dict[str, Any]]:
     ``status --json`` sums it, the warnings, and ``errors`` (empty: an input problem stops a
     roll before it starts, and is printed instead of this). Each host carries its ``cause``:
     its SSH error when it did not answer, else what failed (the router, its deploy)."""
-    from sglang_fleet.rollout import command
-    from sglang_fleet.rollout.outcome import fleet_lines
-    from sglang_fleet.rollout.planning import data_warning
+    from sglang_fleet.roll import command
+    from sglang_fleet.roll.outcome import fleet_lines
+    from sglang_fleet.roll.planning import data_warning
 
     warning = data_warning(made.plan.data)
     fleet: Fleet | None = None
@@ -85,7 +85,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """One row per server instance and router of an inventory (see sglang_fleet.report.status),
     then the verdict: UNHEALTHY (1) when a host is unreachable or a server is not serving."""
     from sglang_fleet.report import layout, status, status_view
-    from sglang_fleet.rollout import planning
+    from sglang_fleet.roll import planning
 
     fleet = status.collect(args.inventory, planning.parse_data(args.data))
     if args.json:

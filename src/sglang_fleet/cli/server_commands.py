@@ -73,7 +73,7 @@ def api_key_from(path: str) -> str:
 
 def _served_model(url: str, key: str | None) -> str:
     """The first model ``url`` serves, from /v1/models; GateError saying what it answered."""
-    from sglang_fleet.remote import check_server
+    from sglang_fleet.stages.gate.host import check_server
 
     status, raw = check_server.request(f"{url}/v1/models", key)
     if status == 401:
@@ -101,7 +101,7 @@ def _served_model(url: str, key: str | None) -> str:
 
 def cmd_smoke(args: argparse.Namespace) -> int:
     """The gate's smoke generation against a running server (or router); changes nothing."""
-    from sglang_fleet.remote import check_server
+    from sglang_fleet.stages.gate.host import check_server
 
     url = args.url.rstrip("/")  # a URL: usage.url
     key = api_key_from(args.api_key_file) if args.api_key_file is not None else None

@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 
 from sglang_fleet.config import releases, validators
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.rollout import scale
+from sglang_fleet.roll import scale
 
 USAGE_ERROR = 2
 HELP_WIDTH = 88
@@ -171,7 +171,7 @@ def data_pair(text: str) -> str:
     """A ``--data KEY=VALUE`` pair as pyinfra reads it (the key's own rules come later, with
     the host's data: a value its key refuses is an input problem)."""
     from sglang_fleet.errors import InputError
-    from sglang_fleet.rollout.planning import parse_data
+    from sglang_fleet.roll.planning import parse_data
 
     try:
         parse_data([text])

@@ -1,4 +1,5 @@
-"""A gRPC-mode server's ``HealthCheck``, asked on its host (``remote/grpc_health.py``): its port
+"""A gRPC-mode server's ``HealthCheck``, asked on its host
+(``stages/gate/host/grpc_health.py``): its port
 answers the routers and the host alone, so the operator's machine asks through SSH.
 
     host.get_fact(GrpcHealth, target="127.0.0.1:30000")   # (True, 'Health check passed')
@@ -25,7 +26,7 @@ class GrpcHealth(FactBase[tuple[bool, str] | None]):
     def command(self, target: str) -> str:
         if not _TARGET.fullmatch(target):
             raise ValueError(f"not a HOST:PORT: {target!r}")
-        argv = program(f"{CURRENT}/bin/python", "grpc_health", target)
+        argv = program(f"{CURRENT}/bin/python", "sglang_fleet.stages.gate.host.grpc_health", target)
         return f"{shlex.join(argv)} 2>&1 || true"
 
     def process(self, output: list[str]) -> tuple[bool, str] | None:

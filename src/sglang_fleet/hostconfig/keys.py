@@ -47,7 +47,7 @@ from sglang_fleet.hostconfig.checks import (
 )
 from sglang_fleet.hostconfig.spec import Raw, checked, checked_all, key
 from sglang_fleet.ops.unitfile import networks
-from sglang_fleet.stages.repository import KEYRING, NVIDIA_REPOS
+from sglang_fleet.stages.driver.repository import KEYRING, NVIDIA_REPOS
 
 ROUTERS_GROUP = "routers"
 # The gateway by package, with its pinned release: smg (the Shepherd Model Gateway, which

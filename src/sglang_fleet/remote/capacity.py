@@ -4,7 +4,7 @@ gate runs it on the host, and ``sglang-fleet capacity LOG`` on any log).
     cap = parse(journal_lines, version="0.5.12")
     for line in report(cap): print(line)   # the gate's and the CLI's lines
 
-Three parts, each uploaded with the gate (host_programs.upload follows the imports):
+Three parts:
 capacity_log.py reads the lines, each rank's apart (SGLang's formats and their sources are
 quoted there); capacity_figures.py decides the server's figures from the ranks (which rank,
 DP totals, a mamba cap the release did not log); this module reads a log through both

@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import crash  # uploaded to the host with this module
+from . import crash
 from .capacity_log import LineReader, Rank, Worker, rank_key
 
 CAPPED_LINE_FROM = (0, 5, 17)  # kv_cache_configurator.resolve_max_num_reqs first says so

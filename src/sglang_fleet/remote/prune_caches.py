@@ -1,7 +1,7 @@
 """Removes, as root, the per-version caches (``/var/cache/sglang/release/<version>``) of SGLang
 versions no release keeps (standard library only: system python).
 
-    python -m sglang_fleet_remote.prune_caches --root /var/cache/sglang/release --keep 0.5.23
+    python -m sglang_fleet.remote.prune_caches --root /var/cache/sglang/release --keep 0.5.23
 
 The service user can create, rename and link anything under its cache, at any moment, and a
 compromised server may. So nothing here takes a name from a listing made earlier or follows a
@@ -126,7 +126,7 @@ def prune(root: str, keep: set[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang_fleet_remote.prune_caches")
+    parser = argparse.ArgumentParser(prog="python -m sglang_fleet.remote.prune_caches")
     parser.add_argument("--root", required=True, help="the per-version caches' directory")
     parser.add_argument("--keep", action="append", default=[], metavar="VERSION",
                         help="a version whose caches stay (repeat)")

@@ -41,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import capacity  # uploaded to the host with this module
+from . import capacity
 
 MARKS = ("start", "weights", "kv", "graphs", "ready", "first_generation")
 UNIT_STARTED = "39f53479d3a045ac8e11786248231fbf"  # systemd's SD_MESSAGE_UNIT_STARTED

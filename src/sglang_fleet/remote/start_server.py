@@ -1,7 +1,7 @@
 """Start an SGLang server with its API keys from the environment (systemd's root-only
 EnvironmentFile) instead of the command line, and keep the keys out of what it prints and serves.
 
-    python -m sglang_fleet_remote.start_server sglang.launch_server \\
+    python -m sglang_fleet.remote.start_server sglang.launch_server \\
         --model-path /var/lib/sglang/models/m --port 30000
 
 Runs on the serving host with the release's python (``sglang_fleet.ops.host_programs.program``);
@@ -101,7 +101,7 @@ def take_keys(environ: MutableMapping[str, str]) -> tuple[list[str], list[str]]:
 
 def main(argv: list[str]) -> None:
     if not argv:
-        sys.exit("usage: python -m sglang_fleet_remote.start_server MODULE [SGLang flags...]")
+        sys.exit("usage: python -m sglang_fleet.remote.start_server MODULE [SGLang flags...]")
     module, args = argv[0], argv[1:]
     flags, secrets = take_keys(os.environ)
     if secrets:

@@ -23,7 +23,7 @@ from sglang_fleet import hostconfig
 from sglang_fleet.config.connection import metrics_url
 from sglang_fleet.config.render import render_all
 from sglang_fleet.errors import InputError
-from sglang_fleet.rollout import fleet
+from sglang_fleet.fleet import inventory as fleet
 
 # dcgm-exporter's default listen address (:9400).
 DCGM_EXPORTER_PORT = 9400

@@ -36,13 +36,14 @@ from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
 from sglang_fleet.facts.grpc import GrpcHealth
 from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitStates
+from sglang_fleet.fleet import inventory as fleet
+from sglang_fleet.fleet import reach
+from sglang_fleet.fleet.router_api import Router, RouterError
 from sglang_fleet.hostconfig import groups
+from sglang_fleet.hostconfig.gpu_health import merged
 from sglang_fleet.remote import eta
 from sglang_fleet.remote.terminal import printable
 from sglang_fleet.report import status_view
-from sglang_fleet.rollout import fleet, reach
-from sglang_fleet.rollout.router_api import Router, RouterError
-from sglang_fleet.stages.gpu_preflight import merged
 
 GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queued",
           "sglang:gen_throughput": "tokens_per_s", "sglang:spec_accept_length": "accept_length"}
@@ -382,7 +383,7 @@ def collect(inventory_path: str, data: dict[str, Any] | None = None,
             with_routers: bool = True) -> Fleet:
     """Every row of the fleet: hosts read in parallel over SSH, servers over HTTP (``data``
     as ``--data`` would give it; the routers' rows only ``with_routers``)."""
-    from sglang_fleet.rollout import planning  # loading an inventory patches it with gevent
+    from sglang_fleet.roll import planning
 
     pyinfra_log = logging.getLogger("pyinfra")
     level = pyinfra_log.level

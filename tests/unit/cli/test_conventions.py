@@ -217,8 +217,9 @@ def test_roll_json_is_what_the_roll_did(monkeypatch: pytest.MonkeyPatch,
     from types import SimpleNamespace
 
     from sglang_fleet.cli.fleet_commands import roll_as_json
-    from sglang_fleet.rollout import cutover, fleet
-    from tests.unit.rollout.test_roll import URLS, FakeRouter, Runs, make
+    from sglang_fleet.fleet import cutover
+    from sglang_fleet.fleet import inventory as fleet
+    from tests.unit.roll.test_roll import URLS, FakeRouter, Runs, make
 
     router = FakeRouter({u[0]: True for u in URLS.values()})
     monkeypatch.setattr(fleet, "routers", lambda inventory: [SimpleNamespace(api=lambda: router)])

@@ -94,8 +94,9 @@ def test_a_server_not_serving_exits_1(monkeypatch: pytest.MonkeyPatch,
 def test_roll_json_names_an_unreachable_host_as_the_cause(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     from sglang_fleet.cli.fleet_commands import roll_as_json
-    from sglang_fleet.rollout import cutover, fleet
-    from tests.unit.rollout.test_roll import SSH_ERROR, URLS, FakeRouter, Runs, make
+    from sglang_fleet.fleet import cutover
+    from sglang_fleet.fleet import inventory as fleet
+    from tests.unit.roll.test_roll import SSH_ERROR, URLS, FakeRouter, Runs, make
 
     router = FakeRouter({u[0]: True for u in URLS.values()})
     monkeypatch.setattr(fleet, "routers", lambda inventory: [SimpleNamespace(api=lambda: router)])

@@ -85,7 +85,7 @@ def test_smoke_sends_the_key_to_no_other_origin(redirected: tuple[Origin, Origin
 
 def test_the_gates_requests_follow_no_redirect(redirected: tuple[Origin, Origin]) -> None:
     """The gate's host program (check_server) on the host: a 3xx is the answer."""
-    from sglang_fleet.remote import check_server
+    from sglang_fleet.stages.gate.host import check_server
 
     first, elsewhere = redirected
     status, raw = check_server.request(f"{first.url}/v1/models", "k" * 20)

@@ -20,7 +20,7 @@ import pytest
 
 from sglang_fleet.config import sizing
 from sglang_fleet.remote import capacity
-from tests.unit.stages.test_kernel_caches import sglang_source
+from tests.unit.stages.compiled.test_kernel_caches import sglang_source
 
 pytestmark = pytest.mark.oracle
 

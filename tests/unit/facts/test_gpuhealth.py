@@ -11,7 +11,7 @@ import pytest
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts import gpuhealth
 from sglang_fleet.hostconfig import HostConfig
-from sglang_fleet.stages.gpu_preflight import problems, warnings
+from sglang_fleet.hostconfig.gpu_health import problems, warnings
 from tests.conftest import DATA
 
 Q_H200 = (DATA / "nvidia-smi-q-h200-580.159.04.txt").read_text()

@@ -1,10 +1,12 @@
-"""The host programs as hosts get them: the package ``sglang_fleet_remote`` alone on PYTHONPATH
-(no sglang_fleet, no site-packages), each module imported and run with ``python -m``."""
+"""The host programs as hosts get them: each folder of host programs under its package name,
+the packages above it empty, alone on PYTHONPATH (no site-packages), each module imported and
+run with ``python -m``."""
 
 from __future__ import annotations
 
+import ast
+import io
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,16 +15,60 @@ import pytest
 
 from sglang_fleet.ops import host_programs as hostcode
 
+# What a host program may import beyond the standard library: what the venv that runs it has
+# (the module, then the top-level names).
+VENV_IMPORTS = {
+    "sglang_fleet.remote.start_server": {"uvicorn"},  # the release's venv (SGLang's server)
+    "sglang_fleet.stages.gate.host.gate_grpc": {"grpc", "grpc_health", "smg_grpc_proto",
+                                                "google"},  # the release's venv, gRPC mode
+    "sglang_fleet.stages.gate.host.gate_grpc_smoke": {"transformers"},
+    "sglang_fleet.stages.weights.host.download_model": {"boto3", "botocore",
+                                                        "huggingface_hub"},  # the tools venv
+}
 
-@pytest.fixture(scope="module")
-def pythonpath(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of sglang_fleet/remote/ under its host name, as ``upload`` puts it."""
-    root = tmp_path_factory.mktemp("pythonpath")
-    target = root / hostcode.PACKAGE
-    target.mkdir()
-    for name in ("__init__", *hostcode.MODULES):
-        shutil.copy(hostcode.SOURCE / f"{name}.py", target / f"{name}.py")
+
+def modules(folder: str) -> list[str]:
+    return [f"{folder}.{p.stem}" for p in sorted(hostcode._local(folder).glob("*.py"))
+            if p.stem != "__init__"]
+
+
+ALL = [m for folder in hostcode.folders() for m in modules(folder)]
+
+
+def uploaded(root: Path, folder: str) -> Path:
+    """The host's PYTHONPATH as ``upload(folder)`` leaves it, recorded and replayed into
+    ``root``: only what the upload puts there."""
+    recorded = RecordedFiles(root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hostcode, "files", recorded)
+        hostcode.upload(folder)
     return root
+
+
+class RecordedFiles:
+    """pyinfra's ``files`` as ``upload`` uses it, writing what it would put on the host under
+    ``root`` (its PYTHONPATH)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.synced: list[str] = []
+
+    def _here(self, dest: str) -> Path:
+        return self.root / Path(dest).relative_to(hostcode.PYTHONPATH)
+
+    def put(self, *, src: str | io.StringIO, dest: str, **kwargs: object) -> str:
+        target = self._here(dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(src.getvalue() if isinstance(src, io.StringIO)
+                          else Path(src).read_text())
+        return dest
+
+    def sync(self, *, src: str, dest: str, exclude_dir: list[str], **kwargs: object) -> str:
+        assert kwargs["delete"] is True and "__pycache__" in exclude_dir
+        self.synced.append(dest)
+        for path in Path(src).glob("*.py"):
+            self.put(src=str(path), dest=f"{dest}/{path.name}")
+        return dest
 
 
 def host_python(pythonpath: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -33,81 +79,90 @@ def host_python(pythonpath: Path, *args: str) -> subprocess.CompletedProcess[str
                                                       "PYTHONPATH": str(pythonpath)})
 
 
-def test_every_module_of_the_package_is_uploaded_by_name() -> None:
-    on_disk = {p.stem for p in hostcode.SOURCE.glob("*.py")} - {"__init__"}
-    assert on_disk == set(hostcode.MODULES)
+@pytest.fixture(scope="module")
+def pythonpath(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every folder of host programs uploaded, as the deploy leaves a host."""
+    root = tmp_path_factory.mktemp("pythonpath") / "pythonpath"
+    for folder in hostcode.folders():
+        uploaded(root, folder)
+    return root
 
 
-class RecordedFiles:
-    """pyinfra's ``files`` as ``upload`` uses it, recording what it would put on the host."""
-
-    def __init__(self) -> None:
-        self.put_sources: list[str] = []
-
-    def directory(self, **kwargs: object) -> None:
-        pass
-
-    def put(self, *, src: str, **kwargs: object) -> str:
-        self.put_sources.append(src)
-        return src
-
-
-@pytest.mark.parametrize("module", hostcode.MODULES)
-def test_upload_puts_every_module_a_program_imports(module: str, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """``upload(module)`` alone, as a stage calls it, puts all the host needs to import it: the
-    package holding only what was uploaded imports ``module`` (a program split in parts gets
-    its parts), and ``upload`` returns the named module's own operation."""
-    recorded = RecordedFiles()
-    monkeypatch.setattr(hostcode, "files", recorded)
-    [own] = hostcode.upload(module)
-    assert str(own) == str(hostcode.SOURCE / f"{module}.py")
-    assert len(recorded.put_sources) == len(set(recorded.put_sources))  # each file once
-    target = tmp_path / hostcode.PACKAGE
-    target.mkdir()
-    for src in recorded.put_sources:
-        shutil.copy(src, target / Path(src).name)
-    result = host_python(tmp_path, "-c", f"import {hostcode.PACKAGE}.{module}")
-    assert result.returncode == 0, result.stderr
+@pytest.mark.parametrize("module", ALL)
+def test_each_host_program_imports_the_standard_library_its_folder_and_remote(
+        module: str) -> None:
+    """A folder is uploaded whole and alone: its modules import the standard library, their
+    own folder (relatively), ``sglang_fleet.remote`` (the shared folder, uploaded with each),
+    and what the venv that runs them has (VENV_IMPORTS), nothing else of sglang_fleet."""
+    folder, _, name = module.rpartition(".")
+    tree = ast.parse((hostcode._local(folder) / f"{name}.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            assert node.level == 1, f"{module}: relative import above its folder"
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) \
+                else [node.module or ""]
+            found |= {n for n in names if n.split(".")[0] not in sys.stdlib_module_names}
+    allowed = {"sglang_fleet.remote", *(f"sglang_fleet.remote.{m.rpartition('.')[2]}"
+                                        for m in modules(hostcode.SHARED))}
+    if folder == hostcode.SHARED:
+        allowed = set()
+    venv = VENV_IMPORTS.get(module, set())
+    assert {n for n in found - allowed if n.split(".")[0] not in venv} == set()
 
 
-def test_upload_returns_the_named_modules_operations_once_each(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The gate's upload names modules check_server imports too: each is put once, and the
-    operations come back one per module named, in order (``[launcher] = upload(...)``)."""
-    recorded = RecordedFiles()
-    monkeypatch.setattr(hostcode, "files", recorded)
-    named = ("capacity", "crash", "eta", "readiness", "check_server")
-    ops = hostcode.upload(*named)
-    assert [Path(str(op)).stem for op in ops] == list(named)
-    put = [Path(src).stem for src in recorded.put_sources]
-    assert put[0] == "__init__" and len(put) == len(set(put))
-    assert set(put) == {"__init__", *hostcode.imports("check_server")}
+@pytest.mark.parametrize("folder", hostcode.folders())
+def test_upload_puts_the_folder_whole_with_remote_and_empty_packages_above(
+        folder: str, tmp_path: Path) -> None:
+    """``upload(folder)`` alone, as a deploy calls it, puts all the host needs to import every
+    module of the folder: the folder, ``remote/``, and empty packages above (nothing of the
+    controller's sglang_fleet/__init__.py)."""
+    root = uploaded(tmp_path / "pythonpath", folder)
+    assert (root / "sglang_fleet" / "__init__.py").read_text() == ""
+    for module in modules(folder):
+        if module in VENV_IMPORTS:
+            continue  # imports its venv's packages at the top
+        result = host_python(root, "-c", f"import {module}")
+        assert result.returncode == 0, (module, result.stderr)
 
 
-@pytest.mark.parametrize("module", hostcode.MODULES)
-def test_each_module_imports_alone(pythonpath: Path, module: str) -> None:
-    result = host_python(pythonpath, "-c", f"import {hostcode.PACKAGE}.{module}")
-    assert result.returncode == 0, result.stderr
+def test_upload_returns_the_watched_programs_operations(tmp_path: Path) -> None:
+    recorded = RecordedFiles(tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hostcode, "files", recorded)
+        ops = hostcode.upload(hostcode.SHARED, "sglang_fleet.remote.start_server")
+    assert [str(op) for op in ops] == [hostcode.module_file("sglang_fleet.remote.start_server")]
+    assert recorded.synced == [f"{hostcode.PYTHONPATH}/sglang_fleet/remote"]
+
+
+def test_every_component_folder_is_a_host_folder() -> None:
+    assert hostcode.folders() == (
+        "sglang_fleet.remote", "sglang_fleet.stages.compiled.host",
+        "sglang_fleet.stages.gate.host", "sglang_fleet.stages.router.host",
+        "sglang_fleet.stages.warmup.host", "sglang_fleet.stages.weights.host")
 
 
 def test_check_server_runs_with_python_m(pythonpath: Path) -> None:
-    result = host_python(pythonpath, "-m", f"{hostcode.PACKAGE}.check_server", "--help")
+    result = host_python(pythonpath, "-m", "sglang_fleet.stages.gate.host.check_server",
+                         "--help")
     assert result.returncode == 0, result.stderr
     assert "--soak-requests" in result.stdout
 
 
 def test_start_server_says_how_to_use_it(pythonpath: Path) -> None:
-    result = host_python(pythonpath, "-m", f"{hostcode.PACKAGE}.start_server")
+    result = host_python(pythonpath, "-m", "sglang_fleet.remote.start_server")
     assert result.returncode == 1
-    assert "usage: python -m sglang_fleet_remote.start_server MODULE" in result.stderr
+    assert "usage: python -m sglang_fleet.remote.start_server MODULE" in result.stderr
 
 
-def test_program_names_only_modules_the_package_has() -> None:
-    assert hostcode.program("/usr/bin/python3", "capacity")[:2] == [
+def test_program_names_only_host_programs() -> None:
+    assert hostcode.program("/usr/bin/python3", "sglang_fleet.remote.capacity")[:2] == [
         "/usr/bin/env", f"PYTHONPATH={hostcode.PYTHONPATH}"]
-    with pytest.raises(ValueError, match="not a module of sglang_fleet/remote/"):
-        hostcode.program("/usr/bin/python3", "stage_weights")
+    for module in ("sglang_fleet.stages.weights.deploy", "sglang_fleet.remote.nothing",
+                   "capacity"):
+        with pytest.raises(ValueError, match="is not a host program"):
+            hostcode.program("/usr/bin/python3", module)
 
 
 def test_prune_caches_follows_no_name_or_link_the_service_made(pythonpath: Path,
@@ -126,7 +181,7 @@ def test_prune_caches_follows_no_name_or_link_the_service_made(pythonpath: Path,
     (root / "0.5.21" / "a" / "kernel.so").write_text("")
     (root / "0.5.22").write_text("a file, not a cache")
     result = subprocess.run(
-        [sys.executable, "-S", "-m", f"{hostcode.PACKAGE}.prune_caches", "--root", str(root),
+        [sys.executable, "-S", "-m", "sglang_fleet.remote.prune_caches", "--root", str(root),
          "--keep=0.5.23"], capture_output=True, text=True, cwd=cwd,
         env={"PATH": os.environ["PATH"], "PYTHONPATH": str(pythonpath)})
     assert result.returncode == 0, result.stderr
@@ -141,17 +196,7 @@ def test_prune_caches_leaves_a_linked_root_alone(pythonpath: Path, tmp_path: Pat
     victim = tmp_path / "victim"
     (victim / "0.5.1").mkdir(parents=True)
     (tmp_path / "release").symlink_to(victim)
-    result = host_python(pythonpath, "-m", f"{hostcode.PACKAGE}.prune_caches", "--root",
+    result = host_python(pythonpath, "-m", "sglang_fleet.remote.prune_caches", "--root",
                          str(tmp_path / "release"), "--keep=0.5.23")
     assert result.returncode == 0 and result.stdout == "", result.stderr
     assert (victim / "0.5.1").is_dir()
-
-
-def test_modules_that_import_each_other_are_each_listed_once() -> None:
-    """check_server imports check_grpc for a grpc:// server, and check_grpc imports
-    check_server's helpers back, each inside a function: both go up, once each, whichever is
-    named."""
-    for module, other in (("check_server", "check_grpc"), ("check_grpc", "check_server")):
-        found = hostcode.imports(module)
-        assert found[-1] == module and other in found and len(found) == len(set(found))
-        assert {"gate_grpc", "gate_grpc_smoke", "gate_http"} <= set(found)

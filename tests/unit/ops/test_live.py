@@ -17,10 +17,11 @@ from typing import Any
 
 import pytest
 
-from sglang_fleet.remote import download_model, warm_caches
 from sglang_fleet.remote.progress import Meter, Reporter, duration, size
+from sglang_fleet.stages.warmup.host import warm_caches
+from sglang_fleet.stages.weights.host import download_model
 from tests.conftest import ROOT, free_port
-from tests.unit.stages.test_weights import SHARD_BYTES, SHARDS, FakeHub, s3  # noqa: F401
+from tests.unit.stages.weights.test_weights import SHARD_BYTES, SHARDS, FakeHub, s3  # noqa: F401
 
 PROGRESS = re.compile(r"weights: (\S+ \S+) of (\S+ \S+) \((\d+)%\), \S+ \S+/s")
 
@@ -145,7 +146,7 @@ def test_the_downloader_announces_what_it_stages_then_its_last_line(
         s3: tuple[subprocess.Popen[bytes], str, int], tmp_path: Path) -> None:  # noqa: F811
     _, url, _ = s3
     dest = tmp_path / "m"
-    done = subprocess.run([sys.executable, "-m", "sglang_fleet.remote.download_model",
+    done = subprocess.run([sys.executable, "-m", "sglang_fleet.stages.weights.host.download_model",
                            "s3://models/m", str(dest), "--endpoint-url", url,
                            "--progress-seconds", "0.05"], capture_output=True, text=True,
                           timeout=300, env={"PATH": "/usr/bin:/bin", "AWS_ACCESS_KEY_ID": "lab",
@@ -176,11 +177,12 @@ def test_the_warm_up_says_its_time_and_the_compiles_last_line_while_it_runs(
         tmp_path: Path) -> None:
     (tmp_path / "entry.py").write_text(ENTRY)
     go = tmp_path / "go"
-    argv = [sys.executable, "-m", "sglang_fleet.remote.warm_caches", "--mode", "compile",
+    argv = [sys.executable, "-m", "sglang_fleet.stages.warmup.host.warm_caches",
+            "--mode", "compile",
             "--python", sys.executable, "--module", "entry", "--port", str(free_port()),
             "--timeout", "60", "--progress", "0.1", "--", "--model-path", "/m"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env={
-        "PYTHONPATH": f"{tmp_path}:{Path(warm_caches.__file__).parents[2]}",
+        "PYTHONPATH": f"{tmp_path}:{Path(warm_caches.__file__).parents[4]}",
         "GO_FILE": str(go)})
     assert proc.stdout is not None
     lines = []

@@ -15,7 +15,9 @@ from sglang_fleet import ops, paths
 from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.ops import packages, secretfile
 from sglang_fleet.paths import CURRENT, PREVIOUS, RELEASES
-from sglang_fleet.stages import driver, engine, service
+from sglang_fleet.stages.driver import deploy as driver
+from sglang_fleet.stages.engine import deploy as engine
+from sglang_fleet.stages.service import deploy as service
 from tests.fakes import RELEASE, Host, commands, driver_host
 
 
@@ -66,7 +68,7 @@ def test_prune_takes_the_caches_marks_and_records_of_what_it_removed(
 
 # The kept versions are the program's only arguments: it reads the directory itself.
 PRUNE_COMMAND = ("/usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath /usr/bin/python3 -m "
-                 "sglang_fleet_remote.prune_caches --root /var/cache/sglang/release "
+                 "sglang_fleet.remote.prune_caches --root /var/cache/sglang/release "
                  "--keep=0.5.22 --keep=0.5.23")
 
 

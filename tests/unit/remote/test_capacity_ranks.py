@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sglang_fleet import cli
-from sglang_fleet.remote import capacity, check_server
+from sglang_fleet.remote import capacity
+from sglang_fleet.stages.gate.host import check_server
 
 RELEASES = ["0.5.10", "0.5.11", "0.5.12", "0.5.13", "0.5.14", "0.5.15", "0.5.16", "0.5.17",
             "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23"]

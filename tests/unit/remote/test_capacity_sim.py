@@ -18,7 +18,8 @@ from sglang_sim import args as sim_args
 from sglang_sim import launch_server
 from sglang_sim.faults import Faults
 
-from sglang_fleet.remote import capacity, gate_soak
+from sglang_fleet.remote import capacity
+from sglang_fleet.stages.gate.host import gate_soak
 from tests.conftest import MODEL
 
 MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",

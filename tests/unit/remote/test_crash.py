@@ -15,7 +15,7 @@ from sglang_fleet.facts import systemd
 from sglang_fleet.remote import crash
 from sglang_fleet.report import status, status_view
 from tests.conftest import MODEL, free_port, one_gpu_env, wait_for_health
-from tests.unit.stages.test_service_recovery import unit_text
+from tests.unit.stages.service.test_service_recovery import unit_text
 
 # What journalctl -u sglang -o cat shows of a scheduler exception in 0.5.23 (the simulator's
 # lines; SGLang's formats: managers/scheduler.py:6372, tokenizer_manager.py:4074,

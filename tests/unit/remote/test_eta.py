@@ -13,7 +13,8 @@ import pytest
 
 from sglang_fleet import paths
 from sglang_fleet.facts.systemd import GateRecords
-from sglang_fleet.remote import check_server, eta, gate_soak
+from sglang_fleet.remote import eta
+from sglang_fleet.stages.gate.host import check_server, gate_soak
 from tests.unit.report.test_status import KEY, server  # noqa: F401  (the simulator, as status reads it)
 
 JOB = (900_000, 1000)

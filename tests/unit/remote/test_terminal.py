@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from sglang_fleet.remote import check_server, gate_unit, member_start
-from sglang_fleet.remote.gate_http import GateError
 from sglang_fleet.remote.terminal import printable
+from sglang_fleet.stages.gate.host import check_server, gate_unit, member_start
+from sglang_fleet.stages.gate.host.gate_http import GateError
 
 # A server's line that erases the line above and writes its own cause over it, then sets the
 # window title (ESC, CSI as one byte, BEL, carriage return, backspace, DEL)

@@ -219,7 +219,7 @@ def test_one_job_for_the_fleet_or_a_note_why_not() -> None:
 
 def test_prometheus_targets(tmp_path: Path) -> None:
     from sglang_fleet.report import metrics_targets
-    from sglang_fleet.rollout import planning
+    from sglang_fleet.roll import planning
 
     loaded = planning.load(str(inventory(tmp_path, 30000, dcgm=True)), {})
     out = tmp_path / "sd" / "fleet.json"

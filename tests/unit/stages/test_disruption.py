@@ -29,11 +29,14 @@ from sglang_fleet import ops, paths
 from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import Gpu, LoadedModule, SmiReport
 from sglang_fleet.facts.ports import Listener
+from sglang_fleet.fleet import cutover, roll_directory
 from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.ops import packages, secretfile
-from sglang_fleet.rollout import cutover, roll_directory
-from sglang_fleet.stages import driver, group_restart, last_good, resize, service
-from sglang_fleet.stages.gate import GateResult
+from sglang_fleet.stages.driver import deploy as driver
+from sglang_fleet.stages.gate import resize
+from sglang_fleet.stages.gate.deploy import GateResult
+from sglang_fleet.stages.service import deploy as service
+from sglang_fleet.stages.service import group_restart, last_good
 from tests.conftest import field_profile
 from tests.fakes import RELEASE, Host, commands, driver_host
 
@@ -186,9 +189,10 @@ class Executing:
     cwd = None
 
 
-MODULES = ("driver", "service", "last_good", "resize", "gate", "gate_program", "warmup",
-           "router", "compiled", "compiled_records", "teardown", "engine", "weights",
-           "group_restart", "gate_group")
+MODULES = ("driver.deploy", "service.deploy", "service.last_good", "gate.resize", "gate.deploy",
+           "gate.program", "warmup.deploy", "router.deploy", "compiled.deploy",
+           "compiled.records", "teardown.deploy", "engine.deploy", "weights.deploy",
+           "service.group_restart", "gate.group")
 Use = Callable[[dict[str, Any]], Host]
 
 
@@ -307,18 +311,18 @@ def sized_restart(use: Use) -> list[list[Any]]:
 # Each operation that may disturb the servers, and the branches it is driven into (at least
 # one of its command lists disturbs them, unless the value's name says otherwise).
 DRIVEN: dict[str, Callable[[Use], list[list[Any]]]] = {
-    "stages.driver.driver_packages": driver_change,
-    "stages.driver.load_driver": reboot,
-    "stages.driver.fabric": fabric_change,
-    "stages.driver.persistence_mode": persistence,
-    "stages.service.stale_servers_stopped": stale_server,
-    "stages.service.retire_other_units": retired_units,
-    "stages.service.unit_running": restarts,
-    "stages.service.unit_absent": router_removed,
-    "stages.group_restart.group_stopped": group_restarts,
-    "stages.group_restart.group_started": group_restarts,
-    "stages.last_good.restore_unit": restores,
-    "stages.resize.sized_restart": sized_restart,
+    "stages.driver.deploy.driver_packages": driver_change,
+    "stages.driver.deploy.load_driver": reboot,
+    "stages.driver.deploy.fabric": fabric_change,
+    "stages.driver.deploy.persistence_mode": persistence,
+    "stages.service.deploy.stale_servers_stopped": stale_server,
+    "stages.service.deploy.retire_other_units": retired_units,
+    "stages.service.deploy.unit_running": restarts,
+    "stages.service.deploy.unit_absent": router_removed,
+    "stages.service.group_restart.group_stopped": group_restarts,
+    "stages.service.group_restart.group_started": group_restarts,
+    "stages.service.last_good.restore_unit": restores,
+    "stages.gate.resize.sized_restart": sized_restart,
 }
 CALM_WHEN_DRIVEN = {persistence, router_removed}  # driven to show they disturb nothing
 
@@ -329,41 +333,41 @@ CALM = {
                                     "stopped every server; never in a roll",
     "ops.secretfile.secrets_absent": "teardown: the secret files",
     "ops.secretfile.secret_file": "a file; the restart it may cause is unit_running's",
-    "rollout.cutover.prepared": "tells the roll the host is prepared (a file on the controller)",
-    "rollout.cutover.turn": "waits for the host's turn",
-    "stages.compiled.kernels_announced": "says which kernels the host needs",
-    "stages.compiled.kernels_received": "unpacks kernels into the caches before any restart",
-    "stages.compiled.kernels_shared": "packs a gated host's kernels for the hosts after it",
-    "stages.compiled_records.kernels_recorded": "records what the kernels were compiled for",
-    "stages.driver.driver_change_allowed": "a check",
-    "stages.driver.verify": "a check",
-    "stages.engine.current_link": "the units name their release: the link follows them",
-    "stages.service.firewall_file": "a file (and nftables); the restart it may cause is "
+    "fleet.cutover.prepared": "tells the roll the host is prepared (a file on the controller)",
+    "fleet.cutover.turn": "waits for the host's turn",
+    "stages.compiled.deploy.kernels_announced": "says which kernels the host needs",
+    "stages.compiled.deploy.kernels_received": "unpacks kernels into the caches before any restart",
+    "stages.compiled.deploy.kernels_shared": "packs a gated host's kernels for the hosts after it",
+    "stages.compiled.records.kernels_recorded": "records what the kernels were compiled for",
+    "stages.driver.deploy.driver_change_allowed": "a check",
+    "stages.driver.deploy.verify": "a check",
+    "stages.engine.deploy.current_link": "the units name their release: the link follows them",
+    "stages.service.deploy.firewall_file": "a file (and nftables); the restart it may cause is "
                                     "unit_running's",
-    "stages.engine.prune": "never a release current or previous names",
-    "stages.engine.release_dir": "a new release beside the serving one",
-    "stages.engine.uv_tool": "the product's uv",
-    "stages.gate.gate": "the checks; keeps the files as the last good release",
-    "stages.gate_program.check_together": "the checks of a host's servers at once",
-    "stages.gate.gate_failed": "a verdict",
-    "stages.gate.restored": "waits for a restored server to answer",
-    "stages.gate.host_capacity": "a sum",
-    "stages.gate_group.group_kept": "keeps the files as the last good release",
-    "stages.gate_group.group_unchanged": "reads each member's MainPID",
-    "stages.gate_group.member_started": "reads a member's journal",
-    "stages.group_restart.restart_wanted": "decides whether the group restarts; enables the unit",
-    "stages.gate.smoke": "a smoke generation",
-    "stages.last_good.check_restored": "health and a smoke generation",
-    "stages.last_good.restore_files": "the files back without a restart (driven in restores)",
-    "stages.resize.remember_size": "a file",
-    "stages.router.router_release": "the router's release beside the running one",
-    "stages.router.workers_in_step": "the router's workers, through its API",
-    "stages.service.wave_ready": "waits for a wave, then puts it back into the routers",
-    "stages.teardown.out_of_routers": "takes the host out of the routers (teardown)",
-    "stages.warmup.caches_warmed": "warms the caches on spare GPUs, beside the servers",
-    "stages.weights.present": "a check",
-    "stages.weights.staged": "weights downloaded beside the ones served",
-    "stages.weights.tools_venv": "the download tools",
+    "stages.engine.deploy.prune": "never a release current or previous names",
+    "stages.engine.deploy.release_dir": "a new release beside the serving one",
+    "stages.engine.deploy.uv_tool": "the product's uv",
+    "stages.gate.deploy.gate": "the checks; keeps the files as the last good release",
+    "stages.gate.program.check_together": "the checks of a host's servers at once",
+    "stages.gate.deploy.gate_failed": "a verdict",
+    "stages.gate.deploy.restored": "waits for a restored server to answer",
+    "stages.gate.deploy.host_capacity": "a sum",
+    "stages.gate.group.group_kept": "keeps the files as the last good release",
+    "stages.gate.group.group_unchanged": "reads each member's MainPID",
+    "stages.gate.group.member_started": "reads a member's journal",
+    "stages.service.group_restart.restart_wanted": "decides whether the group restarts; enables the unit",
+    "stages.gate.deploy.smoke": "a smoke generation",
+    "stages.service.last_good.check_restored": "health and a smoke generation",
+    "stages.service.last_good.restore_files": "the files back without a restart (driven in restores)",
+    "stages.gate.resize.remember_size": "a file",
+    "stages.router.deploy.router_release": "the router's release beside the running one",
+    "stages.router.deploy.workers_in_step": "the router's workers, through its API",
+    "stages.service.deploy.wave_ready": "waits for a wave, then puts it back into the routers",
+    "stages.teardown.deploy.out_of_routers": "takes the host out of the routers (teardown)",
+    "stages.warmup.deploy.caches_warmed": "warms the caches on spare GPUs, beside the servers",
+    "stages.weights.deploy.present": "a check",
+    "stages.weights.deploy.staged": "weights downloaded beside the ones served",
+    "stages.weights.deploy.tools_venv": "the download tools",
 }
 
 
@@ -388,13 +392,13 @@ def test_without_the_leave_the_same_operations_fail_the_check(
 
 
 def operations() -> dict[str, Any]:
-    """Every pyinfra operation the product defines (``ops``, ``rollout``, ``stages``), by
+    """Every pyinfra operation the product defines (``ops``, ``fleet``, ``roll``, ``stages``), by
     dotted name under ``sglang_fleet``: its deploys have ``_inner`` too, but no generator."""
     found = {}
-    for package in ("ops", "rollout", "stages"):
+    for package in ("ops", "fleet", "roll", "stages"):
         base = importlib.import_module(f"sglang_fleet.{package}")
-        names = [base.__name__] + [f"{base.__name__}.{m.name}"
-                                   for m in pkgutil.iter_modules(base.__path__)]
+        names = [base.__name__] + [m.name for m in pkgutil.walk_packages(
+            base.__path__, f"{base.__name__}.") if ".host" not in m.name]
         for module in map(importlib.import_module, names):
             for attr, value in vars(module).items():
                 inner = getattr(value, "_inner", None)

@@ -69,7 +69,7 @@ def cmd_lab_ssh(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """Lab up, the whole deploy, then a smoke generation against every host."""
     from sglang_fleet.config import profile
-    from sglang_fleet.remote import check_server
+    from sglang_fleet.stages.gate.host import check_server
     from sglang_fleet_lab import manage, state
     from sglang_fleet_lab.site import REPO_ROOT
 

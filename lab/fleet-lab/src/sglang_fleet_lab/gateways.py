@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet.rollout.fleet import ROUTER_PACKAGES, RouterConfig
-from sglang_fleet.stages import router
+from sglang_fleet.fleet.inventory import ROUTER_PACKAGES, RouterConfig
+from sglang_fleet.stages.router import deploy as router
 from sglang_fleet_lab.state import locked
 
 _CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
@@ -87,7 +87,7 @@ def venv(package: str) -> Path:
     return python
 
 
-START_ROUTER = REPO_ROOT / "src" / "sglang_fleet" / "remote" / "start_router.py"
+START_ROUTER = REPO_ROOT / "src/sglang_fleet/stages/router/host/start_router.py"
 
 
 def loopback_config(package: str, api_key: str | None, admin_key: str | None,
