@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from simserver import REPO, cpu_seconds, free_port, tree
+from sglang_sim.ports import BENCHES, free_port
+from simserver import REPO, cpu_seconds, tree
 
 MODEL = REPO / "lab" / "models" / "qwen3.6-27b"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 16}
@@ -35,7 +36,7 @@ def pss_mib(pids: list[int]) -> float:
 
 def start(workdir: Path, flags: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[bytes],
                                                                          str]:
-    port = free_port()
+    port = free_port(BENCHES)
     proc = subprocess.Popen([sys.executable, "-m", "sglang_sim.launch_server", "--model-path",
                              str(MODEL), "--host", "127.0.0.1", "--port", str(port), *flags],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 import httpx
-from simserver import cpu_seconds, free_port, run_client, start_sim, tree, write_input
+from sglang_sim.ports import BENCHES, free_port
+from simserver import cpu_seconds, run_client, start_sim, tree, write_input
 
 GOAL_RATE = 1000
 GOAL_RSS_MB = 300
@@ -67,7 +68,7 @@ def main() -> int:
     ap.add_argument("--max-running", type=int, default=64,
                     help="the simulator's --max-running-requests (the client's concurrency)")
     args = ap.parse_args()
-    sim_port, s3_port = free_port(), free_port()
+    sim_port, s3_port = free_port(BENCHES), free_port(BENCHES)
     s3_url = f"http://127.0.0.1:{s3_port}"
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
            "AWS_DEFAULT_REGION": "us-east-1"}

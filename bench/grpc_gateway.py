@@ -24,7 +24,8 @@ from pathlib import Path
 
 import httpx
 from routers import BODY, MODEL, Load, measure
-from simserver import free_port, grpc_free_port, start_grpc_sim, start_sim
+from sglang_sim.ports import BENCHES, free_port
+from simserver import grpc_free_port, start_grpc_sim, start_sim
 
 from sglang_fleet.fleet.inventory import ROUTER_PACKAGES
 from sglang_fleet_lab.gateways import smg_in_front_of
@@ -40,7 +41,7 @@ class Gateway:
     """smg launched in front of one worker URL (http:// or grpc://), until stopped."""
 
     def __init__(self, worker: str, work: Path) -> None:
-        self.port = free_port()
+        self.port = free_port(BENCHES)
         self.url = f"http://127.0.0.1:{self.port}"
         log = (work / f"smg-{self.port}.log").open("w")
         self.proc = subprocess.Popen(smg_in_front_of(worker, self.port, "--policy",
@@ -78,7 +79,7 @@ def main() -> None:
         work = Path(tmp)
         script = work / "chat.lua"
         script.write_text(LUA)
-        http_port, grpc_port = free_port(), grpc_free_port()
+        http_port, grpc_port = free_port(BENCHES), grpc_free_port()
         sims = [start_sim(http_port, work, *FLAGS), start_grpc_sim(grpc_port, work, *FLAGS)]
         try:
             direct = f"http://127.0.0.1:{http_port}"

@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from simserver import free_port, start_sim
+from sglang_sim.ports import BENCHES, free_port
+from simserver import start_sim
 
 from sglang_fleet.fleet.inventory import ROUTER_PACKAGES
 from sglang_fleet.fleet.router_api import drained
@@ -101,7 +102,7 @@ class Workers:
 
     def __init__(self, n: int, work: Path) -> None:
         self.work = work
-        self.ports = [free_port() for _ in range(n)]
+        self.ports = [free_port(BENCHES) for _ in range(n)]
         self.procs = [self._start(port) for port in self.ports]
 
     def _start(self, port: int) -> subprocess.Popen[bytes]:

@@ -20,7 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from simserver import free_port, start_sim
+from sglang_sim.ports import BENCHES, free_port
+from simserver import start_sim
 
 TARGET_RPS = 2000
 LUA = """wrk.method = "POST"
@@ -52,7 +53,7 @@ def main() -> int:
     args = ap.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is needed: apt-get install wrk")
-    port = free_port()
+    port = free_port(BENCHES)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         proc = start_sim(port, workdir, "--max-running-requests", "256",

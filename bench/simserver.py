@@ -2,7 +2,7 @@
 B200, no loading time and near-zero decode time, so what is measured is the client and HTTP;
 and what the benchmarks measure of it and of their clients (CPU, peak RSS, wall time).
 
-    proc = start_sim(free_port(), workdir, "--max-running-requests", "256")
+    proc = start_sim(free_port(BENCHES), workdir, "--max-running-requests", "256")
     before = cpu_seconds(tree(proc.pid))
     with chat_sim(64) as sim:  # or: started in a scratch directory, stopped after the block
         run = run_client([..., "--url", sim.url], loopback_env())
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -24,23 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from sglang_sim.ports import BENCHES, free_port
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    """A TCP port free now on the loopback, from 15000-19999: below the kernel's ephemeral
-    range (``ip_local_port_range``, 32768 on by default), so that no outgoing connection is
-    given it while a server restarted on it is down, and below the product's ports (20000 on);
-    the tests take 10000-14999, so no test's server takes the port of a worker a roll restarts."""
-    while True:
-        port = random.randint(15000, 19999)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def _command(port: int, workdir: Path, flags: tuple[str, ...]) -> tuple[list[str],
@@ -87,7 +72,7 @@ def grpc_free_port() -> int:
     """A free port for a gRPC-mode server: SGLang range-checks port + 10000 (its derived gRPC
     port), and the HTTP sidecar takes port + 1."""
     while True:
-        port = free_port()
+        port = free_port(BENCHES)
         with socket.socket() as sidecar:
             if port <= 55535 and sidecar.connect_ex(("127.0.0.1", port + 1)) != 0:
                 return port
@@ -124,7 +109,7 @@ def chat_sim(max_running: int) -> Iterator[Sim]:
     """A simulator of ``max_running`` request slots with the qwen3 reasoning parser, in a
     scratch directory, stopped on leaving the block."""
     with tempfile.TemporaryDirectory() as tmp:
-        port = free_port()
+        port = free_port(BENCHES)
         proc = start_sim(port, Path(tmp), "--max-running-requests", str(max_running),
                          "--reasoning-parser", "qwen3")
         try:

@@ -1,9 +1,7 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +13,7 @@ from typing import Any
 import gevent.monkey  # type: ignore[import-untyped]
 import httpx
 import pytest
+from sglang_sim.ports import free_port as free_port  # the tests import it from here
 
 from sglang_fleet.config.profile import Profile, load
 from tests import noconnect
@@ -197,21 +196,6 @@ def one_gpu_env(tmp: Path, **more: str) -> dict[str, str]:
     smi.chmod(0o755)
     return {**os.environ, "PATH": f"{tmp}:{os.environ['PATH']}", "SGLANG_SIM_LOAD_SECONDS": "0",
             **more}
-
-
-def free_port() -> int:
-    """A TCP port free now on the loopback, from 10000-14999: below the kernel's ephemeral
-    range (``ip_local_port_range``, 32768 on by default), so that no outgoing connection is
-    given it while a server restarted on it is down, and below the product's ports (20000 on);
-    the benches take 15000-19999."""
-    while True:
-        port = random.randint(10000, 14999)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ def dcgm_names() -> set[str]:
 def router_names() -> set[str]:
     """The router's names tests/unit/fleet/test_gateways.py asserts on both gateways'
     metrics port."""
-    source = (ROOT / "tests" / "unit" / "rollout" / "test_gateways.py").read_text()
+    source = (ROOT / "tests" / "unit" / "fleet" / "test_gateways.py").read_text()
     names = set(re.findall(r'"(smg_[a-z_]+)"', source))
     assert {"smg_worker_health", "smg_router_requests_total"} <= names, names
     return names

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sglang_sim.ports import free_port as free_port  # the tests import it from here
 
 # SIGINT and SIGQUIT as a terminal's processes have them: a run in the background of a script
 # inherits both ignored (POSIX), and so would every simulator and child a test starts.
@@ -33,21 +34,6 @@ MTP = ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
 # a rank above 0 has uvicorn log nothing and says this as its health thread starts (SGLang's
 # order), so for those ranks the line is no proof of the bind.
 LISTENING = ("Uvicorn running on", "Dummy health check server started")
-
-
-def free_port() -> int:
-    """A TCP port free now on the loopback, from 10000-14999: below the kernel's ephemeral
-    range (``ip_local_port_range``, 32768 on by default), so that no outgoing connection is
-    given it while a server restarted on it is down, and below the product's ports (20000 on);
-    the benches take 15000-19999."""
-    while True:
-        port = random.randint(10000, 14999)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 def grpc_port() -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import socket
 import socketserver
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pyinfra.api.inventory import Inventory
 from sglang_fleet import cli
 from sglang_fleet import hostconfig as hostdata
 from sglang_fleet.errors import InputError
-from tests.conftest import FIELD_PROFILE, ROOT
+from tests.conftest import FIELD_PROFILE, ROOT, free_port
 
 BASE: dict[str, Any] = {
     "engine": {"version": "0.5.23"},
@@ -550,12 +549,6 @@ def test_smoke_answers(name: str, servers: dict[str, str],
     assert err.count("\n") == 1, f"{name}: not one line: {err!r}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 SMOKE_INPUT_CASES = [
     Case("url empty", ("smoke", ""), "is empty", usage=True),
     Case("url without a scheme", ("smoke", "10.0.0.1:30000"), "not an http(s) URL", usage=True),
@@ -589,7 +582,7 @@ SMOKE_INPUT_CASES = [
 
 @pytest.mark.parametrize("case", SMOKE_INPUT_CASES, ids=lambda c: c.name)
 def test_smoke_inputs(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = [a.replace("{port}", str(_free_port())) for a in _expand(case, tmp_path)]
+    args = [a.replace("{port}", str(free_port())) for a in _expand(case, tmp_path)]
     code = cli.main(args)
     assert_named_error(code, capsys.readouterr().err, case)
 

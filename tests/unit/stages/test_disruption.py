@@ -69,7 +69,7 @@ DISRUPTIONS = (
     # service.stale_servers_stopped (whatever else holds a server's port)
     Disruption(r"\b(?:kill|pkill|killall)\s+-(?:TERM|KILL|INT|HUP|9|15|2|1)\b", "server",
                "a process on a server's port killed"),
-    # driver.load_driver (reboot.reboot_and_wait)
+    # driver.load_driver (driver.reboot_and_wait)
     Disruption(r"(?<![\w/-])(?:reboot|shutdown\s+-r|systemctl\s+(?:reboot|kexec))(?![\w-])",
                "host", "a reboot"),
     # driver.driver_packages

@@ -105,6 +105,7 @@ def parse_cuda_graph_config_arg(raw: str) -> Any:
     return parsed
 
 
+# The product copies them too (config/argtypes.py); tests/test_argtypes.py holds the two alike.
 _TYPES = {f.__name__: f for f in (int, float, str, json.loads, human_readable_int, nullable_str,
                                   json_list_type, parse_cuda_graph_backend_arg,
                                   parse_cuda_graph_config_arg)}

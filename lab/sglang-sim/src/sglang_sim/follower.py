@@ -109,7 +109,8 @@ def follow(state: State) -> None:
             chunk = b""
         if not chunk:  # rank 0's node is gone
             if not peers.closing:
-                multinode.lost_peer(state, peers.peer, busy)
+                multinode.lost_peer(children, state.dispatch.engines, args, state.release,
+                                    peers.peer, busy)
             break
         buffer += chunk
         *lines, rest = buffer.split(b"\n")

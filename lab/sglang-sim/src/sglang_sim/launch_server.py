@@ -354,7 +354,8 @@ def main(argv: list[str] | None = None) -> None:
     state.children.serving()
     if args.nnodes > 1:
         state.peers.watch(lambda: any(e.running for e in state.dispatch.engines),
-                          functools.partial(multinode.lost_peer, state))
+                          functools.partial(multinode.lost_peer, state.children,
+                                            state.dispatch.engines, args, release))
     try:
         asyncio.run(serve(state))
     except BaseException:

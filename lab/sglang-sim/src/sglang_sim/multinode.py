@@ -55,8 +55,8 @@ from typing import TYPE_CHECKING
 from sglang_sim.args import release_tuple
 
 if TYPE_CHECKING:
+    from sglang_sim.engine import Engine
     from sglang_sim.processes import Children
-    from sglang_sim.state import State
 
 DEFAULT_TIMEOUT = 600  # [torch] default_pg_nccl_timeout: --dist-timeout unset on CUDA
 NEW_INIT_LINES = (0, 5, 21, 0)  # distributed/bootstrap.py init_parallel_runtime
@@ -259,22 +259,23 @@ class Peers:
         self._send(b"shutdown\n")
 
 
-def lost_peer(state: State, address: str, busy: bool) -> None:
-    """What this node's schedulers do when a peer is gone (see the module's docstring)."""
-    children = state.children
+def lost_peer(children: Children, engines: list[Engine], args: Namespace, release: str,
+              address: str, busy: bool) -> None:
+    """What this node's schedulers (``children``, ``engines``) do when a peer is gone (see the
+    module's docstring)."""
     if not busy:
         try:
             raise RuntimeError(f"{GLOO_CLOSED} {address}")
         except RuntimeError:
             children.exception(traceback.format_exc(), wait=False)
         return
-    for engine in state.dispatch.engines:
+    for engine in engines:
         engine.stuck = True  # the forward never returns: no request moves again
-    nccl = collective_timeout(state.args, state.release)
-    if state.args.watchdog_timeout < nccl:
-        children.tell(f"hang {state.args.watchdog_timeout!r}")
+    nccl = collective_timeout(args, release)
+    if args.watchdog_timeout < nccl:
+        children.tell(f"hang {args.watchdog_timeout!r}")
     else:
-        _nccl_timeout(children, nccl, local_ranks(state.args))
+        _nccl_timeout(children, nccl, local_ranks(args))
 
 
 def _nccl_timeout(children: Children, seconds: float, ranks: list[int]) -> None:

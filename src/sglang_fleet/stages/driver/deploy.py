@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
+import gevent  # type: ignore[import-untyped]
 from pyinfra import logger
+from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
 from pyinfra.context import host, state
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import KernelVersion
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
-from pyinfra.operations import apt, files
+from pyinfra.operations import apt, files, server
 
 from sglang_fleet import hostconfig, paths
 from sglang_fleet.facts.nvidia import (
@@ -35,8 +38,8 @@ from sglang_fleet.hostconfig import DRIVER_FLOOR, REBOOT_TIMEOUT, HostConfig
 from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.report import summary
+from sglang_fleet.fleet.cutover import disrupt
 from sglang_fleet.stages.driver.dcgm import DCGM_PACKAGES, DROP_INS, dcgm_running
-from sglang_fleet.stages.driver.reboot import reboot_and_wait
 from sglang_fleet.stages.driver.repository import APT_NO_UPGRADE, nvidia_repository, repository_url
 
 
@@ -194,6 +197,39 @@ def load_driver(cfg: DriverConfig) -> Ops:
         return
     logger.info(f"{host.print_prefix}rebooting: loaded driver {found}, installed {want}")
     yield from disrupt(reboot_and_wait(cfg.reboot_timeout))
+
+
+def reboot_and_wait(timeout: int, delay: float = 5, interval: float = 2) -> Ops:
+    """pyinfra's ``server.reboot``, its wait said with the host's name and, when the host is
+    not back within ``timeout`` s, failing this host alone with a plain message.
+
+        yield from disrupt(reboot_and_wait(900))     # in an operation
+    """
+    waits = False  # the first Python step after the reboot command is the wait
+    for command in server.reboot._inner(delay=delay, interval=interval, reboot_timeout=timeout):
+        if waits and isinstance(command, FunctionCommand):
+            command, waits = FunctionCommand(_wait_back, (command, timeout), {}), False
+        elif isinstance(command, StringCommand):
+            waits = True
+        yield command
+
+
+def _wait_back(state: Any, host: Any, wait: FunctionCommand, timeout: int) -> bool:
+    # the arguments' names make pyinfra pass it the state and the host
+    logger.info(f"{host.print_prefix}waiting for {host.name} to come back from its reboot: "
+                f"{timeout} s left")
+    tic = time.monotonic()
+    try:
+        # pyinfra's bound counts tries, and a try at a silent host lasts its connect timeout
+        with gevent.Timeout(timeout, TimeoutError(f"waited {timeout} s")):
+            wait.execute(state, host, {})
+    except Exception as e:  # pyinfra's own answer to an exception here is a traceback
+        logger.error(f"{host.print_prefix}error: {host.name} did not come back from its "
+                     f"reboot ({e}; the wait is reboot_timeout_seconds): this host fails, the "
+                     "others carry on")
+        return False
+    logger.info(f"{host.print_prefix}back from its reboot after {time.monotonic() - tic:.0f} s")
+    return True
 
 
 @operation(is_idempotent=True)

@@ -95,7 +95,7 @@ def unchanged_kernels(unit: UnitState, launch: Launch, release: Release) -> bool
     return unit.runs(release.id, launch.argv[2], launch.argv[3:])
 
 
-def free_port(start: int) -> int:
+def unused_port(start: int) -> int:
     """The first port from ``start`` nothing listens on."""
     for port in range(start, start + 20):
         if not host.get_fact(PortListeners, port=port):
@@ -217,7 +217,7 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
     except UnsafeValue as err:  # the service stage refuses it too, before any host changes
         logger.warning(f"{host.print_prefix}warm-up skipped: {err}")
         return
-    port = free_port(launch.port + PORT_OFFSET)
+    port = unused_port(launch.port + PORT_OFFSET)
     where = f"GPU {','.join(map(str, gpus))}, port {port}"
     # The warm-up itself, not a read of state: it runs here so its outcome decides what follows.
     # Its progress lines are shown as they come (pyinfra's print_output, for this command).
