@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -245,6 +246,59 @@ def wait_bound(proc: subprocess.Popen[bytes], log: Path, seconds: float = 30) ->
     proc.kill()
     proc.wait()
     raise AssertionError(f"{log.name}: no listener in {seconds} s:\n{log.read_text()[-2000:]}")
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} did not answer in {timeout} s")
+
+
+class Sims:
+    """Simulator processes started as SGLang is: flags, a model directory, nvidia-smi."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.env = one_gpu_env(tmp)
+
+    def start(self, *flags: str, release: str = "0.5.23", decode: str = "1000000",
+              port: int | None = None, env: dict[str, str] | None = None) -> str:
+        env = {**self.env, "SGLANG_SIM_VERSION": release,
+               "SGLANG_SIM_DECODE_STEPS_PER_SECOND": decode, **(env or {})}
+        sim = start_sim(self.tmp, "--reasoning-parser", "qwen3", *flags, env=env, port=port)
+        self.procs.append(sim.proc)
+        wait_http(sim.url + "/health")
+        return sim.url
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def sims(tmp_path: Path) -> Iterator[Sims]:
+    launcher = Sims(tmp_path)
+    yield launcher
+    launcher.stop_all()
+
+
+def write_input(path: Path, n: int, max_tokens: int = 8, extra: list[str] | None = None) -> Path:
+    with path.open("w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": f"r{i}", "max_tokens": max_tokens,
+                                "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n")
+        for line in extra or []:
+            f.write(line + "\n")
+    return path
 
 
 class Origin:

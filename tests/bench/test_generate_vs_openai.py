@@ -9,8 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
-from tests.unit.generate.test_job import Sims, write_input
+from tests.conftest import ROOT, Sims, write_input
 
 BENCH = ROOT / "bench"
 

@@ -31,11 +31,10 @@ from sglang_fleet.config.multinode import Rank
 from sglang_fleet.config.profile import load
 from sglang_fleet.config.render import Launch, render, render_all
 from sglang_fleet.errors import InputError
-from sglang_fleet.generate.batchformat import CHAT, open_detected
 from sglang_fleet.report import metrics_targets
+from sglang_fleet_generate.batchformat import CHAT, open_detected
 from sglang_fleet_lab import aptrepo
-from tests.conftest import ROOT
-from tests.unit.generate.test_job import Sims, sims  # noqa: F401  (the fixture)
+from tests.conftest import ROOT, Sims
 
 EXAMPLES = ROOT / "examples"
 DASHBOARD = EXAMPLES / "grafana" / "sglang-fleet.json"
@@ -256,7 +255,7 @@ def test_the_prompts_are_generate_input() -> None:
     assert len(ids) >= 8 and len(set(ids)) == len(ids)
 
 
-def test_a_job_of_the_prompts_runs(sims: Sims, tmp_path: Path) -> None:  # noqa: F811
+def test_a_job_of_the_prompts_runs(sims: Sims, tmp_path: Path) -> None:
     url = sims.start("--max-running-requests", "8")
     out = tmp_path / "out"
     run = subprocess.run([sys.executable, "-m", "sglang_fleet.cli", "generate", str(PROMPTS),

@@ -17,13 +17,12 @@ import pytest
 
 from sglang_fleet.fleet import inventory as fleet
 from sglang_fleet.fleet.router_api import Router
-from sglang_fleet.generate import capacity
-from sglang_fleet.generate.http_pool import Pool
-from sglang_fleet.generate.outage import is_trouble
 from sglang_fleet.stages.router import deploy as router
+from sglang_fleet_generate import capacity
+from sglang_fleet_generate.http_pool import Pool
+from sglang_fleet_generate.outage import is_trouble
 from sglang_fleet_lab import gateways
-from tests.conftest import ROOT
-from tests.unit.generate.test_job import Sims, sims  # noqa: F401  (the fixture)
+from tests.conftest import ROOT, Sims
 
 KEY, ADMIN = "client-key-0123456789", "admin-key-0123456789"
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -50,7 +49,7 @@ def package(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def two(sims: Sims) -> list[str]:  # noqa: F811
+def two(sims: Sims) -> list[str]:
     return [sims.start("--api-key", KEY, "--max-running-requests", "8", decode="200")
             for _ in range(2)]
 
@@ -122,7 +121,7 @@ def test_with_no_worker_the_answer_is_the_fleets_trouble_and_health_fails(
 
 
 def test_a_killed_worker_costs_no_request_and_its_breaker_opens(
-        gateway: Gateway, two: list[str], sims: Sims) -> None:  # noqa: F811
+        gateway: Gateway, two: list[str], sims: Sims) -> None:
     """SIGKILL of a worker under requests: the router retries elsewhere (no failed request)
     and the worker's circuit breaker opens after ``router_breaker_failures`` failures."""
     sims.procs[0].kill()

@@ -16,8 +16,7 @@ import pytest
 
 from sglang_fleet.config.render import render_all
 from sglang_fleet.stages.gate.program import split
-from tests.conftest import field_profile, free_port
-from tests.unit.generate.test_job import Sims
+from tests.conftest import Sims, field_profile, free_port
 
 MODEL = "qwen3.6-27b"
 
