@@ -101,7 +101,8 @@ def ready_in_parts(host: str, out: str) -> None:
     assert abs(total - (weights + kv + graphs + ready)) <= 0.3  # five roundings to 0.1 s
     model = server_info(host)["served_model_name"]
     check = ssh(host, shlex.join(program(
-        "python3", "sglang_fleet.stages.gate.host.check_server", "--unit", "sglang-0.service", "--url",
+        "python3", "sglang_fleet.stages.gate.host.check_server", "--unit", "sglang-0.service",
+        "--url",
         url(host, 30000), "--env-file", "/etc/sglang/sglang-0.env",
         "--model", str(model), "--soak-requests", "0")))
     gate = json.loads(next(line[5:] for line in check.stdout.splitlines()

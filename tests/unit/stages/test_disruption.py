@@ -355,10 +355,12 @@ CALM = {
     "stages.gate.group.group_kept": "keeps the files as the last good release",
     "stages.gate.group.group_unchanged": "reads each member's MainPID",
     "stages.gate.group.member_started": "reads a member's journal",
-    "stages.service.group_restart.restart_wanted": "decides whether the group restarts; enables the unit",
+    "stages.service.group_restart.restart_wanted":
+        "decides whether the group restarts; enables the unit",
     "stages.gate.deploy.smoke": "a smoke generation",
     "stages.service.last_good.check_restored": "health and a smoke generation",
-    "stages.service.last_good.restore_files": "the files back without a restart (driven in restores)",
+    "stages.service.last_good.restore_files":
+        "the files back without a restart (driven in restores)",
     "stages.gate.resize.remember_size": "a file",
     "stages.router.deploy.router_release": "the router's release beside the running one",
     "stages.router.deploy.workers_in_step": "the router's workers, through its API",

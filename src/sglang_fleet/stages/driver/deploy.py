@@ -38,7 +38,6 @@ from sglang_fleet.hostconfig import DRIVER_FLOOR, REBOOT_TIMEOUT, HostConfig
 from sglang_fleet.ops import Ops, fail, preview
 from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.report import summary
-from sglang_fleet.fleet.cutover import disrupt
 from sglang_fleet.stages.driver.dcgm import DCGM_PACKAGES, DROP_INS, dcgm_running
 from sglang_fleet.stages.driver.repository import APT_NO_UPGRADE, nvidia_repository, repository_url
 

@@ -382,7 +382,8 @@ def test_a_refused_archive_leaves_the_host_to_compile(roll: Any) -> None:
 
 def running(release: Release) -> dict[str, UnitState]:
     launch = LAUNCHES[0]
-    argv = (*program(release.python_bin, "sglang_fleet.remote.start_server"), launch.argv[2], *launch.argv[3:])
+    argv = (*program(release.python_bin, "sglang_fleet.remote.start_server"), launch.argv[2],
+            *launch.argv[3:])
     return {launch.unit: UnitState(launch.unit, "loaded", "active", "running", "", 42, argv)}
 
 

@@ -121,7 +121,7 @@ def test_the_gate_runs_check_server_with_the_system_python(
     fake = use(GateHost({"Sha256File": sums()}))
     run_gate(launch, gate.GateResult())
     [command] = fake.ran  # type: ignore[attr-defined]
-    assert shlex.split(command)[:5] == program("python3", "sglang_fleet.stages.gate.host.check_server")
+    assert shlex.split(command)[:5] == program("python3", checker.CHECKER)
 
 
 def test_the_gate_keeps_its_record_and_the_host_line_sums_every_unit(
@@ -221,7 +221,7 @@ def test_a_hosts_servers_are_checked_at_once_and_each_gate_judges_its_own(
     assert commands(checker.check_together, profile, launches, "", None, 600, results) == []
     [command] = fake.ran  # type: ignore[attr-defined]
     argv = shlex.split(command)
-    assert argv[:5] == program("python3", "sglang_fleet.stages.gate.host.check_servers") and argv[5] == "--servers"
+    assert argv[:5] == program("python3", checker.TOGETHER) and argv[5] == "--servers"
     assert json.loads(argv[6]) == [checker.arguments(
         profile, launch, *checker.gate_flags(profile, launch, "", None), budget=600)
         for launch in launches]

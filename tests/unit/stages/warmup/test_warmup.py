@@ -40,7 +40,8 @@ def smi(count: int) -> SmiReport:
 
 
 def running(release: Release, flags: tuple[str, ...]) -> dict[str, UnitState]:
-    argv = (*program(release.python_bin, "sglang_fleet.remote.start_server"), LAUNCH.argv[2], *flags)
+    argv = (*program(release.python_bin, "sglang_fleet.remote.start_server"), LAUNCH.argv[2],
+            *flags)
     return {LAUNCH.unit: UnitState(LAUNCH.unit, "loaded", "active", "running", "", 42, argv)}
 
 
