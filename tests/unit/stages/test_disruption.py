@@ -57,7 +57,7 @@ SERVER = rf"(?P<unit>{paths.SERVER_UNIT_PATTERN})(?![\w.-])"  # never the router
 PACKAGES = (r"\b(?:apt-get|apt|aptitude|dpkg)\b[^;&|]*\s"
             r"(?:install|reinstall|remove|purge|-i|-r|-P)\s[^;&|]*")  # a package change
 DISRUPTIONS = (
-    # service.unit_running, last_good.restore_unit, resize.sized_restart (start_command)
+    # service.unit_started, last_good.restore_unit, resize.sized_restart (start_command)
     Disruption(rf"\bsystemctl\s+(?:restart|start|stop|kill|try-restart|reload-or-restart)\s+"
                rf"{SERVER}", "unit", "a server (re)started, stopped or killed"),
     # service.retire_other_units (a server the profile no longer runs)
@@ -211,11 +211,6 @@ def use(monkeypatch: pytest.MonkeyPatch) -> Iterator[Use]:
     roll_dir.close()
 
 
-class Changed:
-    def did_change(self) -> bool:
-        return True
-
-
 def launch() -> Launch:
     return render(field_profile(gpus=1))  # one server: sglang.service
 
@@ -265,9 +260,9 @@ def restarts(use: Use) -> list[list[Any]]:
     """As the stages call it: a server behind the routers; the router's unit and the DCGM
     exporter not."""
     use({"UnitCondition": {"ActiveState": "failed", "UnitFileState": "disabled"}})
-    return [commands(service.unit_running, "sglang-2.service", [Changed()], routed=True),
-            commands(service.unit_running, paths.ROUTER_UNIT, [Changed()]),
-            commands(service.unit_running, "nvidia-dcgm-exporter.service", [Changed()])]
+    return [commands(service.unit_started, "sglang-2.service", restart=True, routed=True),
+            commands(service.unit_started, paths.ROUTER_UNIT, restart=True),
+            commands(service.unit_started, "nvidia-dcgm-exporter.service", restart=True)]
 
 
 def group_restarts(use: Use) -> list[list[Any]]:
@@ -313,7 +308,7 @@ DRIVEN: dict[str, Callable[[Use], list[list[Any]]]] = {
     "stages.driver.persistence_mode": persistence,
     "stages.service.stale_servers_stopped": stale_server,
     "stages.service.retire_other_units": retired_units,
-    "stages.service.unit_running": restarts,
+    "stages.service.unit_started": restarts,
     "stages.service.unit_absent": router_removed,
     "stages.group_restart.group_stopped": group_restarts,
     "stages.group_restart.group_started": group_restarts,
