@@ -4,8 +4,10 @@ pattern, what ``host.noop`` said; and ``commands`` to read what an operation wou
 from __future__ import annotations
 
 import re
+from inspect import getfullargspec
 from typing import Any
 
+from pyinfra.api.command import FunctionCommand
 from pyinfra.connectors.util import CommandOutput, OutputLine
 
 from sglang_fleet.stages.engine.deploy import Release
@@ -42,6 +44,19 @@ class Host:
 
 def commands(op: Any, *args: Any, **kwargs: Any) -> list[Any]:
     return list(op._inner(*args, **kwargs))
+
+
+def executed(fake: Any, op: Any, *args: Any, **kwargs: Any) -> list[Any]:
+    """The operation's commands as the run executes them on ``fake``: each FunctionCommand
+    called (given ``state, host`` when it takes them) and its answer listed in its place."""
+    found: list[Any] = []
+    for command in op._inner(*args, **kwargs):
+        if isinstance(command, FunctionCommand):
+            takes = getfullargspec(command.function).args
+            given = (None, fake) if "state" in takes and "host" in takes else ()
+            command = command.function(*given, *command.args, **command.kwargs)
+        found.append(command)
+    return found
 
 
 def driver_host(offered: list[str], installed: str | None, held: list[str]) -> Host:

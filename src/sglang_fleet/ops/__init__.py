@@ -37,16 +37,27 @@ def fail(message: str) -> str:
     return f"echo {shlex.quote('error: ' + message)} >&2; exit 1"
 
 
+def failed(message: str) -> bool:
+    """What a FunctionCommand returns to fail the host, with ``message`` said as the host's error
+    (pyinfra itself names only the operation).
+
+        return failed("sglang.service: smoke test failed")
+    """
+    logger.error(f"{host.print_prefix}error: {message}")
+    return False
+
+
 def preview(what: str, changes: bool = True) -> Ops:
     """In pyinfra's preview (its change detection, before "Beginning operation run"; ``-y``
-    skips it), what an operation that decides only when it runs may do: a line for the host
-    and, when it may change the host, a stand-in command, so that the preview counts it as a
-    change ("Change", or "Conditional Change" with ``_if``) instead of "-". The stand-in never
-    runs: the preview stops at an operation's first command, and the run calls the operation
-    again, executing. For an operation's not-executing branch only.
+    skips it), what a check of what the run has just done will check (the gate, a smoke
+    generation): a line for the host and, when it may change the host, a stand-in command, so
+    that the preview counts it as a change. The stand-in never runs: the preview stops at an
+    operation's first command, and the run calls the operation again, executing. Such a check
+    runs in its body, not in a FunctionCommand, because it changes nothing when it passes (a
+    FunctionCommand counts as a change on every run); other operations need no preview.
 
         if not state.is_executing:
-            yield from preview("may reboot (if the driver changes)")
+            yield from preview("a smoke generation against sglang.service", changes=False)
             return
     """
     # the line first: the preview stops reading the operation at its first command

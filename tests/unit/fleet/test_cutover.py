@@ -187,19 +187,12 @@ def test_a_roll_stopped_between_turn_and_go_leaves_nothing(
     assert router.registered == [URL]
 
 
-class Changed:
-    def __init__(self, changed: bool) -> None:
-        self.changed = changed
-
-    def did_change(self) -> bool:
-        return self.changed
-
-
 def restart(monkeypatch: pytest.MonkeyPatch, changed: bool, routed: bool) -> list[Any]:
-    monkeypatch.setattr(service, "state", SimpleNamespace(is_executing=True))
+    """The running unit's operation, as ``unit_running`` calls it when what it runs changed
+    (``restart``, under ``_if``) or not."""
     monkeypatch.setattr(service, "host", Host({"UnitCondition": {
         "ActiveState": "active", "UnitFileState": "enabled"}}))
-    return commands(service.unit_running, "sglang.service", [Changed(changed)], routed=routed)
+    return commands(service.unit_started, "sglang.service", restart=changed, routed=routed)
 
 
 def test_a_server_leaves_right_before_its_restart_and_only_then(
@@ -229,7 +222,6 @@ def test_a_driver_change_leaves_first_and_a_held_driver_stays(
         roll_dir: roll_directory.RollDirectory, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = driver.DriverConfig.of(HostConfig.from_data({"nvidia_driver_version": "580.95.05"},
                                                            "h1"))
-    monkeypatch.setattr(driver, "state", SimpleNamespace(is_executing=True))
     monkeypatch.setattr(driver, "host", driver_host(["580.95.05-1"], "580.82.07-1", []))
     found = commands(driver.driver_packages, cfg)
     assert isinstance(found[0], FunctionCommand) and found[0].function is cutover._leave

@@ -159,7 +159,6 @@ def test_driver_packages_installs_the_wanted_version_and_holds_it(
         use: Callable[[Host], Host], monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = driver.DriverConfig.of(HostConfig.from_data({"nvidia_driver_version": "580.95.05"},
                                                            "h1"))
-    monkeypatch.setattr(driver, "state", type("S", (), {"is_executing": True}))
     use(driver_host(["580.105.08-1", "580.95.05-1"], "580.82.07-1", []))
     found = commands(driver.driver_packages, cfg)
     names = " ".join(cfg.packages)
@@ -176,7 +175,6 @@ def test_driver_packages_installs_the_wanted_version_and_holds_it(
 def test_driver_packages_refuses_a_version_the_repository_lacks(
         use: Callable[[Host], Host], monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = driver.DriverConfig.of(HostConfig.from_data({"nvidia_driver_version": "580.1.1"}, "h1"))
-    monkeypatch.setattr(driver, "state", type("S", (), {"is_executing": True}))
     use(driver_host(["580.95.05-1"], None, []))
     [command] = commands(driver.driver_packages, cfg)
     assert "nvidia_driver_version 580.1.1: the repository offers 580.95.05-1" in command

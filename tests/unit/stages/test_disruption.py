@@ -60,7 +60,7 @@ SERVER = rf"(?P<unit>{paths.SERVER_UNIT_PATTERN})(?![\w.-])"  # never the router
 PACKAGES = (r"\b(?:apt-get|apt|aptitude|dpkg)\b[^;&|]*\s"
             r"(?:install|reinstall|remove|purge|-i|-r|-P)\s[^;&|]*")  # a package change
 DISRUPTIONS = (
-    # service.unit_running, last_good.restore_unit, resize.sized_restart (start_command)
+    # service.unit_started, last_good.restore_unit, resize.sized_restart (start_command)
     Disruption(rf"\bsystemctl\s+(?:restart|start|stop|kill|try-restart|reload-or-restart)\s+"
                rf"{SERVER}", "unit", "a server (re)started, stopped or killed"),
     # service.retire_other_units (a server the profile no longer runs)
@@ -215,11 +215,6 @@ def use(monkeypatch: pytest.MonkeyPatch) -> Iterator[Use]:
     roll_dir.close()
 
 
-class Changed:
-    def did_change(self) -> bool:
-        return True
-
-
 def launch() -> Launch:
     return render(field_profile(gpus=1))  # one server: sglang.service
 
@@ -269,9 +264,9 @@ def restarts(use: Use) -> list[list[Any]]:
     """As the stages call it: a server behind the routers; the router's unit and the DCGM
     exporter not."""
     use({"UnitCondition": {"ActiveState": "failed", "UnitFileState": "disabled"}})
-    return [commands(service.unit_running, "sglang-2.service", [Changed()], routed=True),
-            commands(service.unit_running, paths.ROUTER_UNIT, [Changed()]),
-            commands(service.unit_running, "nvidia-dcgm-exporter.service", [Changed()])]
+    return [commands(service.unit_started, "sglang-2.service", restart=True, routed=True),
+            commands(service.unit_started, paths.ROUTER_UNIT, restart=True),
+            commands(service.unit_started, "nvidia-dcgm-exporter.service", restart=True)]
 
 
 def group_restarts(use: Use) -> list[list[Any]]:
@@ -317,7 +312,7 @@ DRIVEN: dict[str, Callable[[Use], list[list[Any]]]] = {
     "stages.driver.deploy.persistence_mode": persistence,
     "stages.service.deploy.stale_servers_stopped": stale_server,
     "stages.service.deploy.retire_other_units": retired_units,
-    "stages.service.deploy.unit_running": restarts,
+    "stages.service.deploy.unit_started": restarts,
     "stages.service.deploy.unit_absent": router_removed,
     "stages.service.group_restart.group_stopped": group_restarts,
     "stages.service.group_restart.group_started": group_restarts,
@@ -336,12 +331,15 @@ CALM = {
     "fleet.cutover.prepared": "tells the roll the host is prepared (a file on the controller)",
     "fleet.cutover.turn": "waits for the host's turn",
     "stages.compiled.deploy.kernels_announced": "says which kernels the host needs",
-    "stages.compiled.deploy.kernels_received": "unpacks kernels into the caches before any restart",
-    "stages.compiled.deploy.kernels_shared": "packs a gated host's kernels for the hosts after it",
+    "stages.compiled.deploy.kernels_received":
+        "unpacks kernels into the caches before any restart",
+    "stages.compiled.deploy.kernels_shared":
+        "packs a gated host's kernels for the hosts after it",
     "stages.compiled.records.kernels_recorded": "records what the kernels were compiled for",
     "stages.driver.deploy.driver_change_allowed": "a check",
     "stages.driver.deploy.verify": "a check",
-    "stages.engine.deploy.current_link": "the units name their release: the link follows them",
+    "stages.engine.deploy.current_link":
+        "the units name their release: the link follows them",
     "stages.service.deploy.firewall_file": "a file (and nftables); the restart it may cause is "
                                     "unit_running's",
     "stages.engine.deploy.prune": "never a release current or previous names",
@@ -364,9 +362,11 @@ CALM = {
     "stages.gate.resize.remember_size": "a file",
     "stages.router.deploy.router_release": "the router's release beside the running one",
     "stages.router.deploy.workers_in_step": "the router's workers, through its API",
-    "stages.service.deploy.wave_ready": "waits for a wave, then puts it back into the routers",
+    "stages.service.deploy.wave_ready":
+        "waits for a wave, then puts it back into the routers",
     "stages.teardown.deploy.out_of_routers": "takes the host out of the routers (teardown)",
-    "stages.warmup.deploy.caches_warmed": "warms the caches on spare GPUs, beside the servers",
+    "stages.warmup.deploy.caches_warmed":
+        "warms the caches on spare GPUs, beside the servers",
     "stages.weights.deploy.present": "a check",
     "stages.weights.deploy.staged": "weights downloaded beside the ones served",
     "stages.weights.deploy.tools_venv": "the download tools",

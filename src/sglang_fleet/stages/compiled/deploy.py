@@ -38,7 +38,7 @@ from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
-from pyinfra.context import host, state
+from pyinfra.context import host
 from pyinfra.facts.files import File
 
 from sglang_fleet import hostconfig, paths
@@ -131,7 +131,7 @@ def share_problem(name: str, order: list[str], digest: str, offers: list[dict[st
 def in_roll() -> RollDirectory | None:
     """The roll's directory while an operation runs on one of its hosts; None otherwise."""
     roll_dir = roll_directory.current()
-    if not state.is_executing or roll_dir is None or host.name not in roll_dir.hosts():
+    if roll_dir is None or host.name not in roll_dir.hosts():  # a roll's runs skip the preview
         return None
     return roll_dir
 

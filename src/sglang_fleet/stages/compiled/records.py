@@ -21,14 +21,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pyinfra.api.operation import operation
-from pyinfra.context import host, state
+from pyinfra.context import host
 from pyinfra.facts.files import File
 
 from sglang_fleet import paths
 from sglang_fleet.config.render import RENAMED_DESTS, Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi, SmiReport
 from sglang_fleet.facts.python import DeepGemm
-from sglang_fleet.ops import Ops, preview
+from sglang_fleet.ops import Ops
 from sglang_fleet.ops.host_programs import program
 from sglang_fleet.stages.engine.deploy import Release
 
@@ -189,9 +189,6 @@ def kernels_recorded(launches: list[Launch], release: Release) -> Ops:
         kernels_recorded(name="Record what the kernels were compiled for", launches=launches,
                          release=release)
     """
-    if not state.is_executing:  # the release's facts are known once it is installed
-        yield from preview(f"may record what the kernels of {release.id} were compiled for")
-        return
     inputs = host_inputs(launches, release)
     if isinstance(inputs, str):
         host.noop(f"what the kernels were compiled for is not known ({inputs}): not recorded")

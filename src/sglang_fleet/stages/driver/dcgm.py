@@ -86,5 +86,5 @@ def dcgm_running() -> None:
                                  src=StringIO(text)))
     systemd.daemon_reload(name="Reload systemd", _if=any_changed(*written))
     for unit, put in zip(DROP_INS, written, strict=True):
-        unit_running(name=f"{unit} (restarted when its drop-in changed)", unit=unit,
+        unit_running(name=f"{unit} enabled and running", unit=unit,
                      changes=[put])

@@ -18,7 +18,7 @@ from pyinfra import logger
 from pyinfra.api.command import FunctionCommand, StringCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
-from pyinfra.context import host, state
+from pyinfra.context import host
 from pyinfra.facts.deb import DebPackages
 from pyinfra.facts.server import KernelVersion
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
@@ -35,7 +35,7 @@ from sglang_fleet.facts.nvidia import (
 )
 from sglang_fleet.fleet.cutover import disrupt
 from sglang_fleet.hostconfig import DRIVER_FLOOR, REBOOT_TIMEOUT, HostConfig
-from sglang_fleet.ops import Ops, fail, preview
+from sglang_fleet.ops import Ops, fail
 from sglang_fleet.ops.packages import packages_baseline, packages_purged
 from sglang_fleet.report import summary
 from sglang_fleet.stages.driver.dcgm import DCGM_PACKAGES, DROP_INS, dcgm_running
@@ -117,12 +117,6 @@ def driver_change_allowed(cfg: DriverConfig) -> Ops:
 
         driver_change_allowed(name="Driver change allowed", cfg=cfg)
     """
-    if not state.is_executing:
-        if not cfg.allow_reboot and cfg.version is not None:  # else it can refuse nothing
-            yield from preview(f"stops the host before any install if the loaded driver is not "
-                               f"{cfg.version} (a change needs a reboot; allow_reboot is off)",
-                               changes=False)
-        return
     refused = change_refused(cfg, host.get_fact(NvidiaModule))
     if refused:
         yield fail(refused)
@@ -142,13 +136,13 @@ def driver_packages(cfg: DriverConfig) -> Ops:
     installed = _installed(main)
     if cfg.version:
         wanted = next((v for v in offered if v.split("-")[0] == cfg.version), None)
-        if wanted is None and state.is_executing:
+        if wanted is None:  # also in the preview of a fresh host: the repository comes first
             yield fail(f"nvidia_driver_version {cfg.version}: the repository offers "
                        f"{', '.join(offered) or 'no ' + main}")
             return
     else:
         wanted = installed or (offered[0] if offered else None)
-    if wanted is None:  # only while preparing a fresh host: the repository is not there yet
+    if wanted is None:  # only in the preview of a fresh host: the repository is not there yet
         yield f"true  # {main} from the NVIDIA repository"
         return
     held = host.get_fact(HeldPackages)
@@ -173,13 +167,6 @@ def load_driver(cfg: DriverConfig) -> Ops:
 
         load_driver(name="Driver loaded", cfg=cfg)
     """
-    if not state.is_executing:  # what is installed then is known only once it runs
-        yield from preview(
-            f"may reboot (if the driver changes: the loaded one is not the installed one), then "
-            f"wait up to {cfg.reboot_timeout} s for the host" if cfg.allow_reboot else
-            "stops the host if the loaded driver is not the installed one (a reboot is "
-            "needed; allow_reboot is off)", changes=cfg.allow_reboot)
-        return
     installed = _installed(cfg.packages[1])
     loaded = host.get_fact(NvidiaModule)
     if installed is None:
@@ -237,9 +224,6 @@ def persistence_mode() -> Ops:
 
         persistence_mode(name="Persistence mode")
     """
-    if not state.is_executing:  # a reboot before it turns persistence off
-        yield from preview("may turn persistence mode on (nvidia-smi -pm 1)")
-        return
     report = host.get_fact(NvidiaSmi)
     if not report.ok:
         return
@@ -256,10 +240,6 @@ def fabric(cfg: DriverConfig) -> Ops:
 
         fabric(name="NVSwitch fabric", cfg=cfg)
     """
-    if not state.is_executing:  # the driver it must match may change before it
-        yield from preview("on an NVSwitch host: may install the fabric manager of the "
-                           "installed driver and restart it, and start it and nvlsm")
-        return
     if host.get_fact(NvidiaFabric) is None:
         return
     driver = _installed(cfg.packages[1])
@@ -310,13 +290,6 @@ def verify(cfg: DriverConfig) -> Ops:
 
         verify(name="GPUs as expected", cfg=cfg)
     """
-    if not state.is_executing:
-        yield from preview(
-            "checks the GPUs with nvidia-smi: "
-            f"{f'{cfg.gpu_count} GPUs, ' if cfg.gpu_count else ''}B200, their memory, driver >= "
-            f"{DRIVER_FLOOR[cfg.engine_cuda]} for CUDA {cfg.engine_cuda}, compute capability "
-            "10.0, the NVSwitch fabric", changes=False)
-        return
     report = host.get_fact(NvidiaSmi)
     if not report.ok:
         yield fail(f"nvidia-smi: {report.error}")

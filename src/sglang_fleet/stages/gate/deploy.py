@@ -72,6 +72,10 @@ class GateResult:
     def failed(self) -> bool:
         return self.error is not None
 
+    def gated(self) -> bool:
+        """The gate ran and judged (passed or failed); never in pyinfra's preview."""
+        return self.measured is not None or self.failed()
+
     def resizing(self) -> bool:
         """The gate found fewer running requests than the target and a size that fits; true
         until a gate fails."""
@@ -161,11 +165,7 @@ def restored(profile: Profile, launch: Launch, budget: int, result: GateResult) 
         restored(name="What serves", profile=profile, launch=launch, budget=1800,
                  result=result)
     """
-    if not state.is_executing:  # ``result`` is the gate's, written when it runs
-        yield from preview(f"if the gate of {launch.unit} failed: waits for the last good "
-                           "release to answer", changes=False)
-        return
-    if not result.failed():
+    if not result.failed():  # also in the preview: no gate has run yet
         return
     if spans_hosts(launch) and groups.rank_of(host):  # its HTTP is a dummy server's: rank 0's
         # verdict says what serves
@@ -188,11 +188,7 @@ def gate_failed(launch: Launch, result: GateResult) -> Ops:
 
         gate_failed(name="Gate verdict", launch=launch, result=result)
     """
-    if not state.is_executing:  # ``result`` is the gate's, written when it runs
-        yield from preview(f"if the gate of {launch.unit} failed: fails the host, saying what "
-                           "serves once the last good release is back", changes=False)
-        return
-    if result.failed():
+    if result.failed():  # never in the preview: no gate has run yet
         yield fail(f"{result.error}; {result.serving or 'what serves was not checked'}")
 
 
@@ -208,10 +204,7 @@ def host_capacity(units: list[str], results: list[GateResult], job: str) -> Ops:
         host_capacity(name="Capacity of the host", units=["sglang.service"],
                       results=[result], job="900000,1000")
     """
-    if not state.is_executing:  # ``results`` are the gates', written when they run
-        yield from preview(f"sums the capacity of {len(units)} server"
-                           f"{'s' if len(units) > 1 else ''} from their gates"
-                           f"{' and the time of the job ' + job if job else ''}", changes=False)
+    if not any(found.gated() for found in results):  # the preview: no gate has run yet
         return
     servers = [eta.from_record(unit, found.measured)
                for unit, found in zip(units, results, strict=True)]

@@ -150,13 +150,8 @@ def group_unchanged(unit: str, record: GroupGate) -> Ops:
         group_unchanged(name="Group tp16-a: no member restarted", unit="sglang.service",
                         record=record)
     """
-    if not state.is_executing:  # the PIDs are the gate's, read as it ran
-        yield from preview(f"checks that no member of group {record.group} restarted during "
-                           "its gate (each MainPID as when its check passed)", changes=False)
-        return
     passed = record.pids.get(host.name)
-    if passed is None:  # this member failed its check already (or rank 0 its gate)
-        host.noop(f"{who()}: failed already")
+    if passed is None:  # it failed its check already (or rank 0 its gate), or the preview
         return
     now = main_pid(unit)
     if now != passed:
@@ -165,6 +160,7 @@ def group_unchanged(unit: str, record: GroupGate) -> Ops:
         logger.warning(f"{host.print_prefix}{error}")
         return
     host.noop(f"{who()}: {unit} still MainPID {now}")
+    yield from ()
 
 
 @operation(is_idempotent=True)
@@ -180,10 +176,6 @@ def group_kept(unit: str, record: GroupGate, result: GateResult) -> Ops:
         group_kept(name="Group tp16-a: last good release", unit="sglang.service",
                    record=record, result=result)
     """
-    if not state.is_executing:  # the gate's results are known once it ran
-        yield from preview(f"if every member of group {record.group} passed: keeps {unit} and "
-                           "its environment as the last good release", changes=True)
-        return
     failure = record.failure()
     if failure is None:
         if last_good.in_place(unit):

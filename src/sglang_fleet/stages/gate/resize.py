@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyinfra import logger
 from pyinfra.api.operation import operation
-from pyinfra.context import host, state
+from pyinfra.context import host
 from pyinfra.operations import files
 
 from sglang_fleet import paths
@@ -24,7 +24,7 @@ from sglang_fleet.config.render import Launch, render
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.sizing import RememberedSize
 from sglang_fleet.fleet.cutover import disrupt
-from sglang_fleet.ops import Ops, preview
+from sglang_fleet.ops import Ops
 from sglang_fleet.remote import capacity
 from sglang_fleet.stages.engine.deploy import Release
 from sglang_fleet.stages.service.deploy import start_command, unit_file
@@ -125,12 +125,7 @@ def sized_restart(profile: Profile, launch: Launch, release: Release, result: Ga
         sized_restart(name="Restart sglang.service sized", profile=profile, launch=launch,
                       release=release, result=result, _if=result.resizing)
     """
-    if not state.is_executing:  # the size is the gate's, found when it runs
-        yield from preview(f"may restart {launch.unit} once with the mamba cache sized for "
-                           f"{profile.memory.target_running_requests} running requests, if its "
-                           "gate finds fewer")
-        return
-    if result.resize is None:
+    if result.resize is None:  # also in the preview: the gate finds the size when it runs
         return
     again = sized(profile, launch, result.resize)
     yield from files.template._inner(**unit_file(profile, again, release))
@@ -151,13 +146,11 @@ def remember_size(profile: Profile, launch: Launch, result: GateResult) -> Ops:
         remember_size(name="Remember the size", profile=profile, launch=launch,
                       result=result, _if=result.resizing)
     """
-    if not state.is_executing:  # the size is the gate's, found when it runs
-        yield from preview(f"may remember the mamba cache size {launch.unit} passed its gate "
-                           "with, after a sized restart")
+    if result.resize is None:  # also in the preview: the gate finds the size when it runs
         return
     target = profile.memory.target_running_requests
     gpu = gpu_memory_mib()
-    if result.resize is None or target is None or gpu is None:
+    if target is None or gpu is None:
         return
     digest = _digest(profile, gpu)
     yield from files.directory._inner(path=paths.SIZING, user="root", group="root", mode="755")

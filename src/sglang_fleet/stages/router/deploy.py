@@ -223,8 +223,7 @@ def install_router(config: RouterConfig, worker_urls: list[str],
                           exec_start=exec_start(config, gateway), grace=GRACE,
                           allowed=allowed_peers(worker_urls), paths=paths.template_values())
     systemd.daemon_reload(name="Reload systemd", _if=unit.did_change)
-    unit_running(name=f"Enable and start {UNIT} (restarted when its definition changed)",
-                 unit=UNIT, changes=[unit, key, launcher])
+    unit_running(name=f"Enable and start {UNIT}", unit=UNIT, changes=[unit, key, launcher])
     workers_in_step(name=f"Router routes to {len(worker_urls)} workers", config=config,
                     urls=worker_urls, listed=listed)
 

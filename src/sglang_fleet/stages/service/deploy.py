@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import OperationMeta, operation
-from pyinfra.context import host, state
+from pyinfra.context import host
 from pyinfra.facts.files import File, FindFiles
 from pyinfra.operations import apt, files, systemd
+from pyinfra.operations.util import any_changed
 
 from sglang_fleet import hostconfig, paths
 from sglang_fleet.config import connection, exposure
@@ -35,7 +37,7 @@ from sglang_fleet.fleet import inventory as fleet
 from sglang_fleet.fleet import roll_directory
 from sglang_fleet.fleet.cutover import disrupt, rejoin, turn
 from sglang_fleet.hostconfig import groups
-from sglang_fleet.ops import Ops, preview
+from sglang_fleet.ops import Ops
 from sglang_fleet.ops.host_programs import SHARED, program, upload
 from sglang_fleet.ops.secretfile import api_key, secret_file, secrets_directory
 from sglang_fleet.ops.unitfile import UnsafeValue, env_line, systemd_word, unit_text
@@ -284,37 +286,47 @@ def found_down(unit: str, condition: dict[str, str]) -> str | None:
 
 
 @operation(is_idempotent=True)
-def unit_running(unit: str, changes: list[OperationMeta], routed: bool = False,
+def unit_started(unit: str, restart: bool = False, routed: bool = False,
                  waves: Waves | None = None) -> Ops:
-    """Enabled and running; restarted when one of ``changes`` changed. Every start clears the
-    failed state and start limit first; a unit found failed or crash-looping is said so.
+    """Enabled and running; with ``restart``, (re)started whatever its state. Every start clears
+    the failed state and start limit first; a unit found failed or crash-looping is said so.
 
     + unit: the unit's name
-    + changes: operations (unit file, environment, release, ...) whose change means a restart
+    + restart: (re)start it even when it runs (``unit_running``: what it runs changed)
     + routed: a server behind the routers: in a roll, the host (or, with --batch-instances,
       this server) leaves them before the (re)start
     + waves: the host's restart waves, told of the start (``wave_ready`` waits for them)
 
-        unit_running(name="Start sglang.service", unit="sglang.service", changes=[unit_op])
+        unit_started(name="Start sglang.service", unit="sglang.service")
     """
-    if not state.is_executing:  # ``changes`` are known once they ran; ``waves`` counts starts
-        yield from preview(f"may (re)start {unit}: when it is not running or what it runs "
-                           "changed")
-        return
     condition = unit_condition(unit)
     down = found_down(unit, condition)
     if down:
         logger.warning(f"{host.print_prefix}{down}")
-    # One start for a fresh host, one restart for a change, none when nothing changed.
-    if condition.get("ActiveState") != "active" or any(op.did_change() for op in changes):
-        if waves is not None:
-            waves.start(unit)
+    if restart or condition.get("ActiveState") != "active":
         # a server behind the routers leaves them first; the router's own unit and the DCGM
         # exporter serve no requests of the fleet
-        restart = start_command(unit)
-        yield from (disrupt(restart, units=[unit]) if routed else [restart])
+        command = start_command(unit)
+        yield from (disrupt(command, units=[unit]) if routed else [command])
+        if waves is not None:
+            yield FunctionCommand(waves.start, (unit,), {})
     if condition.get("UnitFileState") != "enabled":
         yield f"systemctl enable {unit}"
+
+
+def unit_running(name: str, unit: str, changes: list[OperationMeta], routed: bool = False,
+                 waves: Waves | None = None, _if: Callable[[], bool] | None = None) -> None:
+    """Enabled and running, restarted when one of ``changes`` (unit file, environment, release,
+    ...) changed: one start for a fresh host, one restart for a change, none when nothing
+    changed. Two operations, only one of which runs (``unit_started``).
+
+        unit_running(name="Start sglang.service", unit="sglang.service", changes=[unit_op])
+    """
+    changed, going = any_changed(*changes), [_if] if _if else []
+    unit_started(name=f"Restart {unit} (what it runs changed)", unit=unit, restart=True,
+                 routed=routed, waves=waves, _if=[*going, changed])
+    unit_started(name=name, unit=unit, routed=routed, waves=waves,
+                 _if=[*going, lambda: not changed()])
 
 
 @operation(is_idempotent=True)
@@ -334,17 +346,8 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves, release: 
         wave_ready(name="The first server ready", profile=profile, launches=launches,
                    waves=waves, release=release)
     """
-    if not state.is_executing:  # which servers restart is known only as they do
-        yield from preview("waits until the last restarted servers are ready" if final else
-                           "waits, once a restart wave is whole, until its servers are ready "
-                           "before the next wave starts", changes=False)
-        return
-    if not waves.going():
-        return
-    due = waves.due(final)
-    if not due:
-        if final and not waves.started:
-            host.noop("no server restarted")
+    due = waves.due(final) if waves.going() else []
+    if not due:  # also in the preview: the waves are told of each start as it runs
         return
     if spans_hosts(launches[0]) and groups.rank_of(host):  # rank >= 1: a dummy /health
         waves.ready(due)  # says nothing; the gate reads its journal
@@ -419,8 +422,8 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
 
         restart_group(unit_name, changes, waves=waves, _if=waves.going)
         return
-    unit_running(name=f"Enable and start {unit_name} (restarted when its definition changed)",
-                 unit=unit_name, changes=changes, routed=True, waves=waves, _if=waves.going)
+    unit_running(name=f"Enable and start {unit_name}", unit=unit_name, changes=changes,
+                 routed=True, waves=waves, _if=waves.going)
 
 
 @deploy("SGLang service")

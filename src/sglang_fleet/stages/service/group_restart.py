@@ -24,13 +24,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
 from pyinfra.api.operation import OperationMeta, operation
-from pyinfra.context import ctx_state, host, state
+from pyinfra.context import ctx_state, host
+from pyinfra.operations.util import any_changed
 
 from sglang_fleet import hostconfig
 from sglang_fleet.fleet.cutover import disrupt
 from sglang_fleet.hostconfig import groups
-from sglang_fleet.ops import Ops, preview
+from sglang_fleet.ops import Ops
 from sglang_fleet.stages.service.deploy import found_down, start_command, unit_condition
 from sglang_fleet.stages.service.waves import Waves
 
@@ -63,37 +65,32 @@ def _who() -> str:
 
 
 @operation(is_idempotent=True)
-def restart_wanted(unit: str, changes: list[OperationMeta], record: GroupRestart,
-                   always: bool = False) -> Ops:
-    """Whether this member's unit must (re)start: down, or one of ``changes`` changed (or
-    ``always``: a restore); said to the group's record, so that every member restarts with it.
-    The unit is enabled here.
+def restart_wanted(unit: str, record: GroupRestart, restart: bool = False) -> Ops:
+    """Whether this member's unit must (re)start: down, or ``restart`` (what it runs changed, or
+    a restore); said to the group's record, so that every member restarts with it. The unit is
+    enabled here.
 
     + unit: the member's server unit
-    + changes: operations (unit file, environment, release, ...) whose change means a restart
     + record: the group's shared record (``shared(GroupRestart, ...)``)
-    + always: restart the group whatever changed (the last good release put back)
+    + restart: it must restart whatever its state (``restart_group``'s ``_if``)
 
-        restart_wanted(name="Must group tp16-a restart?", unit="sglang.service",
-                       changes=[unit_op], record=record)
+        restart_wanted(name="Must group tp16-a restart?", unit="sglang.service", record=record)
     """
-    if not state.is_executing:  # ``changes`` are known once they ran
-        yield from preview(f"may ask its group {record.group} to restart (when {unit} is not "
-                           "running or what it runs changed; the group restarts whole)",
-                           changes=False)
-        return
     condition = unit_condition(unit)
     down = found_down(unit, condition)
     if down:
         logger.warning(f"{host.print_prefix}{down}")
-    if always or condition.get("ActiveState") != "active" or \
-            any(op.did_change() for op in changes):
-        record.wanted_by.append(host.name)
-        host.noop(f"{unit} must (re)start: its group {record.group} restarts whole")
+    if restart or condition.get("ActiveState") != "active":
+        yield FunctionCommand(_wanted, (unit, record), {})
     else:
         host.noop(f"{unit} runs what it should")
     if condition.get("UnitFileState") != "enabled":
         yield f"systemctl enable {unit}"
+
+
+def _wanted(state: Any, host: Any, unit: str, record: GroupRestart) -> None:
+    record.wanted_by.append(host.name)
+    host.noop(f"{unit} must (re)start: its group {record.group} restarts whole")
 
 
 @operation(is_idempotent=True)
@@ -109,12 +106,7 @@ def group_stopped(unit: str, record: GroupRestart, rank0: bool) -> Ops:
         group_stopped(name="Group tp16-a: rank 0 stopped first", unit="sglang.service",
                       record=record, rank0=True)
     """
-    if not state.is_executing:  # the members decide as they run
-        yield from preview(f"may stop {unit} if its group {record.group} restarts ("
-                           f"{'rank 0 first' if rank0 else 'then the other members'})")
-        return
-    if not record.wanted():
-        host.noop(f"group {record.group}: no member restarts")
+    if not record.wanted():  # also in the preview: the members decide as they run
         return
     if (groups.rank_of(host) == 0) is not rank0:
         host.noop(f"{_who()}: {'rank 0 stops first' if rank0 else 'stopped already'}")
@@ -137,10 +129,7 @@ def group_started(unit: str, record: GroupRestart, waves: Waves | None = None) -
         group_started(name="Group tp16-a: every member started together",
                       unit="sglang.service", record=record)
     """
-    if not state.is_executing:  # the members decide as they run
-        yield from preview(f"may start {unit} with every member of group {record.group} at once")
-        return
-    if not record.wanted():
+    if not record.wanted():  # also in the preview: the members decide as they run
         return
     if waves is not None:
         waves.start(unit)
@@ -149,16 +138,19 @@ def group_started(unit: str, record: GroupRestart, waves: Waves | None = None) -
 
 def restart_group(unit: str, changes: list[OperationMeta], waves: Waves | None = None,
                   always: bool = False, _if: Any = None) -> None:
-    """The four operations of a group's restart, built on every member in the same order
+    """The five operations of a group's restart, built on every member in the same order
     (pyinfra orders a run's operations by each host's sequence)."""
     group = hostconfig.of(host).sglang_group
     record = shared(GroupRestart, "restart-always" if always else "restart")
-    conditions = {"_if": _if} if _if is not None else {}
-    restart_wanted(name=f"Group {group}: must it restart? ({unit} down or changed on a member)",
-                   unit=unit, changes=changes, record=record, always=always, **conditions)
+    changed: Callable[[], bool] = (lambda: True) if always else any_changed(*changes)
+    going = [_if] if _if is not None else []
+    restart_wanted(name=f"Group {group}: must it restart? ({unit} changed on a member)",
+                   unit=unit, record=record, restart=True, _if=[*going, changed])
+    restart_wanted(name=f"Group {group}: must it restart? ({unit} down on a member)",
+                   unit=unit, record=record, _if=[*going, lambda: not changed()])
     group_stopped(name=f"Group {group}: rank 0 stopped first (if the group restarts)",
-                  unit=unit, record=record, rank0=True, **conditions)
+                  unit=unit, record=record, rank0=True, _if=going)
     group_stopped(name=f"Group {group}: the other members stopped (if the group restarts)",
-                  unit=unit, record=record, rank0=False, **conditions)
+                  unit=unit, record=record, rank0=False, _if=going)
     group_started(name=f"Group {group}: every member started together (if the group restarts)",
-                  unit=unit, record=record, waves=waves, **conditions)
+                  unit=unit, record=record, waves=waves, _if=going)

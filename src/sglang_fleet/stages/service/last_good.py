@@ -13,16 +13,19 @@ from __future__ import annotations
 import re
 
 from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
+from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
-from pyinfra.context import host, state
+from pyinfra.api.state import State
+from pyinfra.context import host
 from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 
 from sglang_fleet.config.exposure import rules_path
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
 from sglang_fleet.fleet.cutover import disrupt
-from sglang_fleet.ops import Ops, fail, preview
+from sglang_fleet.ops import Ops, fail, failed
 from sglang_fleet.ops.secretfile import KeylessSha256, keys_of, without_keys
 from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
 from sglang_fleet.report import summary
@@ -162,16 +165,15 @@ def check_restored(profile: Profile, launch: Launch, budget: int) -> Ops:
         check_restored(name="Gate sglang.service: health and smoke generation",
                        profile=profile, launch=launch, budget=1800)
     """
-    if not state.is_executing:  # it checks the server the restore has just restarted
-        yield from preview(f"checks the last good release of {launch.unit}: health (within "
-                           f"{budget} s) and a smoke generation", changes=False)
-        return
-    for only in ("--health-only", "--smoke-only"):
-        ok, _ = check(profile, launch, only, budget=budget, label=f"{launch.unit}: ")
-        if not ok:
-            yield fail(f"{launch.unit}: the last good release does not pass the gate either "
-                       f"({only.removeprefix('--').replace('-only', '')})")
-            return
+    def checked(state: State, host: Host) -> bool:  # the server the restore has just restarted
+        for only in ("--health-only", "--smoke-only"):
+            ok, _ = check(profile, launch, only, budget=budget, label=f"{launch.unit}: ")
+            if not ok:
+                return failed(f"{launch.unit}: the last good release does not pass the gate "
+                              f"either ({only.removeprefix('--').replace('-only', '')})")
+        return True
+
+    yield FunctionCommand(checked, (), {})
 
 
 @deploy("Back to the last good release")

@@ -14,13 +14,13 @@ from pyinfra import logger
 from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
-from pyinfra.context import host, state
+from pyinfra.context import host
 
 from sglang_fleet import hostconfig, paths
 from sglang_fleet.fleet.inventory import RouterConfig
 from sglang_fleet.fleet.router_api import RouterError
 from sglang_fleet.hostconfig import HostConfig
-from sglang_fleet.ops import Ops, preview
+from sglang_fleet.ops import Ops
 from sglang_fleet.ops.packages import remove_baseline
 from sglang_fleet.ops.secretfile import secrets_absent
 from sglang_fleet.stages.driver.deploy import remove_driver
@@ -48,10 +48,6 @@ def out_of_routers(routers: list[RouterConfig], urls: list[str]) -> Ops:
 
         out_of_routers(name="Out of the routers", routers=routers, urls=urls)
     """
-    if not state.is_executing:  # the routers are asked when it runs
-        yield from preview(f"takes this host's {len(urls)} worker URLs out of the "
-                           f"{len(routers)} routers that still route to them")
-        return
     registered = []
     for config in routers:
         try:

@@ -28,8 +28,11 @@ from typing import Any
 
 import jinja2
 from pyinfra import logger
+from pyinfra.api.command import FunctionCommand
 from pyinfra.api.deploy import deploy
+from pyinfra.api.host import Host
 from pyinfra.api.operation import operation
+from pyinfra.api.state import State
 from pyinfra.context import host, state
 from pyinfra.facts.files import File, FindFiles
 
@@ -39,7 +42,7 @@ from sglang_fleet.config.render import Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.ports import PortListeners
 from sglang_fleet.facts.systemd import UnitState, UnitStates
-from sglang_fleet.ops import Ops, preview, privilege, result_line, run
+from sglang_fleet.ops import Ops, privilege, result_line, run
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.ops.secretfile import write_secret
 from sglang_fleet.ops.unitfile import UnsafeValue
@@ -177,10 +180,6 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
         caches_warmed(name="Warm caches of sglang.service", profile=profile, launch=launch,
                       release=release, budget=1800)
     """
-    if not state.is_executing:  # the warm-up runs inside the operation: its outcome decides
-        yield from preview(f"may warm the caches of {launch.unit} for {release.id} on spare "
-                           f"GPUs while it serves ({profile.warmup}, up to {budget} s)")
-        return
     if int(launch.args.get("nnodes") or 1) > 1:  # its flags start a rank: it needs them all
         host.noop(f"{launch.unit} is one rank of a multi-node server: a warm-up would need its "
                   "whole group; its own start fills the caches")
@@ -219,22 +218,26 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
         return
     port = unused_port(launch.port + PORT_OFFSET)
     where = f"GPU {','.join(map(str, gpus))}, port {port}"
-    # The warm-up itself, not a read of state: it runs here so its outcome decides what follows.
-    # Its progress lines are shown as they come (pyinfra's print_output, for this command).
-    logger.info(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on {where}, "
-                f"up to {budget} s")
     command = warm_command(profile, launch, release, port, module, budget)
-    result = warm_up(command, paths.env_file(unit_name(launch)), env_text)
-    if not result.get("ok"):
-        for line in result.get("tail") or []:
-            logger.warning(f"{host.print_prefix}warm-up: {line}")
-        logger.warning(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on "
-                       f"{where} failed: {result.get('error')}; {launch.unit}'s restart "
-                       "compiles")
-        return
-    logger.info(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on {where}: "
-                f"{result.get('seconds')} s while {launch.unit} served")
-    yield f"install -d -m 755 {MARKS} && touch {shlex.quote(mark)}"
+
+    def warm(state: State, host: Host) -> bool:
+        # Its progress lines are shown as they come (pyinfra's print_output, for this command);
+        # a failed warm-up leaves the compile to the restart, and the host goes on.
+        logger.info(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on {where}, "
+                    f"up to {budget} s")
+        result = warm_up(command, paths.env_file(unit_name(launch)), env_text)
+        if not result.get("ok"):
+            for line in result.get("tail") or []:
+                logger.warning(f"{host.print_prefix}warm-up: {line}")
+            logger.warning(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on "
+                           f"{where} failed: {result.get('error')}; {launch.unit}'s restart "
+                           "compiles")
+            return True
+        logger.info(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on "
+                    f"{where}: {result.get('seconds')} s while {launch.unit} served")
+        return run(f"install -d -m 755 {MARKS} && touch {shlex.quote(mark)}")[0]
+
+    yield FunctionCommand(warm, (), {})
 
 
 @deploy("Warm-up")

@@ -231,8 +231,6 @@ class CopyHost(Host):
 @pytest.fixture
 def roll(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[CopyHost], RollDirectory]:
     """A roll of h1, h2, h3 (this process standing for the roll) and the host it runs on."""
-    for module in (compiled, records):
-        monkeypatch.setattr(module, "state", type("S", (), {"is_executing": True}))
     said: list[str] = []
     monkeypatch.setattr(compiled, "logger", type("L", (), {"warning": said.append,
                                                           "info": said.append})())

@@ -67,7 +67,6 @@ class Executing:
 @pytest.fixture
 def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[Host], Host]:
     monkeypatch.setattr(gate, "state", Executing())
-    monkeypatch.setattr(resize, "state", Executing())
     monkeypatch.setattr(files, "state", Executing())  # the operations resize yields from
     quiet = type("L", (), {"warning": print, "info": print})()
     for module in (gate, resize):

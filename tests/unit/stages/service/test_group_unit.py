@@ -119,7 +119,6 @@ def test_nccl_and_gloo_go_to_the_environment_file_never_the_unit(
 
 def test_a_member_is_not_warmed_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     host = on(monkeypatch, inventory(), "b200-02")
-    monkeypatch.setattr(warmup, "state", type("S", (), {"is_executing": True})())
     assert commands(warmup.caches_warmed, hostconfig.profile_for(host),  # type: ignore[arg-type]
                     launch_of(host), RELEASE, 1800) == []
     assert "one rank of a multi-node server" in host.noops[0]

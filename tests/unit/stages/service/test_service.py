@@ -49,3 +49,43 @@ def test_missing_or_malformed_secret_names_the_data_key() -> None:
             secret_values(launch, "b200-01", {"sglang-api-key": bad})
     assert secret_values(launch, "b200-01", {"sglang-api-key": "s" * 16}) == \
         {"SGLANG_API_KEY": "s" * 16}
+
+
+def test_a_unit_restarts_only_when_what_it_runs_changed_else_starts_only_when_down() -> None:
+    """``unit_running`` as pyinfra builds it: two operations under ``_if``, the restart when one
+    of its changes changed (``any_changed``), the start of a unit found down when none did;
+    never both, so a fresh host starts its server once."""
+    from pyinfra.api.config import Config
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.deploy import add_deploy, deploy
+    from pyinfra.api.inventory import Inventory
+    from pyinfra.api.operation import OperationMeta
+    from pyinfra.api.state import State
+    from pyinfra.connectors.util import CommandOutput
+    from pyinfra.context import ctx_state
+
+    from sglang_fleet.stages.service import deploy as service
+
+    changed, same = OperationMeta("changed", None), OperationMeta("same", None)
+    changed.set_complete(True, ["cp"], CommandOutput([]))
+    same.set_complete(True, [], CommandOutput([]))
+
+    @deploy("Units")
+    def units() -> None:
+        service.unit_running(name="Enable and start a.service", unit="a.service",
+                             changes=[same, changed])
+        service.unit_running(name="Enable and start b.service", unit="b.service", changes=[same])
+
+    inventory = Inventory((["@local"], {}))  # type: ignore[no-untyped-call]
+    state = State(inventory, Config(), check_for_changes=False)  # type: ignore[no-untyped-call]
+    with ctx_state.use(state):
+        connect_all(state)
+        add_deploy(state, units)
+    host = inventory.get_host("@local")
+    runs = {sorted(state.op_meta[h].names)[0].split(" | ")[-1]:
+            all(c() for c in state.ops[host][h].global_arguments["_if"])  # type: ignore[union-attr]
+            for h in state.get_op_order() if h in state.ops[host]}  # type: ignore[no-untyped-call]
+    assert runs == {"Restart a.service (what it runs changed)": True,
+                    "Enable and start a.service": False,
+                    "Restart b.service (what it runs changed)": False,
+                    "Enable and start b.service": True}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -105,19 +104,18 @@ def launches() -> list[Launch]:
 @pytest.fixture
 def shell(monkeypatch: pytest.MonkeyPatch) -> Iterator[Shell]:
     fake = Shell()
-    monkeypatch.setattr(service, "state", SimpleNamespace(is_executing=True))
     for module in (service, ops, checker):
         monkeypatch.setattr(module, "host", fake)
     yield fake
 
 
-class Changed:
-    def did_change(self) -> bool:
-        return True
-
-
 def restart(unit: str, waves: Waves) -> list[Any]:
-    return commands(service.unit_running, unit, [Changed()], routed=True, waves=waves)
+    """The restart of a unit whose definition changed, the waves told of it as the run does."""
+    found = commands(service.unit_started, unit, restart=True, routed=True, waves=waves)
+    told = [c for c in found if isinstance(c, FunctionCommand) and c.function == waves.start]
+    for command in told:
+        command.function(*command.args)
+    return [c for c in found if c not in told]
 
 
 def ready(launches: list[Launch], waves: Waves, final: bool = False,
@@ -227,16 +225,16 @@ def test_a_units_files_and_start_come_after_the_wave_before_it_and_stop_with_a_f
         unit = f"sglang-{i}.service"
         mine = [n for n, (name, _) in enumerate(ops) if unit in name and "wave" not in name]
         assert [names[n].split(" ")[0] for n in mine] == ["Environment", "Who", "Unit",
-                                                           "Enable"]
+                                                           "Restart", "Enable"]
         if i:  # after the wait for the wave before it
             assert min(mine) > names.index(f"Restart wave ready (after sglang-{i - 1}.service, "
                                            "when its wave is whole)")
-    conditions = [cond for name, cond in ops if name.startswith(("Environment", "Who", "Unit ",
-                                                                 "Reload", "Enable"))]
+    conditions = [cond for name, cond in ops if name.startswith((
+        "Environment", "Who", "Unit ", "Reload", "Restart sglang", "Enable"))]
     going: list[Any] = [c for cond in conditions
                         for c in (cond if isinstance(cond, list) else [cond])
                         if getattr(c, "__name__", "") == "going"]
-    assert len(going) == len(conditions) == 15
+    assert len(going) == len(conditions) == 18
     waves = going[0].__self__
     assert all(c.__self__ is waves for c in going) and all(c() for c in going)
     waves.error = "sglang-0.service failed to start"

@@ -26,7 +26,7 @@ from sglang_fleet.stages.engine.deploy import Release
 from sglang_fleet.stages.warmup import deploy as warmup
 from sglang_fleet.stages.warmup.host import warm_caches
 from tests.conftest import field_profile, free_port
-from tests.fakes import Host, commands
+from tests.fakes import Host, commands, executed
 from tests.unit.test_hostile import CONTROL, HOSTILE, server_unit
 
 PROFILE = field_profile({"parallel.instances": 1})  # a spare GPU to warm on
@@ -73,7 +73,6 @@ class WarmHost(Host):
 
 @pytest.fixture
 def use(monkeypatch: pytest.MonkeyPatch) -> Callable[[WarmHost], WarmHost]:
-    monkeypatch.setattr(warmup, "state", type("S", (), {"is_executing": True}))
     said: list[str] = []
     monkeypatch.setattr(warmup, "logger", type("L", (), {"warning": said.append,
                                                         "info": said.append})())
@@ -105,8 +104,8 @@ def test_spare_gpus_are_those_no_instance_uses() -> None:
 
 def test_a_new_release_is_compiled_on_a_spare_gpu_then_marked(use: Callable[..., Any]) -> None:
     fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
-    [mark] = commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
-    assert mark.startswith(f"install -d -m 755 {warmup.MARKS} && touch {warmup.MARKS}/")
+    assert executed(fake, warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800) == [True]
+    assert fake.ran[-1].startswith(f"install -d -m 755 {warmup.MARKS} && touch {warmup.MARKS}/")
     words = fake.warm_up_words()
     assert words[:5] == ["systemd-run", "--quiet", "--wait", "--pipe", "--collect"]
     assert "--uid=sglang" in words and "--gid=sglang" in words
@@ -122,7 +121,7 @@ def test_a_new_release_is_compiled_on_a_spare_gpu_then_marked(use: Callable[...,
 def test_the_warm_up_says_its_progress_as_it_comes(use: Callable[..., Any]) -> None:
     """Every 10 s a line from the host program (--progress), printed by pyinfra as it comes."""
     fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
-    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    executed(fake, warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
     words = fake.warm_up_words()
     assert words[words.index("--progress") + 1] == "10"
     printed = [c for c, p in zip(fake.ran, fake.printed, strict=True) if p]
@@ -157,7 +156,8 @@ def test_a_failed_warm_up_warns_and_marks_nothing(use: Callable[..., Any]) -> No
     result = {"mode": "compile", "ok": False, "error": "the precompile exited with status 1",
               "tail": ["RuntimeError: CUDA error"]}
     fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:])), result))
-    assert commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800) == []
+    assert executed(fake, warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800) == [True]
+    assert not any(c.startswith("install -d") for c in fake.ran)
     assert any("failed: the precompile exited with status 1" in s for s in fake.said)
     assert any("RuntimeError: CUDA error" in s for s in fake.said)
 
@@ -170,7 +170,7 @@ def test_the_warm_up_runs_in_the_service_units_sandbox_answering_this_host_alone
     """Every hardening line of the rendered sglang.service is a property of the warm-up's
     unit, with an IP allow-list of localhost alone; no environment on its command line."""
     fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
-    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    executed(fake, warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
     words = fake.warm_up_words()
     properties = [w.removeprefix("--property=") for w in words if w.startswith("--property=")]
     unit = [line for line in server_unit("plain", "plain").splitlines()
@@ -193,7 +193,7 @@ def written_env(fake: WarmHost) -> str:
 def test_the_warm_up_has_one_off_keys_in_a_root_only_file_never_on_a_command_line(
         use: Callable[..., Any]) -> None:
     fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
-    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    executed(fake, warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
     text = written_env(fake)
     env = dict(line.split("=", 1) for line in text.splitlines() if not line.startswith("#"))
     key, admin = env["SGLANG_API_KEY"].strip("'"), env["SGLANG_ADMIN_API_KEY"].strip("'")
@@ -203,14 +203,14 @@ def test_the_warm_up_has_one_off_keys_in_a_root_only_file_never_on_a_command_lin
     # written before the warm-up, removed after it
     assert fake.ran[1].startswith("systemd-run ") and fake.ran[2] == f"rm -f {ENV_FILE}"
     again = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:]))))
-    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    executed(again, warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
     assert key not in written_env(again)
 
 
 def test_a_failed_warm_up_removes_its_keys_too(use: Callable[..., Any]) -> None:
     result = {"mode": "full", "ok": False, "error": "the warm-up server exited"}
     fake = use(WarmHost(facts(running(OLD, LAUNCH.argv[3:])), result))
-    commands(warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
+    executed(fake, warmup.caches_warmed, PROFILE, LAUNCH, RELEASE, 1800)
     assert fake.ran[-1] == f"rm -f {ENV_FILE}"
 
 
@@ -219,7 +219,7 @@ def test_hostile_environment_values_stay_literal_in_the_env_file(
         use: Callable[..., Any], text: str) -> None:
     launch = dataclasses.replace(LAUNCH, env={**LAUNCH.env, "X": text})
     fake = use(WarmHost(facts(running(OLD, launch.argv[3:]))))
-    commands(warmup.caches_warmed, PROFILE, launch, RELEASE, 1800)
+    executed(fake, warmup.caches_warmed, PROFILE, launch, RELEASE, 1800)
     if CONTROL.search(text):  # refused, said, nothing run
         assert fake.ran == [] and any("control character" in s for s in fake.said)
         return
