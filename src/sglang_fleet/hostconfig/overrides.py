@@ -13,18 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sglang_fleet.hostconfig.spec import Found, Raw
+from sglang_fleet.config.keys import Found
 
 OVERRIDES_KEY = "sglang_overrides"
 DOTTED_PREFIX = "sglang."
 
 
-def levels(raw: Raw, name: str) -> list[Mapping[str, Any]]:
-    """Every data level of the host, lowest priority first: the overrides are in all of them."""
-    return raw.levels()
-
-
-def check(value: list[Mapping[str, Any]], raw: Raw) -> Found:
+def check(value: list[Mapping[str, Any]], data: Any) -> Found:
     """Each level's ``sglang_overrides`` is a mapping (``sglang.KEY`` values are checked with
     the profile)."""
     for level in value:

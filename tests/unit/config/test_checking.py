@@ -135,7 +135,7 @@ def test_every_required_key_has_a_stand_in_its_check_accepts() -> None:
     assert {spec.name for spec in required} == set(profile.STAND_INS)
     for spec in required:
         value = profile.STAND_INS[spec.name]
-        assert spec.check is None or spec.check(value) is None, spec.name
+        assert spec.check is None or spec.check(value, {}) is None, spec.name
         assert validators.text_problem(value) is None
 
 
