@@ -361,22 +361,27 @@ class Loaded:
 
 
 def load_all(path: str | Path, overrides: Mapping[str, Any] | None = None,
-             overrides_source: str = "host data",
+             overrides_source: str | Mapping[str, str] = "host data",
              allow_insecure_urls: bool = False) -> Loaded:
     """``load`` without stopping at the values: InputError only when the file cannot be
-    read as a mapping; otherwise every problem, and a profile to check the rest with."""
+    read as a mapping; otherwise every problem, and a profile to check the rest with.
+    ``overrides_source`` names where the overrides were written: one name for all, or each
+    override's (host data's, by key)."""
     path = profile_yaml.locate(path)
     data = profile_yaml.read(path, top_level(Profile))
     located = Located(str(path))
-    if overrides:
-        profile_yaml.merge(data, overrides, overrides_source, located)
+    for name, value in (overrides or {}).items():
+        source = overrides_source if isinstance(overrides_source, str) \
+            else overrides_source[name]
+        profile_yaml.merge(data, {name: value}, source, located)
     checked = validate_all(Profile, data, located, allow_insecure_urls, STAND_INS)
     return Loaded(Profile(path=located.default_source, origin=located, **checked.values),
                   checked.problems, checked.refused)
 
 
 def load(path: str | Path, overrides: Mapping[str, Any] | None = None,
-         overrides_source: str = "host data", allow_insecure_urls: bool = False) -> Profile:
+         overrides_source: str | Mapping[str, str] = "host data",
+         allow_insecure_urls: bool = False) -> Profile:
     """Read, merge and validate a profile. Raises InputError naming file, key and fix.
 
     ``allow_insecure_urls`` lets ``engine.index_url`` be plain http (host data

@@ -90,22 +90,14 @@ class Raw:
     def get(self, key: str) -> Any:
         return self.data.get(key)
 
-    def levels(self) -> list[Mapping[str, Any]]:
-        """Each data level, lowest priority first (pyinfra lists them highest first); a plain
-        mapping is one level."""
-        datas = getattr(self.data, "datas", None)
-        if datas is None:
-            return [self.data]
-        return [level() if callable(level) else level for level in reversed(datas)]
-
 
 def _in_group(raw: Raw, name: str) -> bool:
     return name in raw.groups
 
 
-def _levels(raw: Raw, name: str) -> list[Mapping[str, Any]]:
-    """Every data level of the host, lowest priority first: the overrides are in all of them."""
-    return raw.levels()
+def _levels(raw: Raw, name: str) -> overrides.Levels:
+    """Every data level of the host: the overrides are in all of them."""
+    return overrides.levels(raw.data, raw.source)
 
 
 def _text(value: Any) -> str | None:
@@ -136,8 +128,8 @@ class HostConfig:
         None, check=profile_path, parse=_text, fix="the path of a profile YAML file",
         shown="none: required on serving hosts", doc="the profile YAML this host serves "
         "(a path, or a shipped profile's name)")
-    sglang_overrides: Mapping[str, Any] = key(
-        {}, lookup=_levels, check=overrides.check, parse=overrides.merged,
+    sglang_overrides: overrides.Overrides = key(  # noqa: RUF009 (key() makes a field)
+        overrides.NONE, lookup=_levels, check=overrides.check, parse=overrides.merged,
         fix="write e.g. {'memory': {'max_running_requests': 64}}",
         doc="profile keys overridden for these hosts, e.g. `{\"memory\": "
         "{\"max_running_requests\": 64}}`, merged key by key across data levels (also "

@@ -61,7 +61,7 @@ def declared_profile(host: Host) -> profile.Profile:
     if not cfg.sglang_profile:
         raise InputError.one(cfg.source, PROFILE_KEY, "no serving profile for this host",
                              profile_fix())
-    return profile.load(cfg.sglang_profile, cfg.sglang_overrides, cfg.source,
+    return profile.load(cfg.sglang_profile, cfg.sglang_overrides, cfg.sglang_overrides.sources,
                         allow_insecure_urls=cfg.allow_insecure_urls)
 
 

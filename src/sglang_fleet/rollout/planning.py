@@ -24,7 +24,7 @@ from pyinfra.context import ctx_state
 from sglang_fleet import hostconfig
 from sglang_fleet.config import validators
 from sglang_fleet.errors import InputError, Problem
-from sglang_fleet.hostconfig import groups, preflight
+from sglang_fleet.hostconfig import groups, overrides, preflight
 from sglang_fleet.rollout import fleet, scale
 from sglang_fleet.rollout.router_api import Router
 
@@ -83,6 +83,7 @@ def load(inventory: str, data: dict[str, Any]) -> Inventory:
         loaded: Inventory = make_inventory(inventory, override_data=data)
     except Exception as exc:  # the inventory is the operator's code: any error in it is theirs
         raise _inventory_error(inventory, exc) from None
+    overrides.read_from(loaded, inventory)  # an error about an override names its file
     return loaded
 
 
