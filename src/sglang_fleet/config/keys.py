@@ -112,37 +112,16 @@ _TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a number", str: "a
                list: "a list", dict: "a mapping"}
 
 
-@dataclass(frozen=True)
-class Declared:
-    """One key as validation, render and the docs see it: its (dotted) name, its declaration,
-    its default and what its annotation lets YAML give."""
+@dataclass(frozen=True, kw_only=True)
+class Declared(Key):
+    """One key as validation, render and the docs see it: its declaration, with its (dotted)
+    name, its default and what its annotation lets YAML give."""
 
     name: str
-    key: Key
     default: Any  # REQUIRED when a profile must write the key
     types: tuple[type, ...]  # YAML's types: a list for a tuple, a mapping for a Mapping
     nullable: bool
     item: type | None  # the element type of a list, the value type of a mapping
-
-    @property
-    def doc(self) -> str:
-        return self.key.doc
-
-    @property
-    def check(self) -> Check | None:
-        return self.key.check
-
-    @property
-    def fix(self) -> str:
-        return self.key.fix
-
-    @property
-    def flag(self) -> str | None:
-        return self.key.flag
-
-    @property
-    def negated(self) -> bool:
-        return self.key.negated
 
     @property
     def dest(self) -> str | None:
@@ -160,8 +139,8 @@ class Declared:
 
     def read(self, value: Any) -> Any:
         """A validated YAML value as the dataclass holds it: a list as a tuple, 1 as 1.0."""
-        if self.key.parse is not None:
-            return self.key.parse(value)
+        if self.parse is not None:
+            return self.parse(value)
         if isinstance(value, list):
             return tuple(value)
         if isinstance(value, dict):
@@ -207,7 +186,9 @@ def _declared(name: str, member: Field[Any], hint: Any, declaration: Key) -> Dec
         default = member.default_factory()
     else:
         default = REQUIRED
-    return Declared(name, declaration, default, declaration.accepts or accepted, nullable, item)
+    own = {f.name: getattr(declaration, f.name) for f in fields(Key)}
+    return Declared(**own, name=name, default=default, types=declaration.accepts or accepted,
+                    nullable=nullable, item=item)
 
 
 @cache

@@ -392,14 +392,14 @@ class HostConfig:
 
 def _value(spec: Declared, raw: Raw) -> tuple[Any, list[Problem]]:
     """The typed value of one key, or the problems with it."""
-    value = spec.key.lookup(raw, spec.name) if spec.key.lookup else raw.get(spec.name)
+    value = spec.lookup(raw, spec.name) if spec.lookup else raw.get(spec.name)
     if value is None:
         return spec.fresh, []
     found = wrongs(spec.check(value, raw)) if spec.check else []
     if found:
         return None, [Problem(raw.source, w.key or spec.name, w.message, w.fix or spec.fix)
                       for w in found]
-    return (spec.key.parse(value) if spec.key.parse else value), []
+    return (spec.parse(value) if spec.parse else value), []
 
 
 def checked_all(fields: type, raw: Raw) -> tuple[dict[str, Any], list[Problem], list[str]]:

@@ -27,8 +27,8 @@ def row(key: Declared) -> tuple[str, ...]:
 
         row(declared(HostConfig)[0])  # ('`sglang_profile`', 'none: required on serving hosts', ...)
     """
-    shown = key.key.shown if key.key.shown is not None else _default(key.default)
-    return f"`{key.name}`" + (" (group)" if key.key.group else ""), shown, key.doc
+    shown = key.shown if key.shown is not None else _default(key.default)
+    return f"`{key.name}`" + (" (group)" if key.group else ""), shown, key.doc
 
 
 TABLE = Table("host-data", ("host data", "default", "meaning"), row, HostConfig)
