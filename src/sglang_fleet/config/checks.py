@@ -151,6 +151,9 @@ def warmup_mode(value: Any, data: Any) -> Found:
     return one_of(*WARMUP_MODES)(value, data)
 
 
+# --- host data's checks: its values come untyped (no annotation checks them first), so each of
+# these checks the type it needs itself ---
+
 INSECURE_KEY = "allow_insecure_urls"
 
 

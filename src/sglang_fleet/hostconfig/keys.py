@@ -5,6 +5,7 @@ default, its check, the fix an error gives, and its line in docs/host-data.md's 
     cfg = HostConfig.from_data({"gpu_count": 8, "router_port": 31000}, "b200-01")
     cfg.gpu_count, cfg.router_port, cfg.drain_budget_seconds     # (8, 31000, 600)
 
+``from_data`` reads each key of a host (``Raw``), checks it and lists every problem at once.
 To add a key: add a field here (in the section it belongs to), read it as ``hostconfig.of(host)
 .KEY``, and regenerate docs/host-data.md's table (``python -m sglang_fleet.hostconfig --write
 docs/host-data.md``).
@@ -105,7 +106,8 @@ def _text(value: Any) -> str | None:
 
 
 def networks_list(value: Any, data: Any) -> Found:
-    """CIDR networks (or addresses) a server or router answers; none (a falsy value): any."""
+    """CIDR networks (or addresses) a server or router answers; none (a falsy value): any.
+    Here, not in config/checks.py: it normalises them as the unit file will (ops/, a floor up)."""
     if not value:
         return None
     if isinstance(value, str) or not isinstance(value, list | tuple):
