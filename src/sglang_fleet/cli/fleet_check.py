@@ -8,13 +8,14 @@ share is said once, naming them.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sglang_fleet.cli import output
-from sglang_fleet.config import checking, profile
+from sglang_fleet.config import checking, profile, profile_yaml
 from sglang_fleet.config.checks import AUTO
 from sglang_fleet.errors import InputError, Problem
 
@@ -98,13 +99,36 @@ def serving_host(host: Host) -> checking.Report:
     except InputError as err:
         report.add(err.problems)
         _rest_of(report, host)
+        _blame_overrides(report, host)
         return report
     checking.check_loaded(report, prof, set(), lambda p: p)  # its instances resolved already
     try:  # and the deploy's own checks (its group, its GPUs, its ports), as a roll runs them
         preflight.launches(host, prof, preflight.Facts(gpu_count=hostdata.gpu_count(host)))
     except InputError as err:
         report.add(err.problems)
+    _blame_overrides(report, host)
     return report
+
+
+def _blame_overrides(report: checking.Report, host: Host) -> None:
+    """An error about a key the profile file set, which the file alone does not have, is the
+    overrides' doing (a rule between keys, the sizing, the release's rules): it names where
+    they were written, not the file, which would be edited in vain."""
+    from sglang_fleet import hostconfig
+
+    cfg = hostconfig.lenient(host)[0]
+    written = list(dict.fromkeys(cfg.sglang_overrides.sources.values()))
+    if not written or not cfg.sglang_profile:
+        return
+    path = str(profile_yaml.locate(cfg.sglang_profile))
+    if all(p.source != path for p in report.errors):
+        return
+    alone = checking.check_profile(path, gpus=cfg.gpu_count or 8,
+                                   allow_insecure_urls=cfg.allow_insecure_urls)
+    own = {p.key for p in alone.errors}
+    report.errors = [dataclasses.replace(p, source=", ".join(written))
+                     if p.source == path and p.key not in own else p
+                     for p in report.errors]
 
 
 def _rest_of(report: checking.Report, host: Host) -> None:
@@ -120,7 +144,8 @@ def _rest_of(report: checking.Report, host: Host) -> None:
     if not cfg.sglang_profile:
         return  # said: no profile to read
     try:
-        loaded = profile.load_all(cfg.sglang_profile, cfg.sglang_overrides, cfg.source,
+        loaded = profile.load_all(cfg.sglang_profile, cfg.sglang_overrides,
+                                  cfg.sglang_overrides.sources,
                                   allow_insecure_urls=cfg.allow_insecure_urls)
     except InputError as err:
         report.add(err.problems)

@@ -101,7 +101,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
         if fix:
             raise InputError.one("sglang-fleet keys", name, "is not a profile key", fix)
     if not args.keys:
-        print(docs.table(), end="")
+        print(docs.TABLE.text(), end="")
     for name in args.keys:
         print(docs.describe(name))
     return 0

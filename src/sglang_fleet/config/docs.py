@@ -7,7 +7,7 @@ docs/profile.md, and one key's help.
 
 ``sglang-fleet keys [KEY ...]`` prints the first two as well.
 
-docs/profile.md holds the table between ``BEGIN`` and ``END``; tests/unit/config/test_docs.py
+docs/profile.md holds the table between ``TABLE``'s markers; tests/unit/config/test_docs.py
 fails when it is not what the declarations make, and names the command that makes it.
 """
 
@@ -20,12 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet.config.keys import REQUIRED, Declared, declared
+from sglang_fleet.config.keys import REQUIRED, Declared, Table, declared
 from sglang_fleet.config.profile import Profile
-
-BEGIN = "<!-- profile-keys:begin -->"
-END = "<!-- profile-keys:end -->"
-HEADER = ("Key", "Type", "Default", "SGLang flag", "Meaning")
 
 
 def _yaml(value: Any) -> str:
@@ -49,7 +45,7 @@ def _flag(key: Declared) -> str:
     return f"`{key.flag}` when false" if key.negated else f"`{key.flag}`"
 
 
-def row(key: Declared) -> tuple[str, str, str, str, str]:
+def row(key: Declared) -> tuple[str, ...]:
     """(key, type, default, flag, meaning) of one key, as the table shows them.
 
     >>> row(find("parallel.tp"))
@@ -59,11 +55,7 @@ def row(key: Declared) -> tuple[str, str, str, str, str]:
     return f"`{key.name}`", kind, _yaml(key.default), _flag(key), key.doc
 
 
-def table() -> str:
-    """Every key's row, in declaration order, as a Markdown table."""
-    lines = [HEADER, ("---",) * len(HEADER), *(row(k) for k in declared(Profile))]
-    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |"
-                     for line in lines) + "\n"
+TABLE = Table("profile-keys", ("Key", "Type", "Default", "SGLang flag", "Meaning"), row, Profile)
 
 
 def find(name: str) -> Declared:
@@ -102,31 +94,14 @@ def describe(name: str) -> str:
     return text + (f"\n  write: {key.fix}" if key.fix else "")
 
 
-def in_readme(text: str) -> str:
-    """The table a README holds between the markers ("" when it has none)."""
-    if BEGIN not in text or END not in text:
-        return ""
-    return text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n") + "\n"
-
-
-def with_table(text: str) -> str:
-    """``text`` with the table between its markers made anew from the declarations."""
-    head, _, rest = text.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    return f"{head}{BEGIN}\n{table()}{END}{tail}"
-
-
 def main(argv: Sequence[str]) -> int:
     if argv[:1] == ["--write"] and len(argv) == 2:
-        path = Path(argv[1])
-        text = path.read_text()
-        if BEGIN not in text or END not in text:
-            print(f"{path} has no {BEGIN} ... {END} to write the table between", file=sys.stderr)
-            return 2
-        path.write_text(with_table(text))
-        return 0
+        wrong = TABLE.write(Path(argv[1]))
+        if wrong:
+            print(wrong, file=sys.stderr)
+        return 2 if wrong else 0
     if not argv:
-        sys.stdout.write(table())
+        sys.stdout.write(TABLE.text())
         return 0
     for name in argv:
         fix = unknown(name)

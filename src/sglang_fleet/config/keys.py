@@ -1,4 +1,5 @@
-"""How a profile key is declared: once, as a field of a frozen dataclass, with ``key()``.
+"""How a key is declared, for both schemas: a profile's (``config/profile.py``) and host
+data's (``hostconfig/keys.py``). A key is a field of a frozen dataclass, declared with ``key()``:
 
     @dataclass(frozen=True)
     class Memory:
@@ -10,8 +11,7 @@
 Everything else follows from that field: what YAML may give and how an error names it (from
 the annotation: ``int | None`` is "an integer or null"), the default (none: the key must be
 written), the check and the fix that validation uses, the SGLang flag render passes the value
-as, and what the key means (docs/profile.md's table and one key's help: ``docs.py``).
-``declared`` lists the keys:
+as, and what the key means (a doc's table: ``Table``). ``declared`` lists the keys:
 
     >>> from sglang_fleet.config.profile import Parallel
     >>> [(k.name, k.type_name, k.flag) for k in declared(Parallel)][:2]
@@ -20,13 +20,13 @@ as, and what the key means (docs/profile.md's table and one key's help: ``docs.p
 
 from __future__ import annotations
 
+import copy
 import types
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, is_dataclass, replace
 from functools import cache, partial
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
-
-from sglang_fleet.config.checks import Check
 
 KEY = "sglang_fleet.key"  # the field metadata entry that holds a key's declaration
 
@@ -40,6 +40,31 @@ REQUIRED: Any = _Required()  # the default of a key a profile must write
 
 
 @dataclass(frozen=True)
+class Wrong:
+    """What a check found: the message, and when the key's declared fix or the key itself
+    does not fit, the fix and the key to name (``secrets.NAME`` for one secret)."""
+
+    message: str
+    fix: str | None = None
+    key: str | None = None
+
+
+Found = str | Wrong | list[Wrong] | None
+# A check takes a value the data gives (never None) and the data it came from (``.get`` reads
+# another key: ``allow_insecure_urls`` for a URL), and says what is wrong, or None.
+Check = Callable[[Any, Any], Found]
+
+
+def wrongs(found: Found) -> list[Wrong]:
+    """What a check found, as a list."""
+    if found is None:
+        return []
+    if isinstance(found, str):
+        return [Wrong(found)]
+    return found if isinstance(found, list) else [found]
+
+
+@dataclass(frozen=True)
 class Key:
     """What ``key()`` records on a field besides its default (see ``key`` for each part)."""
 
@@ -49,67 +74,54 @@ class Key:
     flag: str | None = None
     negated: bool = False
     accepts: tuple[type, ...] = ()
-    read: Callable[[Any], Any] | None = None
+    parse: Callable[[Any], Any] | None = None
+    lookup: Callable[[Any, str], Any] | None = None
+    shown: str | None = None
+    group: bool = False
 
 
 def key(default: Any = REQUIRED, *, doc: str, check: Check | None = None, fix: str = "",
         flag: str | None = None, negated: bool = False, accepts: tuple[type, ...] = (),
-        read: Callable[[Any], Any] | None = None) -> Any:
-    """Declare a profile key; the result is a dataclass field's default.
+        parse: Callable[[Any], Any] | None = None, lookup: Callable[[Any, str], Any] | None = None,
+        shown: str | None = None, group: bool = False, secret: bool = False) -> Any:
+    """Declare a key; the result is a dataclass field's default.
 
-    ``doc`` says what the key means, in a sentence (``docs.py`` shows it);
-    ``check`` what is wrong with a well-typed value (``checks.py``); ``fix`` how to write a
-    right one, shown with every error about the key. ``flag`` is the SGLang option the value
-    renders as, in its newest spelling (render asks each release's flag table for the spelling
-    of the option's destination); ``negated`` a ``--disable-X`` flag, given when the value is
-    false. ``accepts`` lists the types YAML may give when they are not the annotation's, and
-    ``read`` turns such a value into the annotation's type (a bare ``off`` is YAML's false).
+    ``doc`` says what the key means, in a sentence (a doc's table shows it); ``check`` what is
+    wrong with a value (``checks.py``); ``fix`` how to write a right one, shown with every error
+    about the key. ``flag`` is the SGLang option a profile key renders as, in its newest
+    spelling (render asks each release's flag table for the spelling of the option's
+    destination); ``negated`` a ``--disable-X`` flag, given when the value is false. ``accepts``
+    lists the types YAML may give when they are not the annotation's, and ``parse`` turns a
+    checked value into the annotation's type (a bare ``off`` is YAML's false). Host data only:
+    ``lookup`` reads the value from the host's data (default: its ``.get``), ``shown`` is the
+    table's default where the default alone says too little, ``group`` marks an inventory
+    group, and ``secret`` leaves the value out of the object's repr (tracebacks, logs).
 
         tp: int = key(1, check=checks.count(), flag="--tp-size", doc="GPUs per group.")
     """
-    metadata = {KEY: Key(doc, check, fix, flag, negated, accepts, read)}
+    metadata = {KEY: Key(doc, check, fix, flag, negated, accepts, parse, lookup, shown, group)}
     if default is REQUIRED:
         return field(metadata=metadata)
-    if isinstance(default, dict):  # a dataclass shares no mutable default between instances
-        return field(default_factory=partial(dict, default), metadata=metadata)
-    return field(default=default, metadata=metadata)
+    if isinstance(default, dict | list | set):  # a dataclass shares no mutable default
+        return field(default_factory=partial(copy.copy, default), metadata=metadata,
+                     repr=not secret)
+    return field(default=default, metadata=metadata, repr=not secret)
 
 
 _TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a number", str: "a string",
                list: "a list", dict: "a mapping"}
 
 
-@dataclass(frozen=True)
-class Declared:
-    """One key as validation, render and the docs see it: its (dotted) name, its declaration,
-    its default and what its annotation lets YAML give."""
+@dataclass(frozen=True, kw_only=True)
+class Declared(Key):
+    """One key as validation, render and the docs see it: its declaration, with its (dotted)
+    name, its default and what its annotation lets YAML give."""
 
     name: str
-    key: Key
     default: Any  # REQUIRED when a profile must write the key
     types: tuple[type, ...]  # YAML's types: a list for a tuple, a mapping for a Mapping
     nullable: bool
     item: type | None  # the element type of a list, the value type of a mapping
-
-    @property
-    def doc(self) -> str:
-        return self.key.doc
-
-    @property
-    def check(self) -> Check | None:
-        return self.key.check
-
-    @property
-    def fix(self) -> str:
-        return self.key.fix
-
-    @property
-    def flag(self) -> str | None:
-        return self.key.flag
-
-    @property
-    def negated(self) -> bool:
-        return self.key.negated
 
     @property
     def dest(self) -> str | None:
@@ -127,8 +139,8 @@ class Declared:
 
     def read(self, value: Any) -> Any:
         """A validated YAML value as the dataclass holds it: a list as a tuple, 1 as 1.0."""
-        if self.key.read is not None:
-            return self.key.read(value)
+        if self.parse is not None:
+            return self.parse(value)
         if isinstance(value, list):
             return tuple(value)
         if isinstance(value, dict):
@@ -136,6 +148,12 @@ class Declared:
         if float in self.types and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         return value
+
+
+    @property
+    def fresh(self) -> Any:
+        """The default, a mutable one copied (no two objects share it)."""
+        return copy.copy(self.default)
 
 
 def _accepted(hint: Any) -> tuple[tuple[type, ...], bool, type | None]:
@@ -168,7 +186,9 @@ def _declared(name: str, member: Field[Any], hint: Any, declaration: Key) -> Dec
         default = member.default_factory()
     else:
         default = REQUIRED
-    return Declared(name, declaration, default, declaration.accepts or accepted, nullable, item)
+    own = {f.name: getattr(declaration, f.name) for f in fields(Key)}
+    return Declared(**own, name=name, default=default, types=declaration.accepts or accepted,
+                    nullable=nullable, item=item)
 
 
 @cache
@@ -232,3 +252,52 @@ class Located:
                 return self.sources[key]
             key = key.rpartition(".")[0]
         return self.default_source
+
+
+@dataclass(frozen=True)
+class Table:
+    """A schema's keys as a Markdown table, one ``row`` a key in declaration order, which a
+    doc holds between two markers (a test compares them, and names the command that writes
+    it: ``write``).
+
+        Table("host-data", ("host data", "default", "meaning"), row, HostConfig).text()
+    """
+
+    marker: str
+    header: tuple[str, ...]
+    row: Callable[[Declared], tuple[str, ...]]
+    schema: type
+
+    @property
+    def begin(self) -> str:
+        return f"<!-- {self.marker}:begin -->"
+
+    @property
+    def end(self) -> str:
+        return f"<!-- {self.marker}:end -->"
+
+    def text(self) -> str:
+        lines = [self.header, ("---",) * len(self.header), *map(self.row, declared(self.schema))]
+        return "".join("| " + " | ".join(c.replace("|", "\\|") for c in line) + " |\n"
+                       for line in lines)  # a pipe would end the cell
+
+    def in_doc(self, text: str) -> str | None:
+        """What ``text`` holds between the markers (None: no markers)."""
+        if self.begin not in text or self.end not in text:
+            return None
+        return text.split(self.begin, 1)[1].split(self.end, 1)[0].strip("\n") + "\n"
+
+    def with_table(self, text: str) -> str:
+        """``text`` with the table between its markers made anew; ValueError without them."""
+        if self.in_doc(text) is None:
+            raise ValueError(f"no {self.begin} ... {self.end} to write the table between")
+        head, rest = text.split(self.begin, 1)
+        return f"{head}{self.begin}\n{self.text()}{self.end}{rest.split(self.end, 1)[1]}"
+
+    def write(self, path: Path) -> str | None:
+        """Write the table into the doc at ``path``; what went wrong, or None."""
+        try:
+            path.write_text(self.with_table(path.read_text()))
+        except (OSError, ValueError) as err:
+            return f"{path}: {err}"
+        return None

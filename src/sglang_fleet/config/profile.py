@@ -34,15 +34,15 @@ class Engine:
     """What the deploy installs: the release, from which package and index."""
 
     version: str = key(
-        releases.pinned(), check=releases.version_problem,
+        releases.pinned(), check=checks.plain(releases.version_problem),
         doc="The SGLang release installed and rendered for.",
         fix="pin a release listed in src/sglang_fleet/data/releases.json")
     package: str = key(
-        "sglang", check=validators.pep508_problem,
+        "sglang", check=checks.plain(validators.pep508_problem),
         doc="The Python package that provides it (a fork may have its own).",
         fix="a PyPI project name, e.g. sglang")
     extras: tuple[str, ...] = key(
-        (), check=checks.each(validators.pep508_problem),
+        (), check=checks.each(checks.plain(validators.pep508_problem)),
         doc="The package's extras to install.",
         fix="a list of extras names, e.g. [blackwell]")
     index_url: str | None = key(
@@ -51,7 +51,7 @@ class Engine:
         "with allow_insecure_urls).",
         fix="an index URL such as https://pypi.org/simple")
     launcher: str = key(
-        "sglang.launch_server", check=validators.module_problem,
+        "sglang.launch_server", check=checks.plain(validators.module_problem),
         doc="The module the server runs as: python -m MODULE.",
         fix="a module run as python -m MODULE")
 
@@ -61,16 +61,16 @@ class Model:
     """The weights served and the name clients ask for."""
 
     source: str = key(
-        check=validators.model_source_problem, flag="--model-path",
+        check=checks.plain(validators.model_source_problem), flag="--model-path",
         doc="Where the weights are: hf://ORG/NAME@REVISION or s3://BUCKET/PREFIX (staged on "
         "the host first) or a host path.",
         fix="write hf://org/name@revision, s3://bucket/prefix or /abs/path")
     served_name: str = key(
-        check=validators.served_name_problem, flag="--served-model-name",
+        check=checks.plain(validators.served_name_problem), flag="--served-model-name",
         doc="The model id clients send.",
         fix="the model id clients send, e.g. qwen3.6-27b")
     architecture: str | None = key(
-        None, check=validators.identifier_problem,
+        None, check=checks.plain(validators.identifier_problem),
         doc="The model's class, config.json's architectures[0]: checked against the classes "
         "the release serves, and it picks preflight's rules.",
         fix="the architectures[0] value of the model's config.json")
@@ -88,7 +88,7 @@ class Speculative:
     """Speculative decoding (MTP); every key but ``algorithm`` needs ``algorithm``."""
 
     algorithm: str | None = key(
-        None, check=validators.word_problem, flag="--speculative-algorithm",
+        None, check=checks.plain(validators.word_problem), flag="--speculative-algorithm",
         doc="NEXTN or EAGLE for MTP; null: no speculative decoding.",
         fix="NEXTN or EAGLE for MTP; null turns speculative decoding off")
     num_steps: int | None = key(
@@ -172,11 +172,11 @@ class Scheduler:
         True, flag="--disable-overlap-schedule", negated=True,
         doc="Schedule the next batch while the GPU runs this one.")
     attention_backend: str | None = key(
-        None, check=validators.word_problem, flag="--attention-backend",
+        None, check=checks.plain(validators.word_problem), flag="--attention-backend",
         doc="The attention kernels.",
         fix=BACKEND)
     linear_attn_backend: str | None = key(
-        None, check=validators.word_problem, flag="--linear-attn-backend",
+        None, check=checks.plain(validators.word_problem), flag="--linear-attn-backend",
         doc="The linear attention (mamba) kernels.",
         fix=BACKEND)
 
@@ -237,11 +237,11 @@ class Parsers:
     """How SGLang reads reasoning and tool calls out of the model's output."""
 
     reasoning: str | None = key(
-        None, check=validators.word_problem, flag="--reasoning-parser",
+        None, check=checks.plain(validators.word_problem), flag="--reasoning-parser",
         doc="The reasoning parser.",
         fix="a reasoning parser the release knows, e.g. qwen3")
     tool: str | None = key(
-        None, check=validators.word_problem, flag="--tool-call-parser",
+        None, check=checks.plain(validators.word_problem), flag="--tool-call-parser",
         doc="The tool-call parser.",
         fix="a tool-call parser the release knows, e.g. qwen3_coder")
 
@@ -251,7 +251,7 @@ class Server:
     """Where the server listens and which keys it asks for."""
 
     host: str = key(
-        "0.0.0.0", check=validators.host_problem, flag="--host",
+        "0.0.0.0", check=checks.plain(validators.host_problem), flag="--host",
         doc="The address to listen on.",
         fix="an IP address (0.0.0.0 for every interface) or a host name")
     port: int = key(
@@ -296,7 +296,7 @@ class Profile:
     server: Server
     warmup: str = key(
         "compile", check=checks.warmup_mode, accepts=(str, bool),
-        read=lambda value: "off" if value is False else value,  # YAML reads a bare off as false
+        parse=lambda value: "off" if value is False else value,  # YAML reads a bare off as false
         doc="What a deploy that changes a serving server's kernels does first, on GPUs no "
         "server uses: off (nothing), compile (the release's precompile) or full (a whole "
         "start).",
@@ -361,22 +361,27 @@ class Loaded:
 
 
 def load_all(path: str | Path, overrides: Mapping[str, Any] | None = None,
-             overrides_source: str = "host data",
+             overrides_source: str | Mapping[str, str] = "host data",
              allow_insecure_urls: bool = False) -> Loaded:
     """``load`` without stopping at the values: InputError only when the file cannot be
-    read as a mapping; otherwise every problem, and a profile to check the rest with."""
+    read as a mapping; otherwise every problem, and a profile to check the rest with.
+    ``overrides_source`` names where the overrides were written: one name for all, or each
+    override's (host data's, by key)."""
     path = profile_yaml.locate(path)
     data = profile_yaml.read(path, top_level(Profile))
     located = Located(str(path))
-    if overrides:
-        profile_yaml.merge(data, overrides, overrides_source, located)
+    for name, value in (overrides or {}).items():
+        source = overrides_source if isinstance(overrides_source, str) \
+            else overrides_source[name]
+        profile_yaml.merge(data, {name: value}, source, located)
     checked = validate_all(Profile, data, located, allow_insecure_urls, STAND_INS)
     return Loaded(Profile(path=located.default_source, origin=located, **checked.values),
                   checked.problems, checked.refused)
 
 
 def load(path: str | Path, overrides: Mapping[str, Any] | None = None,
-         overrides_source: str = "host data", allow_insecure_urls: bool = False) -> Profile:
+         overrides_source: str | Mapping[str, str] = "host data",
+         allow_insecure_urls: bool = False) -> Profile:
     """Read, merge and validate a profile. Raises InputError naming file, key and fix.
 
     ``allow_insecure_urls`` lets ``engine.index_url`` be plain http (host data

@@ -20,7 +20,16 @@ from typing import Any, cast
 
 from sglang_fleet.config import safeyaml, validators
 from sglang_fleet.config.checks import AUTO
-from sglang_fleet.config.keys import REQUIRED, Declared, Located, declared, parts, top_level
+from sglang_fleet.config.keys import (
+    REQUIRED,
+    Declared,
+    Located,
+    Wrong,
+    declared,
+    parts,
+    top_level,
+    wrongs,
+)
 from sglang_fleet.errors import InputError, Problem
 
 # The speculative keys that only mean something with speculative.algorithm set (named so that
@@ -80,17 +89,18 @@ def _strings(value: Any) -> list[str]:
     return []
 
 
-def _value_problem(value: Any, spec: Declared) -> str | None:
-    """What is wrong with a well-typed value: its strings, its finiteness, its own check."""
+def _value_problem(value: Any, spec: Declared) -> list[Wrong]:
+    """What is wrong with a well-typed value: its strings, its finiteness, its own check (of
+    the value alone: the rules between keys are ``_consistency``'s)."""
     for text in _strings(value):
         wrong = validators.text_problem(text)
         if wrong:
-            return wrong if isinstance(value, str) else f"{text[:60]!r} {wrong}"
+            return wrongs(wrong if isinstance(value, str) else f"{text[:60]!r} {wrong}")
     if isinstance(value, float):
         wrong = validators.finite_problem(value)
         if wrong:
-            return wrong
-    return spec.check(value) if spec.check is not None else None
+            return wrongs(wrong)
+    return wrongs(spec.check(value, {})) if spec.check is not None else []
 
 
 def _type_fix(value: Any, spec: Declared, name: str, from_data: bool) -> str:
@@ -130,9 +140,10 @@ def _validate_key(raw: Any, name: str, spec: Declared, located: Located,
                                 _type_fix(value, spec, name, from_data)))
         return None
     if value is not None:
-        wrong = _value_problem(value, spec)
-        if wrong:
-            problems.append(Problem(located.of(name), name, wrong, spec.fix or "correct the value"))
+        found = _value_problem(value, spec)
+        problems += [Problem(located.of(name), w.key or name, w.message,
+                             w.fix or spec.fix or "correct the value") for w in found]
+        if found:
             return None
     return spec.read(value) if value is not None else None
 

@@ -6,10 +6,10 @@ checked once per host, and read typed.
     cfg.gpu_count, cfg.router_port          # (8, 30080)
     profile = hostconfig.profile_for(host)  # the profile it serves, with its overrides
 
-``keys.py`` declares the keys (the one place to add one), ``checks.py`` the checks they use,
-``spec.py`` how a declaration is read and checked, ``overrides.py`` the profile overrides
-(``sglang_overrides``, ``sglang.KEY``), ``serving.py`` the profile a host serves, ``table.py``
-docs/host-data.md's table (``python -m sglang_fleet.hostconfig``).
+``keys.py`` declares the keys (the one place to add one) with ``config/keys.py``'s ``key()``
+and ``config/checks.py``'s checks, and reads and checks them; ``overrides.py`` the profile
+overrides (``sglang_overrides``, ``sglang.KEY``), ``serving.py`` the profile a host serves,
+``table.py`` docs/host-data.md's table (``python -m sglang_fleet.hostconfig``).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sglang_fleet.hostconfig.table import table, with_table
+from sglang_fleet.hostconfig.table import TABLE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,14 +20,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="replace the table between the markers in this file")
     args = parser.parse_args(argv)
     if args.write is None:
-        sys.stdout.write(table())
+        sys.stdout.write(TABLE.text())
         return 0
-    try:
-        args.write.write_text(with_table(args.write.read_text()))
-    except (OSError, ValueError) as err:
-        print(f"error: {args.write}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    wrong = TABLE.write(args.write)
+    if wrong:
+        print(f"error: {wrong}", file=sys.stderr)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

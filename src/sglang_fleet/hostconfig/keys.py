@@ -5,6 +5,7 @@ default, its check, the fix an error gives, and its line in docs/host-data.md's 
     cfg = HostConfig.from_data({"gpu_count": 8, "router_port": 31000}, "b200-01")
     cfg.gpu_count, cfg.router_port, cfg.drain_budget_seconds     # (8, 31000, 600)
 
+``from_data`` reads each key of a host (``Raw``), checks it and lists every problem at once.
 To add a key: add a field here (in the section it belongs to), read it as ``hostconfig.of(host)
 .KEY``, and regenerate docs/host-data.md's table (``python -m sglang_fleet.hostconfig --write
 docs/host-data.md``).
@@ -16,8 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_fleet.hostconfig import overrides
-from sglang_fleet.hostconfig.checks import (
+from sglang_fleet.config.checks import (
     address,
     both,
     credential,
@@ -28,16 +28,15 @@ from sglang_fleet.hostconfig.checks import (
     hca_list,
     http_url,
     interfaces,
+    known,
     listed,
+    listen_port,
     names,
-    networks_list,
     on_branch,
-    one_of,
     open_flavour,
-    port,
     profile_path,
+    secret_for,
     secret_map,
-    secret_name,
     sha256,
     subset_of,
     truth,
@@ -45,8 +44,10 @@ from sglang_fleet.hostconfig.checks import (
     user_names,
     whole,
 )
-from sglang_fleet.hostconfig.spec import Raw, checked, checked_all, key
-from sglang_fleet.ops.unitfile import networks
+from sglang_fleet.config.keys import Declared, Found, Wrong, declared, key, wrongs
+from sglang_fleet.errors import InputError, Problem
+from sglang_fleet.hostconfig import overrides
+from sglang_fleet.ops.unitfile import UnsafeValue, networks
 from sglang_fleet.stages.driver.repository import KEYRING, NVIDIA_REPOS
 
 ROUTERS_GROUP = "routers"
@@ -70,12 +71,52 @@ ONE_LINE = "one line: the value itself, read from a file"
 YES_OR_NO = "write True or False (or yes/no, on/off, 1/0)"
 
 
+@dataclass(frozen=True)
+class Raw:
+    """One host's data as pyinfra holds it (``host.data``, or a plain mapping in tests), for
+    the checks that look at another key (``allow_insecure_urls`` for URLs, the branch for the
+    driver version).
+
+        Raw({"gpu_count": 8}, "b200-01").get("gpu_count")     # 8
+    """
+
+    data: Any  # pyinfra's HostData or a mapping: both have .get
+    host: str
+    groups: tuple[str, ...] = ()
+
+    @property
+    def source(self) -> str:
+        return f"pyinfra data of {self.host}"
+
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+
 def _in_group(raw: Raw, name: str) -> bool:
     return name in raw.groups
 
 
+def _levels(raw: Raw, name: str) -> overrides.Levels:
+    """Every data level of the host: the overrides are in all of them."""
+    return overrides.levels(raw.data, raw.source)
+
+
 def _text(value: Any) -> str | None:
     return str(value) if value else None
+
+
+def networks_list(value: Any, data: Any) -> Found:
+    """CIDR networks (or addresses) a server or router answers; none (a falsy value): any.
+    Here, not in config/checks.py: it normalises them as the unit file will (ops/, a floor up)."""
+    if not value:
+        return None
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        return f"must be a list of CIDR networks, got {value!r}"
+    try:
+        networks([str(v) for v in value])
+    except UnsafeValue as err:
+        return Wrong(str(err), "list networks such as 10.0.0.0/8 or 192.0.2.7")
+    return None
 
 
 @dataclass(frozen=True)
@@ -89,8 +130,8 @@ class HostConfig:
         None, check=profile_path, parse=_text, fix="the path of a profile YAML file",
         shown="none: required on serving hosts", doc="the profile YAML this host serves "
         "(a path, or a shipped profile's name)")
-    sglang_overrides: Mapping[str, Any] = key(
-        {}, read=overrides.levels, check=overrides.check, parse=overrides.merged,
+    sglang_overrides: overrides.Overrides = key(  # noqa: RUF009 (key() makes a field)
+        overrides.NONE, lookup=_levels, check=overrides.check, parse=overrides.merged,
         fix="write e.g. {'memory': {'max_running_requests': 64}}",
         doc="profile keys overridden for these hosts, e.g. `{\"memory\": "
         "{\"max_running_requests\": 64}}`, merged key by key across data levels (also "
@@ -201,10 +242,10 @@ class HostConfig:
 
     # --- the router ---
     routers: bool = key(
-        False, read=_in_group, group=True, shown="none",
+        False, lookup=_in_group, group=True, shown="none",
         doc="the hosts that run the router (`deploys/router.py`)")
     router_port: int = key(
-        ROUTER_PORT, check=port, fix=f"e.g. {ROUTER_PORT} (ports below 1024 are privileged)",
+        ROUTER_PORT, check=listen_port, fix=f"e.g. {ROUTER_PORT} (ports below 1024 are privileged)",
         doc="the router's port")
     router_host: str = key(
         "0.0.0.0", check=address, fix="the address the router listens on, e.g. 0.0.0.0",
@@ -214,10 +255,10 @@ class HostConfig:
         shown="`http://HOST:PORT` of the router host",
         doc="how roll, teardown and status reach the router")
     router_policy: str = key(
-        "cache_aware", check=one_of(ROUTER_POLICIES, "policy"), parse=str,
+        "cache_aware", check=known(ROUTER_POLICIES, "policy"), parse=str,
         doc="the router's load-balancing policy")
     router_package: str = key(
-        ROUTER_PACKAGE, check=one_of(ROUTER_PACKAGES, "router", f" (default {ROUTER_PACKAGE})"),
+        ROUTER_PACKAGE, check=known(ROUTER_PACKAGES, "router", f" (default {ROUTER_PACKAGE})"),
         doc="the gateway: `smg` (the Shepherd Model Gateway) or `sglang-router` (0.3.2, the "
         "last release under that name)")
     router_version: str | None = key(
@@ -229,7 +270,7 @@ class HostConfig:
     router_find_links: str | None = key(
         None, check=url, doc="a wheelhouse the hosts may also install the gateway from (https)")
     router_metrics_port: int = key(
-        ROUTER_METRICS_PORT, check=port,
+        ROUTER_METRICS_PORT, check=listen_port,
         fix=f"e.g. {ROUTER_METRICS_PORT} (ports below 1024 are privileged)",
         doc="the router's Prometheus `/metrics` port")
     router_health_check_interval_secs: int = key(
@@ -250,10 +291,10 @@ class HostConfig:
         doc="seconds before an open breaker lets a request try the worker again (smg also as "
         "soon as its health checks pass)")
     router_api_key_secret: str = key(
-        "sglang-api-key", check=secret_name("sglang-api-key"),
+        "sglang-api-key", check=secret_for("sglang-api-key"),
         doc="the secret clients present to the router (and it presents to the workers)")
     router_admin_api_key_secret: str = key(
-        "sglang-router-admin-key", check=secret_name("sglang-router-admin-key"),
+        "sglang-router-admin-key", check=secret_for("sglang-router-admin-key"),
         doc="the secret for the router's `/workers` API")
     router_allow_no_key: bool = key(
         False, check=flag, parse=truth, fix=YES_OR_NO,
@@ -313,7 +354,10 @@ class HostConfig:
 
             HostConfig.from_data({"purge": "engine"}, "h").purge     # ('engine',)
         """
-        return cls(name=host, **checked(cls, Raw(data, host, tuple(groups))))
+        values, problems, _ = checked_all(cls, Raw(data, host, tuple(groups)))
+        if problems:
+            raise InputError(problems)
+        return cls(name=host, **values)
 
     @classmethod
     def from_data_all(cls, data: Mapping[str, Any] | Any, host: str,
@@ -346,3 +390,33 @@ class HostConfig:
     def address(self) -> str:
         """How other machines reach the host: its SSH address unless data says otherwise."""
         return self.sglang_address or self.ssh_hostname or self.name
+
+
+def _value(spec: Declared, raw: Raw) -> tuple[Any, list[Problem]]:
+    """The typed value of one key, or the problems with it."""
+    value = spec.lookup(raw, spec.name) if spec.lookup else raw.get(spec.name)
+    if value is None:
+        return spec.fresh, []
+    found = wrongs(spec.check(value, raw)) if spec.check else []
+    if found:
+        return None, [Problem(raw.source, w.key or spec.name, w.message, w.fix or spec.fix)
+                      for w in found]
+    return (spec.parse(value) if spec.parse else value), []
+
+
+def checked_all(fields: type, raw: Raw) -> tuple[dict[str, Any], list[Problem], list[str]]:
+    """Every key ``fields`` declares, read from ``raw``, checked and typed, with a refused one
+    at its default; the problems; the refused keys (what ``check --inventory`` reads to go on
+    checking a host's profile past its data).
+
+        checked_all(HostConfig, Raw({"gpu_count": 0}, "h"))[2]     # ['gpu_count']
+    """
+    values: dict[str, Any] = {}
+    problems: list[Problem] = []
+    refused: list[str] = []
+    for spec in declared(fields):
+        value, found = _value(spec, raw)
+        values[spec.name] = spec.fresh if found else value
+        problems += found
+        refused += [spec.name] if found else []
+    return values, problems, refused

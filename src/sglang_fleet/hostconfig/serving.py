@@ -14,11 +14,10 @@ from __future__ import annotations
 from pyinfra.api.host import Host
 
 from sglang_fleet.config import profile
-from sglang_fleet.config.checks import AUTO
+from sglang_fleet.config.checks import AUTO, profile_fix
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import SmiReport
 from sglang_fleet.hostconfig.access import of
-from sglang_fleet.hostconfig.checks import profile_fix
 
 PROFILE_KEY = "sglang_profile"
 GPU_COUNT_KEY = "gpu_count"
@@ -62,7 +61,7 @@ def declared_profile(host: Host) -> profile.Profile:
     if not cfg.sglang_profile:
         raise InputError.one(cfg.source, PROFILE_KEY, "no serving profile for this host",
                              profile_fix())
-    return profile.load(cfg.sglang_profile, cfg.sglang_overrides, cfg.source,
+    return profile.load(cfg.sglang_profile, cfg.sglang_overrides, cfg.sglang_overrides.sources,
                         allow_insecure_urls=cfg.allow_insecure_urls)
 
 

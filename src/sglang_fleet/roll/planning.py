@@ -26,7 +26,7 @@ from sglang_fleet.config import validators
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.fleet import inventory as fleet
 from sglang_fleet.fleet.router_api import Router
-from sglang_fleet.hostconfig import groups, preflight
+from sglang_fleet.hostconfig import groups, overrides, preflight
 from sglang_fleet.roll import scale
 
 
@@ -84,6 +84,7 @@ def load(inventory: str, data: dict[str, Any]) -> Inventory:
         loaded: Inventory = make_inventory(inventory, override_data=data)
     except Exception as exc:  # the inventory is the operator's code: any error in it is theirs
         raise _inventory_error(inventory, exc) from None
+    overrides.read_from(loaded, inventory)  # an error about an override names its file
     return loaded
 
 

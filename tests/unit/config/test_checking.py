@@ -135,7 +135,7 @@ def test_every_required_key_has_a_stand_in_its_check_accepts() -> None:
     assert {spec.name for spec in required} == set(profile.STAND_INS)
     for spec in required:
         value = profile.STAND_INS[spec.name]
-        assert spec.check is None or spec.check(value) is None, spec.name
+        assert spec.check is None or spec.check(value, {}) is None, spec.name
         assert validators.text_problem(value) is None
 
 
@@ -236,7 +236,7 @@ def test_each_problem_once_with_the_hosts_that_share_it() -> None:
     h1, h2 = host({"sglang.speculative.num_draft_tokens": 7})
     merged = fleet_check.merge({h.name: fleet_check.serving_host(h) for h in (h1, h2)})
     [problem] = merged.errors
-    assert (problem.source, problem.key) == ("pyinfra data of h1, h2",
+    assert (problem.source, problem.key) == ("group data of b200 (hosts h1, h2)",
                                              "speculative.num_draft_tokens")
     assert problem.fix == "set speculative.num_draft_tokens: 4"
 
@@ -326,7 +326,7 @@ def test_check_inventory_through_the_command(tmp_path: Path) -> None:
         ("b200-01", True, QWEN), ("b200-02", True, QWEN)]
     # a problem both hosts have: said once, naming them
     [shared] = errors(data_err)
-    assert data == 1 and shared.startswith("error: pyinfra data of b200-01, b200-02: "
+    assert data == 1 and shared.startswith("error: --data (hosts b200-01, b200-02): "
                                            "speculative.num_draft_tokens: with eagle_topk 1")
     # every host's problems, each of its own kind: its profile, its data, a router's data
     said = errors(fails_err)
@@ -334,7 +334,7 @@ def test_check_inventory_through_the_command(tmp_path: Path) -> None:
     assert fails_out == ("note: pyinfra data of h2: parallel.instances: auto, and no usable "
                          "gpu_count (above): the rules were applied to one server\n"
                          "    fix: correct the errors above and run check again\n")
-    assert "error: pyinfra data of h1: speculative.algorithm: Unknown speculative algorithm " \
+    assert f"error: {bad} (host h1): speculative.algorithm: Unknown speculative algorithm " \
            "name: MTP" in said
     assert any(line.startswith("error: pyinfra data of r1: router_port: must be a port")
                for line in said), said
@@ -368,3 +368,30 @@ def test_the_report_as_json_has_every_part() -> None:
     report = checking.check_profile(FIELD_PROFILE)
     assert set(checking.as_json(report)) == {"ok", "sglang_version", "architecture", "errors",
                                             "warnings", "notes"}
+
+
+def test_an_override_is_named_by_the_file_that_wrote_it(tmp_path: Path) -> None:
+    """Issue 45: an override the profile's rules refuse named the shipped profile under src/,
+    which the operator would edit in vain, and one the key's check refuses "pyinfra data of"
+    the host; each names the inventory or group-data file that wrote it now."""
+    inventory = tmp_path / "b200.py"
+    inventory.write_text("hosts = [('b200-01', {'gpu_count': 8, 'sglang.mamba.strategy': "
+                         "'no_buffer'}), ('b200-02', {'gpu_count': 8})]\n")
+    (tmp_path / "group_data").mkdir()
+    group_file = tmp_path / "group_data" / "all.py"
+    group_file.write_text(f"sglang_profile = 'qwen3.6-27b-mtp'\nsecrets = {SECRETS!r}\n"
+                          "sglang_overrides = {'memory': {'max_running_requests': 0}}\n")
+    run = subprocess.run([sys.executable, "-c", _RUNNER],
+                         input=json.dumps([["check", "--inventory", str(inventory)]]),
+                         capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    [(code, _, err)] = json.loads(run.stdout.splitlines()[-1])
+    said = errors(err)
+    assert code == 1 and "profiles/qwen3.6-27b-mtp.yaml" not in err, said
+    assert f"error: {group_file} (hosts b200-01, b200-02): memory.max_running_requests: must " \
+           "be at least 1, got 0" in said
+    # a rule between keys: the files whose overrides changed the profile (the file alone passes)
+    assert any(line.startswith(f"error: {group_file}, {inventory} (host b200-01): "
+                               "scheduler.overlap_schedule: no_buffer do not support overlap")
+               for line in said), said

@@ -15,24 +15,26 @@ WRITE = "uv run python -m sglang_fleet.config.docs --write docs/profile.md"
 
 def test_the_doc_table_is_the_declarations() -> None:
     text = (ROOT / "docs" / "profile.md").read_text()
-    assert docs.in_readme(text), f"docs/profile.md has no {docs.BEGIN} ... {docs.END}"
+    table = docs.TABLE
+    assert table.in_doc(text), f"docs/profile.md has no {table.begin} ... {table.end}"
     section = text.split("\n## Profiles\n", 1)[1].split("\n## ", 1)[0]
-    assert docs.BEGIN in section, "the key table belongs in docs/profile.md's Profiles section"
-    assert docs.in_readme(text) == docs.table(), f"docs/profile.md's key table is stale: {WRITE}"
-    assert docs.BEGIN not in (ROOT / "README.md").read_text(), "the table moved to docs/profile.md"
+    assert table.begin in section, "the key table belongs in docs/profile.md's Profiles section"
+    assert table.in_doc(text) == table.text(), f"docs/profile.md's key table is stale: {WRITE}"
+    assert table.begin not in (ROOT / "README.md").read_text(), "the table moved to docs/profile.md"
 
 
 def test_the_table_has_a_row_per_key() -> None:
-    rows = docs.table().splitlines()[2:]
+    rows = docs.TABLE.text().splitlines()[2:]
     assert [r.split(" | ")[0].strip("|` ") for r in rows] == \
         [k.name for k in keys.declared(Profile)]
 
 
 def test_writing_the_table_touches_only_what_is_between_the_markers() -> None:
-    text = f"before\n{docs.BEGIN}\nstale\n{docs.END}\nafter\n"
-    written = docs.with_table(text)
-    assert written == f"before\n{docs.BEGIN}\n{docs.table()}{docs.END}\nafter\n"
-    assert docs.with_table(written) == written
+    table = docs.TABLE
+    text = f"before\n{table.begin}\nstale\n{table.end}\nafter\n"
+    written = table.with_table(text)
+    assert written == f"before\n{table.begin}\n{table.text()}{table.end}\nafter\n"
+    assert table.with_table(written) == written
 
 
 def test_one_key_s_help() -> None:
@@ -50,7 +52,7 @@ def test_an_unknown_key_is_refused_with_the_closest(capsys: pytest.CaptureFixtur
 
 def test_sglang_fleet_keys(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["keys"]) == 0
-    assert capsys.readouterr().out == docs.table()
+    assert capsys.readouterr().out == docs.TABLE.text()
     assert cli.main(["keys", "memory.page_size", "parallel.tp"]) == 0
     assert capsys.readouterr().out == (docs.describe("memory.page_size") + "\n"
                                        + docs.describe("parallel.tp") + "\n")

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from sglang_fleet.config import profile
+from sglang_fleet.config.keys import declared
 from sglang_fleet.errors import InputError
 from sglang_fleet.hostconfig import HostConfig
-from sglang_fleet.hostconfig.spec import declared
 
-FLAGS = [f.name for f, spec in declared(HostConfig) if f.type == "bool" and not spec.group]
+FLAGS = [k.name for k in declared(HostConfig) if k.types == (bool,) and not k.group]
 # As written in a data file, and as pyinfra's --data gives them: "true"/"false" become bools,
 # "1"/"0" ints, any other word stays text.
 YES = [True, 1, "1", "true", "True", "YES", "yes", "on", "On"]

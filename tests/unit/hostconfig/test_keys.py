@@ -6,11 +6,11 @@ import pytest
 from pyinfra.api.inventory import Inventory
 
 from sglang_fleet import hostconfig as hostdata
+from sglang_fleet.config.keys import declared
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.nvidia import Gpu, SmiReport
 from sglang_fleet.hostconfig import HostConfig, table
 from sglang_fleet.hostconfig.__main__ import main as hostconfig_main
-from sglang_fleet.hostconfig.spec import declared
 from tests.conftest import FIELD_PROFILE
 
 
@@ -155,22 +155,23 @@ def test_secret_values_stay_out_of_the_config_and_its_errors() -> None:
 @pytest.mark.parametrize("bad", [object(), -1, "not this; id", True, ["x y"], {"a": 1}],
                          ids=["object", "-1", "words", "True", "list", "mapping"])
 def test_every_check_says_what_is_wrong_and_how_to_fix_it(bad: object) -> None:
-    for f, spec in declared(HostConfig):
+    for spec in declared(HostConfig):
         if spec.check is None:
             continue
         try:
-            HostConfig.from_data({f.name: bad}, "h")
+            HostConfig.from_data({spec.name: bad}, "h")
         except InputError as err:
             for p in err.problems:
-                assert p.source == "pyinfra data of h" and p.message and p.fix, (f.name, p)
+                assert p.source == "pyinfra data of h" and p.message and p.fix, (spec.name, p)
 
 
 def test_the_table_is_printed_and_written(tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     assert hostconfig_main([]) == 0
-    assert capsys.readouterr().out == table.table()
+    assert capsys.readouterr().out == table.TABLE.text()
+    begin, end = table.TABLE.begin, table.TABLE.end
     readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\n{table.BEGIN}\nold\n{table.END}\n\nafter\n")
+    readme.write_text(f"# x\n\n{begin}\nold\n{end}\n\nafter\n")
     assert hostconfig_main(["--write", str(readme)]) == 0
-    assert readme.read_text() == f"# x\n\n{table.BEGIN}\n{table.table()}{table.END}\n\nafter\n"
+    assert readme.read_text() == f"# x\n\n{begin}\n{table.TABLE.text()}{end}\n\nafter\n"
     assert hostconfig_main(["--write", str(tmp_path / "none.md")]) == 1

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 from typing import TypeGuard
 
+from sglang_fleet.config.keys import declared
 from sglang_fleet.hostconfig import HostConfig
-from sglang_fleet.hostconfig.spec import declared
-from sglang_fleet.hostconfig.table import in_readme, table
+from sglang_fleet.hostconfig.table import TABLE
 from tests.conftest import ROOT
 
 SRC = ROOT / "src" / "sglang_fleet"
@@ -50,8 +50,8 @@ def host_data_reads(path: Path) -> list[str]:
 
 def test_the_doc_table_is_the_declared_one() -> None:
     doc = (ROOT / "docs" / "host-data.md").read_text()
-    assert in_readme(doc) is not None, "docs/host-data.md has lost its table's markers"
-    assert in_readme(doc) == table(), (
+    assert TABLE.in_doc(doc) is not None, "docs/host-data.md has lost its table's markers"
+    assert TABLE.in_doc(doc) == TABLE.text(), (
         "docs/host-data.md's host-data table is not the one src/sglang_fleet/hostconfig/keys.py "
         f"declares; regenerate it: {REGENERATE}")
 
@@ -68,7 +68,7 @@ def test_product_code_reads_host_data_only_through_hostconfig() -> None:
 
 def test_every_declared_key_is_read() -> None:
     text = "\n".join(p.read_text() for p in SRC.rglob("*.py"))
-    names = [f.name for f, _ in declared(HostConfig)]
+    names = [k.name for k in declared(HostConfig)]
     assert len(names) > 30, names
     # ``.KEY`` not called: ``cfg.gpu_count``, ``of(host).routers``, not ``fleet.routers(...)``
     unread = [n for n in names

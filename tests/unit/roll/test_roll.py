@@ -243,7 +243,7 @@ def test_every_hosts_change_is_checked_before_any_host_is_touched(tmp_path: Path
                             capture_output=True, text=True, timeout=60, env=noconnect.env(log))
     assert result.returncode == 1 and noconnect.attempts(log) == []
     # every host has the problem: said once, naming them all
-    assert "error: pyinfra data of b200-01, b200-02: speculative.num_draft_tokens:" in \
+    assert "error: --data (hosts b200-01, b200-02): speculative.num_draft_tokens:" in \
         result.stderr
     assert result.stderr.count("error:") == 1
     assert "fix: set speculative.num_draft_tokens: 4" in result.stderr
