@@ -102,3 +102,8 @@ def template_values() -> dict[str, str]:
     """What the unit templates may name (``paths.user``, ``paths.state``, ...)."""
     return {"user": USER, "home": STATE, "state": STATE, "cache": CACHE,
             "router_cache": ROUTER_CACHE, "tools": TOOLS}
+
+
+# NVIDIA's CUDA repository (host data ``nvidia_repository`` replaces it) and its keyring package
+NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
+KEYRING = "cuda-keyring_1.1-1_all.deb"

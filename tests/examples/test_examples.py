@@ -31,6 +31,7 @@ from sglang_fleet.config.multinode import Rank
 from sglang_fleet.config.profile import load
 from sglang_fleet.config.render import Launch, render, render_all
 from sglang_fleet.errors import InputError
+from sglang_fleet.fleet.inventory import load as load_inventory
 from sglang_fleet.report import metrics_targets
 from sglang_fleet_generate.batchformat import CHAT, open_detected
 from sglang_fleet_lab import aptrepo
@@ -204,7 +205,6 @@ def test_the_dashboard_is_importable_as_it_is() -> None:
 def example_fleet(tmp_path: Path) -> list[Any]:
     """One B200 host serving the instances-auto example (4 servers), with the router and DCGM,
     loaded as the deploy loads an inventory (nothing is contacted)."""
-    from sglang_fleet.roll import planning
 
     profile = EXAMPLES / "profiles" / "qwen3.6-27b-mtp-instances-auto.yaml"
     path = tmp_path / "fleet.py"
@@ -213,7 +213,7 @@ def example_fleet(tmp_path: Path) -> list[Any]:
         "    'install_dcgm': True, 'gpu_count': 8,\n"
         "    'secrets': {'sglang-api-key': 'k' * 20, 'sglang-router-admin-key': 'a' * 20}})]\n"
         "routers = ['gpu1']\n")
-    return list(planning.load(str(path), {}))
+    return list(load_inventory(str(path), {}))
 
 
 def test_the_prometheus_config_scrapes_what_the_deploy_writes(tmp_path: Path) -> None:

@@ -57,9 +57,8 @@ def _versions(reports: dict[str, checking.Report], serving: list[str]) -> str:
 def check(inventory: str, data: list[str]) -> tuple[dict[str, bool], dict[str, checking.Report]]:
     """Every host of the inventory (name -> serving) and what the check found on each."""
     from sglang_fleet.fleet import inventory as fleet
-    from sglang_fleet.roll import planning
 
-    loaded = planning.load(inventory, planning.parse_data(data))
+    loaded = fleet.load(inventory, fleet.parse_data(data))
     if not fleet.serving_hosts(loaded):
         raise InputError.one(inventory, "sglang_profile", "no serving hosts",
                              "give hosts a serving profile in their group data")

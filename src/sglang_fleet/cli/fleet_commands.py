@@ -84,10 +84,10 @@ def _raise(error: InputError | None) -> Fleet:
 def cmd_status(args: argparse.Namespace) -> int:
     """One row per server instance and router of an inventory (see sglang_fleet.report.status),
     then the verdict: UNHEALTHY (1) when a host is unreachable or a server is not serving."""
+    from sglang_fleet.fleet.inventory import parse_data
     from sglang_fleet.report import layout, status, status_view
-    from sglang_fleet.roll import planning
 
-    fleet = status.collect(args.inventory, planning.parse_data(args.data))
+    fleet = status.collect(args.inventory, parse_data(args.data))
     if args.json:
         print(json.dumps(fleet.as_json(), indent=2))
     else:

@@ -171,7 +171,7 @@ def data_pair(text: str) -> str:
     """A ``--data KEY=VALUE`` pair as pyinfra reads it (the key's own rules come later, with
     the host's data: a value its key refuses is an input problem)."""
     from sglang_fleet.errors import InputError
-    from sglang_fleet.roll.planning import parse_data
+    from sglang_fleet.fleet.inventory import parse_data
 
     try:
         parse_data([text])

@@ -12,19 +12,25 @@
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
+from pyinfra.api.config import Config
 from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
+from pyinfra.api.state import State
+from pyinfra.context import ctx_state
 
 from sglang_fleet import hostconfig
-from sglang_fleet.config import connection
+from sglang_fleet.config import connection, validators
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet.router_api import Router
-from sglang_fleet.hostconfig import HostConfig, groups
+from sglang_fleet.hostconfig import HostConfig, groups, overrides
 from sglang_fleet.ops.secretfile import api_key
 
 ROUTERS_GROUP = hostconfig.ROUTERS_GROUP  # the hosts that run the router
@@ -214,3 +220,64 @@ def gateway_args(inventory: Iterable[Host], router: Host) -> list[str]:
                              f"set router_package = 'smg', or {connection.KEY}: http")
     [(_, args)] = ways
     return list(args)
+
+
+_DATA_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def parse_data(pairs: Sequence[str]) -> dict[str, Any]:
+    """``key=value`` pairs as pyinfra's ``--data`` reads them."""
+    split = [pair.partition("=") for pair in pairs]
+    for pair, (key, sep, value) in zip(pairs, split, strict=True):
+        shown = pair if len(pair) <= 80 else pair[:77] + "..."
+        if not sep or not key:
+            raise InputError.one("--data", shown, "not key=value",
+                                 "e.g. --data sglang.memory.max_running_requests=48")
+        if not _DATA_KEY.fullmatch(key):
+            raise InputError.one("--data", shown, f"{key!r} is not a data key (identifiers "
+                                 "joined by dots)", "e.g. sglang.memory.page_size")
+        wrong = validators.control_char(value) or (
+            f"is {len(value)} characters long" if len(value) > validators.MAX_TEXT else None)
+        if wrong:
+            raise InputError.one("--data", key, f"the value {wrong}", "give a one-line value")
+    from pyinfra_cli.util import parse_cli_arg  # see load()
+
+    return {key: parse_cli_arg(value) for key, _, value in split}
+
+
+def load(inventory: str, data: dict[str, Any]) -> Inventory:
+    if not Path(inventory).is_file():
+        raise InputError.one(inventory, "", "no such inventory file",
+                             "give a pyinfra inventory, e.g. inventories/b200.py")
+    # Importing pyinfra_cli patches the whole process with gevent: only where it is needed.
+    from pyinfra_cli.inventory import make_inventory
+
+    # Loading an inventory needs a state (pyinfra's API is untyped here).
+    ctx_state.set(State(Inventory(([], {})), Config()))  # type: ignore[no-untyped-call]
+    try:
+        loaded: Inventory = make_inventory(inventory, override_data=data)
+    except Exception as exc:  # the inventory is the operator's code: any error in it is theirs
+        raise _inventory_error(inventory, exc) from None
+    overrides.read_from(loaded, inventory)  # an error about an override names its file
+    return loaded
+
+
+def _inventory_error(inventory: str, exc: Exception) -> InputError:
+    """What went wrong loading an inventory (pyinfra wraps errors in its files), as input."""
+    source = str(getattr(exc, "filename", None) or inventory)
+    inner = getattr(exc, "exception", None)  # pyinfra_cli's Unexpected*Error wrap the cause
+    exc = inner if isinstance(inner, Exception) else exc
+    if isinstance(exc, InputError):
+        return exc
+    if isinstance(exc, SyntaxError):
+        return InputError.one(exc.filename or source, f"line {exc.lineno}",
+                              f"not valid Python: {exc.msg}",
+                              "fix the syntax there (python3 -m py_compile FILE)")
+    try:
+        detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+    except Exception:  # pyinfra's own errors can fail to print
+        detail = ""
+    return InputError.one(source, "", "pyinfra cannot load the inventory: "
+                          f"{type(exc).__name__}{': ' + detail if detail else ''}",
+                          "fix the inventory or its group data (pyinfra INVENTORY "
+                          "debug-inventory shows what pyinfra reads)")

@@ -48,7 +48,7 @@ from sglang_fleet.config.keys import Declared, Found, Wrong, declared, key, wron
 from sglang_fleet.errors import InputError, Problem
 from sglang_fleet.hostconfig import overrides
 from sglang_fleet.ops.unitfile import UnsafeValue, networks
-from sglang_fleet.stages.driver.repository import KEYRING, NVIDIA_REPOS
+from sglang_fleet.paths import KEYRING, NVIDIA_REPOS
 
 ROUTERS_GROUP = "routers"
 # The gateway by package, with its pinned release: smg (the Shepherd Model Gateway, which

@@ -34,7 +34,6 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.errors import InputError
 from sglang_fleet.facts.gpuhealth import Finding, GpuHealth, Health
-from sglang_fleet.facts.grpc import GrpcHealth
 from sglang_fleet.facts.systemd import GateRecords, LastCrash, UnitState, UnitStates
 from sglang_fleet.fleet import inventory as fleet
 from sglang_fleet.fleet import reach
@@ -43,12 +42,14 @@ from sglang_fleet.hostconfig import groups
 from sglang_fleet.hostconfig.gpu_health import merged
 from sglang_fleet.remote import eta
 from sglang_fleet.remote.terminal import printable
-from sglang_fleet.report import status_view
+from sglang_fleet.report.grpc_health import GrpcHealth
 
 GAUGES = {"sglang:num_running_reqs": "running", "sglang:num_queue_reqs": "queued",
           "sglang:gen_throughput": "tokens_per_s", "sglang:spec_accept_length": "accept_length"}
 HTTP_TIMEOUT = 5.0
 UNREACHED = "UNAVAILABLE"  # the gRPC status of a call that found no server
+UNREACHABLE = "unreachable"  # a server row's state when its host did not answer over SSH
+SERVING = "active/running"
 
 
 @dataclass
@@ -241,7 +242,7 @@ def read_host(host: Host, rows: list[Row]) -> None:
     error = reach.connect_error(host)
     if error is not None:
         for row in rows:
-            row.state, row.error = status_view.UNREACHABLE, f"unreachable: SSH: {error}"
+            row.state, row.error = UNREACHABLE, f"unreachable: SSH: {error}"
         return
     try:
         units = host.get_fact(UnitStates, units=[r.unit for r in rows])
@@ -347,8 +348,8 @@ class Fleet:
             [f"fleet: {self.job_note}"] if self.job_note else [])
 
     def problems(self) -> list[str]:
-        """Why the fleet is not healthy (``status_view.problems``); empty when it is."""
-        return status_view.problems(self.rows)
+        """Why the fleet is not healthy (``problems``); empty when it is."""
+        return problems(self.rows)
 
     def as_json(self) -> list[dict[str, Any]]:
         """The rows, then one object of kind ``fleet`` with the sums and the lines, whether
@@ -363,7 +364,7 @@ class Fleet:
             "throughput_servers": [s.name for s in est.throughput],
             "not_counted": [{"server": n, "why": w} for n, w in est.not_counted],
             "lines": self.lines(), "healthy": not found, "problems": found,
-            "unreachable": status_view.unreachable(self.rows)}]
+            "unreachable": unreachable(self.rows)}]
 
 
 def fleet_job(hosts: list[Host]) -> tuple[tuple[int, int] | None, str]:
@@ -383,13 +384,11 @@ def collect(inventory_path: str, data: dict[str, Any] | None = None,
             with_routers: bool = True) -> Fleet:
     """Every row of the fleet: hosts read in parallel over SSH, servers over HTTP (``data``
     as ``--data`` would give it; the routers' rows only ``with_routers``)."""
-    from sglang_fleet.roll import planning
-
     pyinfra_log = logging.getLogger("pyinfra")
     level = pyinfra_log.level
     pyinfra_log.setLevel(logging.CRITICAL)  # a table, not pyinfra's log
     try:
-        return _collect(planning.load(inventory_path, data or {}), inventory_path, with_routers)
+        return _collect(fleet.load(inventory_path, data or {}), inventory_path, with_routers)
     finally:  # a roll reads the fleet at its end, then goes on logging
         pyinfra_log.setLevel(level)
 
@@ -415,3 +414,32 @@ def _collect(inventory: Any, inventory_path: str, with_routers: bool) -> Fleet:
 
 def as_json(rows: list[Row]) -> list[dict[str, Any]]:
     return [{k: v for k, v in asdict(r).items() if k != "grpc_health"} for r in rows]
+
+
+def problems(rows: list[Row]) -> list[str]:
+    """Why the fleet is not healthy: each host that did not answer over SSH (once, with the
+    connection's error), each server not active, not answering ``/health`` with 200 or with a
+    fatal GPU finding, each router not answering; empty when none."""
+    found: list[str] = []
+    for row in rows:
+        if row.kind == "router":
+            if row.health != "ok":
+                found.append(f"router {row.host} ({row.url}): {row.health or 'not read'}"
+                             + (f": {row.error}" if row.error else ""))
+            continue
+        said = row.error and f"{row.host}: {row.error}"
+        if said and said not in found:  # a host's SSH error, once for all its servers
+            found.append(said)
+        where = f"{row.host} {row.unit}"
+        if row.state not in (SERVING, UNREACHABLE) and not row.error:
+            found.append(f"{where}: {row.state or 'state not read'}")
+        if row.health != "ok":
+            found.append(f"{where}: /health {row.health or 'not read'}")
+        found += [f"{where}: GPU {note}" for note in row.gpu_health if note.startswith("FATAL ")]
+    return found
+
+
+def unreachable(rows: list[Row]) -> list[dict[str, Any]]:
+    """Each host that did not answer over SSH and its error, once (``status --json``)."""
+    hosts = {r.host: r.error for r in rows if r.kind != "router" and r.state == UNREACHABLE}
+    return [{"host": host, "error": error} for host, error in hosts.items()]

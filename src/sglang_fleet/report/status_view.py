@@ -9,21 +9,15 @@ own, or one line saying what was found healthy. The verdict is the command's exi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from sglang_fleet.remote.terminal import printable
 from sglang_fleet.report import layout
-
-if TYPE_CHECKING:
-    from sglang_fleet.report.status import Row
+from sglang_fleet.report.status import SERVING, Row, problems
 
 # In the order they join the table while it fits (the first three always).
 COLUMNS = ("host", "unit", "state", "health", "router", "run", "queue", "tok/s", "accept", "cap",
            "gate tok/s", "GPU used/free GiB", "restarts", "since", "release", "model", "algo",
            "notes")
 ESSENTIAL = ("host", "state", "health")
-UNREACHABLE = "unreachable"  # a server row's state when its host did not answer over SSH
-SERVING = "active/running"
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -57,29 +51,6 @@ def table(rows: list[Row], width: int | None = None) -> str:
                       essential=ESSENTIAL, width=width, shared_label="every server")
 
 
-def problems(rows: list[Row]) -> list[str]:
-    """Why the fleet is not healthy: each host that did not answer over SSH (once, with the
-    connection's error), each server not active, not answering ``/health`` with 200 or with a
-    fatal GPU finding, each router not answering; empty when none."""
-    found: list[str] = []
-    for row in rows:
-        if row.kind == "router":
-            if row.health != "ok":
-                found.append(f"router {row.host} ({row.url}): {row.health or 'not read'}"
-                             + (f": {row.error}" if row.error else ""))
-            continue
-        said = row.error and f"{row.host}: {row.error}"
-        if said and said not in found:  # a host's SSH error, once for all its servers
-            found.append(said)
-        where = f"{row.host} {row.unit}"
-        if row.state not in (SERVING, UNREACHABLE) and not row.error:
-            found.append(f"{where}: {row.state or 'state not read'}")
-        if row.health != "ok":
-            found.append(f"{where}: /health {row.health or 'not read'}")
-        found += [f"{where}: GPU {note}" for note in row.gpu_health if note.startswith("FATAL ")]
-    return found
-
-
 def verdict(rows: list[Row]) -> list[str]:
     """``unhealthy: ...`` for each problem, or the one line of what was checked and found
     healthy."""
@@ -91,9 +62,3 @@ def verdict(rows: list[Row]) -> list[str]:
     return [f"healthy: {len({r.host for r in servers})} hosts answered over SSH; "
             f"{len(servers)} servers {SERVING}, /health 200, no fatal GPU finding"
             + (f"; {routers} routers answered" if routers else "")]
-
-
-def unreachable(rows: list[Row]) -> list[dict[str, Any]]:
-    """Each host that did not answer over SSH and its error, once (``status --json``)."""
-    hosts = {r.host: r.error for r in rows if r.kind != "router" and r.state == UNREACHABLE}
-    return [{"host": host, "error": error} for host, error in hosts.items()]

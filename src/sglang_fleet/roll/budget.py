@@ -8,38 +8,10 @@ URL stands for every member).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
-
-from sglang_fleet.fleet.router_api import RouterError
-
-if TYPE_CHECKING:
-    from sglang_fleet.roll.roll import Roll
+from collections.abc import Sequence
+from typing import Any
 
 SHOWN = 5  # unhealthy hosts named in a line (the rest counted)
-
-
-def within(roll: Roll, names: list[str], say: Callable[[str], None]) -> None:
-    """The batch ``names`` may leave only if the hosts then out of service, its own and those
-    already unhealthy in a router, stay within the roll's ``max_unavailable`` (by default the
-    batch's own and those the roll skipped: every other host must be serving, capacity stays
-    N - K); else a RouterError naming them (with their SSH error when they do not answer)."""
-    sick = unhealthy(roll.plan.routers, roll.serving, roll.plan.unit_of, names)
-    if not sick:
-        return
-    limit = len(names) + len(set(sick) & set(roll.skipped)) \
-        if roll.max_unavailable is None else roll.max_unavailable
-    out = len(names) + len(sick)
-    if out <= limit:
-        say(f"already out of service: {listed(sick)}; with {', '.join(names)} out too, {out} "
-            f"of --max-unavailable {limit}")
-        return
-    reached = [roll.hosts[n] for n in list(sick)[:SHOWN] if n in roll.hosts]
-    ssh = roll.reach(reached) if reached else {}
-    bound = (f"--max-unavailable {limit}" if roll.max_unavailable is not None else
-             "the batch's own hosts and those skipped (--max-unavailable, by default)")
-    raise RouterError(f"{listed(sick, ssh)}: taking {', '.join(names)} out too would make "
-                      f"{out} hosts unavailable, more than {bound}")
 
 
 def unhealthy(routers: Sequence[Any], serving: dict[str, list[str]],

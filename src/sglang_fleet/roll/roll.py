@@ -22,13 +22,14 @@ from collections.abc import Callable, Sequence
 
 from pyinfra.api.host import Host
 
+from sglang_fleet.fleet.inventory import parse_data
 from sglang_fleet.fleet.reach import unreachable
 from sglang_fleet.fleet.roll_directory import RollDirectory
 from sglang_fleet.fleet.router_api import RouterError
 from sglang_fleet.report import status
 from sglang_fleet.roll import budget
 from sglang_fleet.roll.outcome import Outcome, fleet_lines, hosts_text, table
-from sglang_fleet.roll.planning import Plan, parse_data
+from sglang_fleet.roll.planning import Plan
 from sglang_fleet.roll.runs import Start, Started, pyinfra
 from sglang_fleet.roll.scale import Journal
 from sglang_fleet.stages.compiled import exchange as compiled_exchange
@@ -155,6 +156,28 @@ class Roll:
             self.came_back(name)
             say(f"{name}: out of the {routers} for {self.outcomes[name].out_text()} s")
 
+    def within_budget(self, names: list[str], say: Callable[[str], None]) -> None:
+        """The batch ``names`` may leave only if the hosts then out of service, its own and those
+        already unhealthy in a router, stay within the roll's ``max_unavailable`` (by default the
+        batch's own and those the roll skipped: every other host must be serving, capacity stays
+        N - K); else a RouterError naming them (with their SSH error when they do not answer)."""
+        sick = budget.unhealthy(self.plan.routers, self.serving, self.plan.unit_of, names)
+        if not sick:
+            return
+        limit = len(names) + len(set(sick) & set(self.skipped)) \
+            if self.max_unavailable is None else self.max_unavailable
+        out = len(names) + len(sick)
+        if out <= limit:
+            say(f"already out of service: {budget.listed(sick)}; with {', '.join(names)} out "
+                f"too, {out} of --max-unavailable {limit}")
+            return
+        reached = [self.hosts[n] for n in list(sick)[:budget.SHOWN] if n in self.hosts]
+        ssh = self.reach(reached) if reached else {}
+        bound = (f"--max-unavailable {limit}" if self.max_unavailable is not None else
+                 "the batch's own hosts and those skipped (--max-unavailable, by default)")
+        raise RouterError(f"{budget.listed(sick, ssh)}: taking {', '.join(names)} out too would "
+                          f"make {out} hosts unavailable, more than {bound}")
+
     def batch(self, hosts: list[Host], run: Started, following: list[str]) -> bool:
         """The batch's turn and go: its run (started earlier, and prepared) may change what
         serves and restart; each host leaves the routers at its first restart. Once it passed
@@ -162,7 +185,7 @@ class Roll:
         nothing) while this one goes back into the routers."""
         names = [h.name for h in hosts]
         tic = time.monotonic()
-        budget.within(self, names, say)
+        self.within_budget(names, say)
         if not self.ready(run, names):
             return self.not_touched(names, "its deploy stopped before its turn (its output "
                                     "above)")

@@ -374,7 +374,7 @@ def test_an_override_is_named_by_the_file_that_wrote_it(tmp_path: Path) -> None:
     """Issue 45: an override the profile's rules refuse named the shipped profile under src/,
     which the operator would edit in vain, and one the key's check refuses "pyinfra data of"
     the host; each names the inventory or group-data file that wrote it now."""
-    inventory = tmp_path / "b200.py"
+    inventory = tmp_path / "fleet.py"
     inventory.write_text("hosts = [('b200-01', {'gpu_count': 8, 'sglang.mamba.strategy': "
                          "'no_buffer'}), ('b200-02', {'gpu_count': 8})]\n")
     (tmp_path / "group_data").mkdir()

@@ -20,7 +20,7 @@ from sglang_fleet.fleet.router_api import RouterError
 from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.stages.driver import deploy as driver
 from sglang_fleet.stages.service import deploy as service
-from sglang_fleet.stages.service import last_good
+from sglang_fleet.stages.service import last_good, units
 from tests.fakes import Host, commands, driver_host
 
 URL = "http://10.0.0.11:30000"
@@ -200,11 +200,11 @@ def test_a_server_leaves_right_before_its_restart_and_only_then(
     first, second = restart(monkeypatch, changed=True, routed=True)
     assert isinstance(first, FunctionCommand) and first.function is cutover._leave_units
     assert first.args == (["sglang.service"],)  # the whole host, unless --batch-instances
-    assert second == service.start_command("sglang.service")
+    assert second == units.start_command("sglang.service")
     assert restart(monkeypatch, changed=False, routed=True) == []  # no restart: it stays
     # the router's own unit and the DCGM exporter are not behind the routers
     assert restart(monkeypatch, changed=True, routed=False) == [
-        service.start_command("sglang.service")]
+        units.start_command("sglang.service")]
 
 
 def test_a_restore_that_restarts_leaves_first(roll_dir: roll_directory.RollDirectory,

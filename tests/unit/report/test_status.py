@@ -218,10 +218,10 @@ def test_one_job_for_the_fleet_or_a_note_why_not() -> None:
 
 
 def test_prometheus_targets(tmp_path: Path) -> None:
+    from sglang_fleet.fleet.inventory import load
     from sglang_fleet.report import metrics_targets
-    from sglang_fleet.roll import planning
 
-    loaded = planning.load(str(inventory(tmp_path, 30000, dcgm=True)), {})
+    loaded = load(str(inventory(tmp_path, 30000, dcgm=True)), {})
     out = tmp_path / "sd" / "fleet.json"
     assert metrics_targets.write_targets(loaded, str(out))
     groups = json.loads(out.read_text())
@@ -305,7 +305,7 @@ def serving_row(host: str, unit: str = "sglang.service", **more: Any) -> status.
 def test_a_healthy_fleet_says_what_was_checked() -> None:
     rows = [serving_row("gpu1"), serving_row("gpu2"),
             status.Row("router", "r1", "http://r1:30080", health="ok", router="2/2")]
-    assert status_view.problems(rows) == [] and status.Fleet(rows).as_json()[-1]["healthy"]
+    assert status.problems(rows) == [] and status.Fleet(rows).as_json()[-1]["healthy"]
     assert status_view.verdict(rows) == [
         "healthy: 2 hosts answered over SSH; 2 servers active/running, /health 200, no fatal "
         "GPU finding; 1 routers answered"]
@@ -321,7 +321,7 @@ def test_each_unhealthy_server_and_unreachable_host_is_named_once() -> None:
             serving_row("gpu4", gpu_health=["FATAL xid-79 (GPU 0)", "nvlink-errors (GPU 1)"]),
             status.Row("router", "r1", "http://r1:30080", health="unreachable",
                        error="router http://r1:30080: ConnectError")]
-    assert status_view.problems(rows) == [
+    assert status.problems(rows) == [
         f"gpu2: {error}",
         "gpu2 sglang.service: /health unreachable (ConnectError)",
         "gpu3 sglang.service: failed (start-limit-hit)",

@@ -15,6 +15,7 @@ import pytest
 from sglang_fleet.errors import InputError
 from sglang_fleet.fleet import cutover, roll_directory, router_api
 from sglang_fleet.fleet import inventory as fleet
+from sglang_fleet.fleet.inventory import parse_data
 from sglang_fleet.fleet.roll_directory import RollDirectory
 from sglang_fleet.fleet.router_api import RouterError
 from sglang_fleet.roll import planning, roll
@@ -188,7 +189,7 @@ def test_a_failed_preparation_takes_no_host_out(router: FakeRouter) -> None:
 
 def test_bad_input_is_named() -> None:
     with pytest.raises(InputError, match="--data: novalue: not key=value"):
-        planning.parse_data(["novalue"])
+        parse_data(["novalue"])
     with pytest.raises(InputError, match="--batch: must be at least 1"):
         planning.plan("inventories/b200.py", [], 0)
     with pytest.raises(InputError, match="no such inventory file"):

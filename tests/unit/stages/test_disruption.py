@@ -34,9 +34,9 @@ from sglang_fleet.hostconfig import HostConfig
 from sglang_fleet.ops import packages, secretfile
 from sglang_fleet.stages.driver import deploy as driver
 from sglang_fleet.stages.gate import resize
-from sglang_fleet.stages.gate.deploy import GateResult
+from sglang_fleet.stages.gate.program import GateResult
 from sglang_fleet.stages.service import deploy as service
-from sglang_fleet.stages.service import group_restart, last_good
+from sglang_fleet.stages.service import group_restart, last_good, units
 from tests.conftest import field_profile
 from tests.fakes import RELEASE, Host, commands, driver_host
 
@@ -116,7 +116,7 @@ def unled(found: list[Any]) -> list[str]:
     """The disruptive commands of one operation's commands that no leave covering them comes
     before, each said with why.
 
-        unled([service.start_command("sglang.service")])
+        unled([units.start_command("sglang.service")])
         # ["a server (re)started, ...: '(systemctl reset-failed ...' with sglang.service in ..."]
     """
     out: set[str] = set()
@@ -145,14 +145,14 @@ def covered(out: set[str], scope: str, unit: str | None) -> bool:
 def test_the_check_finds_a_disruptive_command_no_leave_covers() -> None:
     leave_1, leave_host = (FunctionCommand(cutover._leave_units, (["sglang-1.service"],), {}),
                            FunctionCommand(cutover._leave, (), {}))
-    restart_1 = service.start_command("sglang-1.service")
+    restart_1 = units.start_command("sglang-1.service")
     assert len(unled([restart_1])) == 1
     assert unled([leave_1, restart_1]) == [] and unled([leave_host, restart_1]) == []
-    assert len(unled([leave_1, service.start_command("sglang-2.service")])) == 1
+    assert len(unled([leave_1, units.start_command("sglang-2.service")])) == 1
     assert len(unled([leave_1, "( sleep 1 && reboot ) </dev/null >/dev/null 2>&1 &"])) == 1
     assert unled([leave_host, "systemctl restart nvidia-fabricmanager"]) == []
     # the router's unit, a message naming a reboot, a probe of a process: nothing disturbed
-    assert unled([service.start_command(paths.ROUTER_UNIT), ops.fail("reboot needed"),
+    assert unled([units.start_command(paths.ROUTER_UNIT), ops.fail("reboot needed"),
                   "kill -0 42", "systemctl enable --now nvidia-fabricmanager.service",
                   "apt-mark unhold nvidia-open-580 >/dev/null"]) == []
 
@@ -162,7 +162,7 @@ def test_an_operation_that_forgets_the_seam_fails_the_check() -> None:
 
     def careless(unit: str) -> Iterator[str]:
         yield "systemctl daemon-reload"
-        yield service.start_command(unit)
+        yield units.start_command(unit)
 
     [problem] = unled(list(careless("sglang-3.service")))
     assert problem.startswith("a server (re)started, stopped or killed: '(systemctl "

@@ -27,6 +27,7 @@ from sglang_fleet.stages.gate import group as gate_group
 from sglang_fleet.stages.gate import program as gate_program
 from sglang_fleet.stages.gate import resize
 from sglang_fleet.stages.gate.group import GroupGate
+from sglang_fleet.stages.gate.program import GateResult
 from sglang_fleet.stages.router import deploy as router
 from sglang_fleet.stages.service import deploy as service
 from sglang_fleet.stages.service import group_restart, last_good
@@ -51,13 +52,13 @@ ROUTER = SimpleNamespace(url="http://10.0.0.2:30080")
 # change.
 CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
     "stages.gate.deploy.gate": [
-        (lambda: commands(gate.gate, PROFILE, LAUNCH, 1800, "", gate.GateResult()), GATE,
+        (lambda: commands(gate.gate, PROFILE, LAUNCH, 1800, "", GateResult()), GATE,
          True),
-        (lambda: commands(gate.gate, PROFILE, LAUNCH, 60, "", gate.GateResult(), soak=0),
+        (lambda: commands(gate.gate, PROFILE, LAUNCH, 60, "", GateResult(), soak=0),
          GATE.replace("1800", "60").replace("soak, ", ""), True)],
     "stages.gate.program.check_together": [
         (lambda: commands(gate_program.check_together, PROFILE, [LAUNCH, LAUNCH], "", None,
-                          1800, [gate.GateResult(), gate.GateResult()]),
+                          1800, [GateResult(), GateResult()]),
          "the gate's checks of 2 servers at once, each judged by its own gate", False)],
     "stages.gate.group.member_started": [
         (lambda: commands(gate_group.member_started, LAUNCH, 1800, GroupGate("g")),
@@ -76,16 +77,16 @@ CASES: dict[str, list[tuple[Callable[[], list[Any]], str | None, bool]]] = {
 # run went (empty in the preview): in the preview they yield nothing and say nothing, and
 # pyinfra asks them again as it runs.
 RECORDS: dict[str, Callable[[], list[Any]]] = {
-    "stages.gate.deploy.gate_failed": lambda: commands(gate.gate_failed, LAUNCH, gate.GateResult()),
+    "stages.gate.deploy.gate_failed": lambda: commands(gate.gate_failed, LAUNCH, GateResult()),
     "stages.gate.deploy.restored": lambda: commands(gate.restored, PROFILE, LAUNCH, 1800,
-                                             gate.GateResult()),
+                                             GateResult()),
     "stages.gate.deploy.host_capacity": lambda: commands(
         gate.host_capacity, ["sglang-0.service", "sglang-1.service"],
-        [gate.GateResult(), gate.GateResult()], "900000,1000"),
+        [GateResult(), GateResult()], "900000,1000"),
     "stages.gate.resize.sized_restart": lambda: commands(resize.sized_restart, PROFILE, LAUNCH,
-                                                    RELEASE, gate.GateResult()),
+                                                    RELEASE, GateResult()),
     "stages.gate.resize.remember_size": lambda: commands(resize.remember_size, PROFILE, LAUNCH,
-                                                    gate.GateResult()),
+                                                    GateResult()),
     "stages.gate.group.group_unchanged": lambda: commands(
         gate_group.group_unchanged, "sglang.service", GroupGate("g")),
     "stages.service.group_restart.group_stopped": lambda: commands(

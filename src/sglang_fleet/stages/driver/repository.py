@@ -21,9 +21,8 @@ from pyinfra.operations import apt, files
 
 from sglang_fleet import paths
 from sglang_fleet.errors import InputError
+from sglang_fleet.paths import KEYRING
 
-NVIDIA_REPOS = "https://developer.download.nvidia.com/compute/cuda/repos"
-KEYRING = "cuda-keyring_1.1-1_all.deb"
 # sha256 of NVIDIA's cuda-keyring_1.1-1_all.deb per repository (checked before dpkg runs it as
 # root). To update: download <base>/<distro>/<arch>/cuda-keyring_1.1-1_all.deb, check that
 # `dpkg-deb -c` shows only the keyring and the sources list and that the key's fingerprint is

@@ -10,9 +10,6 @@ own operation, ``last_good.restore_unit``) and fails the deploy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
 from pyinfra.api.operation import operation
@@ -42,6 +39,7 @@ from sglang_fleet.stages.gate.group import (
 from sglang_fleet.stages.gate.program import (
     CHECKER,
     HOST,
+    GateResult,
     check,
     check_together,
     error_of,
@@ -51,35 +49,6 @@ from sglang_fleet.stages.gate.program import (
 from sglang_fleet.stages.service import last_good
 from sglang_fleet.stages.service.deploy import foreign_listeners, startup_budget
 from sglang_fleet.stages.service.group_restart import restart_group, shared
-
-
-@dataclass
-class GateResult:
-    """What the gate of one unit found, for the operations after it: the operations are all
-    built before any runs, so the gate writes here when it runs and they read it then
-    (``last_good.restore_unit`` and ``gate_failed`` its error, ``host_capacity`` what it
-    measured, ``resize`` the size it found, ``serving`` what ``restored`` found after it).
-
-        result = GateResult(); result.error = "soak: 3 of 32 failed"; result.failed()  # True
-    """
-
-    error: str | None = None
-    measured: dict[str, Any] | None = None  # the GATE line's "measured", once it passed
-    resize: int | None = None  # the mamba cache size for the target: restart once with it
-    serving: str = ""  # what serves once the last good release is back, as checked
-    checked: tuple[bool, list[str]] | None = None  # check_server's, run with the host's others
-
-    def failed(self) -> bool:
-        return self.error is not None
-
-    def gated(self) -> bool:
-        """The gate ran and judged (passed or failed); never in pyinfra's preview."""
-        return self.measured is not None or self.failed()
-
-    def resizing(self) -> bool:
-        """The gate found fewer running requests than the target and a size that fits; true
-        until a gate fails."""
-        return self.resize is not None and self.error is None
 
 
 @operation(is_idempotent=True)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from pyinfra import logger
 from pyinfra.api.deploy import deploy
@@ -42,12 +41,10 @@ from sglang_fleet.ops.host_programs import program
 from sglang_fleet.remote.terminal import printable
 from sglang_fleet.report import summary
 from sglang_fleet.stages.gate.host.member_start import MARK
+from sglang_fleet.stages.gate.program import GateResult
 from sglang_fleet.stages.service import last_good
 from sglang_fleet.stages.service.deploy import startup_budget
 from sglang_fleet.stages.service.group_restart import restart_group, shared
-
-if TYPE_CHECKING:  # gate.py builds these operations: a type only, no import cycle
-    from sglang_fleet.stages.gate.deploy import GateResult
 
 MEMBER = "sglang_fleet.stages.gate.host.member_start"  # run by the system python
 

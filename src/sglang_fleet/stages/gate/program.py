@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pyinfra import logger
@@ -31,6 +32,36 @@ from sglang_fleet.stages.gate.host.check_servers import DONE_MARK
 HOST = "sglang_fleet.stages.gate.host"
 CHECKER = f"{HOST}.check_server"  # the gate on the host: see python()
 TOGETHER = f"{HOST}.check_servers"  # check_server for several servers at once
+
+
+
+@dataclass
+class GateResult:
+    """What the gate of one unit found, for the operations after it: the operations are all
+    built before any runs, so the gate writes here when it runs and they read it then
+    (``last_good.restore_unit`` and ``gate_failed`` its error, ``host_capacity`` what it
+    measured, ``resize`` the size it found, ``serving`` what ``restored`` found after it).
+
+        result = GateResult(); result.error = "soak: 3 of 32 failed"; result.failed()  # True
+    """
+
+    error: str | None = None
+    measured: dict[str, Any] | None = None  # the GATE line's "measured", once it passed
+    resize: int | None = None  # the mamba cache size for the target: restart once with it
+    serving: str = ""  # what serves once the last good release is back, as checked
+    checked: tuple[bool, list[str]] | None = None  # check_server's, run with the host's others
+
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def gated(self) -> bool:
+        """The gate ran and judged (passed or failed); never in pyinfra's preview."""
+        return self.measured is not None or self.failed()
+
+    def resizing(self) -> bool:
+        """The gate found fewer running requests than the target and a size that fits; true
+        until a gate fails."""
+        return self.resize is not None and self.error is None
 
 
 def url(profile: Profile, launch: Launch) -> str:
@@ -125,7 +156,7 @@ def check_all(profile: Profile, launches: Sequence[Launch], budget: int,
 
 
 class Checked(Protocol):
-    """Where ``check_together`` leaves a server's check for its gate (gate.GateResult)."""
+    """Where ``check_together`` leaves a server's check for its gate (GateResult)."""
 
     checked: tuple[bool, list[str]] | None
 

@@ -10,7 +10,7 @@ size is remembered once that gate passes.
 from __future__ import annotations
 
 from io import StringIO
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.operation import operation
@@ -27,10 +27,9 @@ from sglang_fleet.fleet.cutover import disrupt
 from sglang_fleet.ops import Ops
 from sglang_fleet.remote import capacity
 from sglang_fleet.stages.engine.deploy import Release
-from sglang_fleet.stages.service.deploy import start_command, unit_file
-
-if TYPE_CHECKING:
-    from sglang_fleet.stages.gate.deploy import GateResult
+from sglang_fleet.stages.gate.program import GateResult
+from sglang_fleet.stages.service.deploy import unit_file
+from sglang_fleet.stages.service.units import start_command
 
 
 def gpu_memory_mib() -> int | None:

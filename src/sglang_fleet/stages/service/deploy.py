@@ -45,7 +45,9 @@ from sglang_fleet.stages.compiled.deploy import receive_kernels
 from sglang_fleet.stages.compiled.kernel_caches import cache_env
 from sglang_fleet.stages.engine.deploy import Release, switch_release
 from sglang_fleet.stages.gate.program import check_all, error_of
+from sglang_fleet.stages.service.group_restart import restart_group
 from sglang_fleet.stages.service.group_unit import group_unit
+from sglang_fleet.stages.service.units import found_down, start_command
 from sglang_fleet.stages.service.waves import Waves, retired
 
 TEMPLATE = str(Path(__file__).with_name("sglang.service.j2"))  # beside its deploy
@@ -253,38 +255,6 @@ def restart_policy(systemd_version: int | None) -> dict[str, Any]:
             "start_limit_burst": burst}
 
 
-def start_command(unit: str) -> str:
-    """A deliberate (re)start: the failed state and the start limit are cleared first, so
-    deploys, rolls and restores never spend the crash budget (nor find it spent).
-
-        start_command("sglang.service")
-        # '(systemctl reset-failed sglang.service 2>/dev/null || true) && systemctl restart ...'
-    """
-    return f"(systemctl reset-failed {unit} 2>/dev/null || true) && systemctl restart {unit}"
-
-
-def unit_condition(unit: str) -> dict[str, str]:
-    """What systemd says about the unit now (ActiveState, SubState, Result, NRestarts, ...)."""
-    return host.get_fact(UnitCondition, unit=unit)
-
-
-def found_down(unit: str, condition: dict[str, str]) -> str | None:
-    """What to say when a deploy finds the unit down by itself (None when it is not).
-
-        >>> found_down("sglang.service", {"ActiveState": "failed", "Result":
-        ...            "start-limit-hit", "NRestarts": "5"})
-        'sglang.service was found failed (start-limit-hit, 5 automatic restarts): ...'
-    """
-    restarts = condition.get("NRestarts", "0")
-    if condition.get("ActiveState") == "failed":
-        return (f"{unit} was found failed ({condition.get('Result')}, {restarts} automatic "
-                "restarts): clearing its failed state and start limit, starting it")
-    if condition.get("SubState") == "auto-restart":
-        return (f"{unit} was found crash-looping ({restarts} automatic restarts so far): "
-                "clearing its start limit, starting it")
-    return None
-
-
 @operation(is_idempotent=True)
 def unit_started(unit: str, restart: bool = False, routed: bool = False,
                  waves: Waves | None = None) -> Ops:
@@ -299,7 +269,7 @@ def unit_started(unit: str, restart: bool = False, routed: bool = False,
 
         unit_started(name="Start sglang.service", unit="sglang.service")
     """
-    condition = unit_condition(unit)
+    condition = host.get_fact(UnitCondition, unit=unit)
     down = found_down(unit, condition)
     if down:
         logger.warning(f"{host.print_prefix}{down}")
@@ -416,10 +386,6 @@ def _unit(profile: Profile, launch: Launch, release: Release, launcher: Operatio
                               budget=drain_budget(), _if=waves.going)
     changes = [unit, env, ports, launcher, *restart_if]
     if spans_hosts(launch):  # one rank of a group: the group restarts whole, rank 0 first
-        from sglang_fleet.stages.service.group_restart import (
-            restart_group,  # it imports this module
-        )
-
         restart_group(unit_name, changes, waves=waves, _if=waves.going)
         return
     unit_running(name=f"Enable and start {unit_name}", unit=unit_name, changes=changes,

@@ -30,10 +30,11 @@ from pyinfra.context import ctx_state, host
 from pyinfra.operations.util import any_changed
 
 from sglang_fleet import hostconfig
+from sglang_fleet.facts.systemd import UnitCondition
 from sglang_fleet.fleet.cutover import disrupt
 from sglang_fleet.hostconfig import groups
 from sglang_fleet.ops import Ops
-from sglang_fleet.stages.service.deploy import found_down, start_command, unit_condition
+from sglang_fleet.stages.service.units import found_down, start_command
 from sglang_fleet.stages.service.waves import Waves
 
 T = TypeVar("T")
@@ -76,7 +77,7 @@ def restart_wanted(unit: str, record: GroupRestart, restart: bool = False) -> Op
 
         restart_wanted(name="Must group tp16-a restart?", unit="sglang.service", record=record)
     """
-    condition = unit_condition(unit)
+    condition = host.get_fact(UnitCondition, unit=unit)
     down = found_down(unit, condition)
     if down:
         logger.warning(f"{host.print_prefix}{down}")

@@ -24,18 +24,15 @@ from pyinfra.facts.files import File, FindInFile, Link, Sha256File
 from sglang_fleet.config.exposure import rules_path
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
+from sglang_fleet.facts.systemd import UnitCondition
 from sglang_fleet.fleet.cutover import disrupt
 from sglang_fleet.ops import Ops, fail, failed
 from sglang_fleet.ops.secretfile import KeylessSha256, keys_of, without_keys
 from sglang_fleet.paths import CURRENT, LAST_GOOD, RELEASES, env_file, unit_path
 from sglang_fleet.report import summary
 from sglang_fleet.stages.gate.program import check
-from sglang_fleet.stages.service.deploy import (
-    found_down,
-    start_command,
-    startup_budget,
-    unit_condition,
-)
+from sglang_fleet.stages.service.deploy import startup_budget
+from sglang_fleet.stages.service.units import found_down, start_command
 
 _RELEASE = re.compile(re.escape(RELEASES) + r"/[^/ ]+")
 
@@ -117,7 +114,7 @@ def restore_unit(unit: str) -> Ops:
     if not in_place(unit):
         yield from disrupt(f"{_copy_back_command(unit)} && {start_command(unit)}", units=[unit])
     else:
-        condition = unit_condition(unit)
+        condition = host.get_fact(UnitCondition, unit=unit)
         down = found_down(unit, condition)
         if down:
             logger.warning(f"{host.print_prefix}{down}")
@@ -140,8 +137,8 @@ def restore_files(unit: str) -> Ops:
         restore_files(name="Files of sglang.service back", unit="sglang.service")
     """
     if not _kept(unit):
-        if host.get_fact(File, path=unit_path(unit)) and unit_condition(unit).get(
-                "ActiveState") != "active":
+        if host.get_fact(File, path=unit_path(unit)) and host.get_fact(
+                UnitCondition, unit=unit).get("ActiveState") != "active":
             yield f"rm -f {unit_path(unit)} {env_file(unit)} && systemctl daemon-reload"
         else:
             host.noop(f"{unit}: no last good release to put back")

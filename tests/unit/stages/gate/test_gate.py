@@ -29,9 +29,10 @@ from sglang_fleet.remote import eta
 from sglang_fleet.stages.engine.deploy import Release
 from sglang_fleet.stages.gate import deploy as gate
 from sglang_fleet.stages.gate import program as checker
+from sglang_fleet.stages.gate.program import GateResult
 from sglang_fleet.stages.service import deploy as service
 from sglang_fleet.stages.service import last_good
-from sglang_fleet.stages.service.deploy import start_command
+from sglang_fleet.stages.service.units import start_command
 from sglang_fleet.stages.weights import deploy as weights
 from sglang_fleet.stages.weights.host.download_model import MANIFEST
 from tests.conftest import field_profile
@@ -95,7 +96,7 @@ def launch() -> Launch:
     return render(field_profile(gpus=1))  # one server: sglang.service
 
 
-def run_gate(launch: Launch, result: gate.GateResult) -> list[Any]:
+def run_gate(launch: Launch, result: GateResult) -> list[Any]:
     return commands(gate.gate, field_profile(gpus=1), launch, 60, "", result)
 
 
@@ -105,7 +106,7 @@ def test_a_passing_gate_keeps_its_release_as_the_last_good_once(
     keyless = sums(**{env: "e"})  # its environment without the keys (test_last_good)
     use(GateHost({"Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1", env: "ek",
                                         f"{SAVED}.env": "e"}), "KeylessSha256": keyless}))
-    result = gate.GateResult()
+    result = GateResult()
     assert run_gate(launch, result) == [last_good.keep_command(UNIT)]
     assert last_good.keep_command(UNIT).startswith(
         f"umask 077 && install -d -m 700 {LAST_GOOD} && cp -p {unit_path(UNIT)} {SAVED} && ")
@@ -119,7 +120,7 @@ def test_a_passing_gate_keeps_its_release_as_the_last_good_once(
 def test_the_gate_runs_check_server_with_the_system_python(
         use: Callable[[Host], Host], launch: Launch) -> None:
     fake = use(GateHost({"Sha256File": sums()}))
-    run_gate(launch, gate.GateResult())
+    run_gate(launch, GateResult())
     [command] = fake.ran  # type: ignore[attr-defined]
     assert shlex.split(command)[:5] == program("python3", checker.CHECKER)
 
@@ -134,7 +135,7 @@ def test_the_gate_keeps_its_record_and_the_host_line_sums_every_unit(
         fake = use(GateHost({"Sha256File": sums()}, measured=eta.record(
             f"sglang-{i}.service", f"inv{i}", "0.5.23", f"2026-07-01T10:0{i}:00Z", 48, soak,
             {"tokens_per_s": 140.0})))
-        results.append(gate.GateResult())
+        results.append(GateResult())
         run_gate(launch, results[-1])
         [command] = fake.ran  # type: ignore[attr-defined]
         assert shlex.split(command)[-2:] == ["--record", gate_record(UNIT)]
@@ -155,7 +156,7 @@ def test_the_gate_keeps_its_record_and_the_host_line_sums_every_unit(
 def test_a_failed_gate_leaves_the_restore_to_the_next_operation(
         use: Callable[[Host], Host], launch: Launch) -> None:
     fake = use(GateHost({"File": files(SAVED)}, error="soak: 3 of 32 failed"))
-    result = gate.GateResult()
+    result = GateResult()
     assert run_gate(launch, result) == []
     assert result.failed() and result.error == "soak: 3 of 32 failed"
     assert "the next operation puts the last good release back" in fake.noops[0]
@@ -164,7 +165,7 @@ def test_a_failed_gate_leaves_the_restore_to_the_next_operation(
 def test_a_failed_gate_without_a_last_good_release_fails_at_once(
         use: Callable[[Host], Host], launch: Launch) -> None:
     use(GateHost({"File": files()}, error="sglang.service failed to start: boom"))
-    result = gate.GateResult()
+    result = GateResult()
     [command] = run_gate(launch, result)
     assert "error: sglang.service failed to start: boom (no earlier good release to return " \
            "to)" in shlex.split(command)[1]
@@ -174,10 +175,10 @@ def test_a_failed_gate_without_a_last_good_release_fails_at_once(
 def test_gate_failed_says_what_serves_after_the_restore(
         use: Callable[[Host], Host], launch: Launch) -> None:
     use(GateHost({"PortListeners": []}))
-    passed = gate.GateResult()
+    passed = GateResult()
     assert commands(gate.restored, field_profile(gpus=1), launch, 60, passed) == []
     assert commands(gate.gate_failed, launch, passed) == [] and passed.serving == ""
-    result = gate.GateResult("soak: 3 of 32 failed")
+    result = GateResult("soak: 3 of 32 failed")
     assert commands(gate.restored, field_profile(gpus=1), launch, 60, result) == []
     [command] = commands(gate.gate_failed, launch, result)
     assert ("error: soak: 3 of 32 failed; the last good release serves again (sglang.service "
@@ -217,7 +218,7 @@ def test_a_hosts_servers_are_checked_at_once_and_each_gate_judges_its_own(
     profile = field_profile(gpus=3)
     launches = render_all(profile)
     fake = use(TogetherHost(failing=("sglang-1.service",), cut=cut))
-    results = [gate.GateResult() for _ in launches]
+    results = [GateResult() for _ in launches]
     assert commands(checker.check_together, profile, launches, "", None, 600, results) == []
     [command] = fake.ran  # type: ignore[attr-defined]
     argv = shlex.split(command)
@@ -367,7 +368,7 @@ def test_the_gate_shows_what_the_host_said_with_its_escapes(
     monkeypatch.setattr(checker, "logger", type("L", (), {"info": print})())
     use(ForgedHost({"File": files(SAVED), "PortListeners": []},
                    error="sglang.service failed to start: \x1b[2K\rScheduler hit an exception"))
-    result = gate.GateResult()
+    result = GateResult()
     assert run_gate(launch, result) == []
     assert "journal: \\x1b[1A\\x1b[2K\\x0dforged" in capsys.readouterr().out
     assert result.error == "sglang.service failed to start: \\x1b[2K\\x0dScheduler hit an " \

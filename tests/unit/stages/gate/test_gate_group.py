@@ -23,11 +23,11 @@ from sglang_fleet.config.render import render_all
 from sglang_fleet.hostconfig import groups
 from sglang_fleet.stages.gate import deploy as gate
 from sglang_fleet.stages.gate import group as gate_group
-from sglang_fleet.stages.gate.deploy import GateResult
 from sglang_fleet.stages.gate.group import GroupGate
 from sglang_fleet.stages.gate.host import member_start
+from sglang_fleet.stages.gate.program import GateResult
 from sglang_fleet.stages.service import deploy as service
-from sglang_fleet.stages.service import group_restart, last_good
+from sglang_fleet.stages.service import group_restart, last_good, units
 from sglang_fleet.stages.service.group_restart import GroupRestart
 from sglang_fleet.stages.teardown import deploy as teardown
 from tests.fakes import RELEASE, Host, commands, executed
@@ -255,7 +255,7 @@ def test_the_group_stops_rank0_first_then_starts_every_member(
     assert commands(group_restart.group_stopped, UNIT, record, True) == []
     assert commands(group_restart.group_stopped, UNIT, record, False) == \
         [f"systemctl stop {UNIT}"]
-    assert commands(group_restart.group_started, UNIT, record) == [service.start_command(UNIT)]
+    assert commands(group_restart.group_started, UNIT, record) == [units.start_command(UNIT)]
 
 
 # --- the order pyinfra runs them in -----------------------------------------------------------

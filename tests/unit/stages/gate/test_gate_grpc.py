@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sglang_fleet.config import connection
-from sglang_fleet.facts.grpc import GrpcHealth
 from sglang_fleet.report import status
+from sglang_fleet.report.grpc_health import GrpcHealth
 from sglang_fleet.stages.gate.host import grpc_health
 from sglang_fleet.stages.gate.host.gate_grpc import Scheduler
 from sglang_fleet.stages.gate.host.gate_http import GateError

@@ -23,8 +23,9 @@ from sglang_fleet.paths import LAST_GOOD, SIZING, unit_path
 from sglang_fleet.remote import capacity
 from sglang_fleet.stages.gate import deploy as gate
 from sglang_fleet.stages.gate import resize
+from sglang_fleet.stages.gate.program import GateResult
 from sglang_fleet.stages.service import deploy as service
-from sglang_fleet.stages.service import last_good
+from sglang_fleet.stages.service import last_good, units
 from tests.fakes import RELEASE, Host, commands
 from tests.unit.config.test_sizing import sim_flags, target_profile
 from tests.unit.remote.test_capacity import field_0_5_12
@@ -96,7 +97,7 @@ def first() -> Launch:
     return render(sizing.apply(target_profile("0.5.23"), None))
 
 
-def run_gate(result: gate.GateResult, final: bool) -> list[Any]:
+def run_gate(result: GateResult, final: bool) -> list[Any]:
     return commands(gate.gate, sizing.apply(target_profile("0.5.23"), None), first(), 60, "",
                     result, final=final)
 
@@ -109,7 +110,7 @@ def test_a_first_gate_short_of_the_target_asks_for_one_sized_restart(
         use: Callable[[Host], Host], seed_log: capacity.Capacity) -> None:
     fake = TargetHost(seed_log)
     use(fake)
-    result = gate.GateResult()
+    result = GateResult()
     assert run_gate(result, final=False) == []  # not kept as the last good release
     assert result.resize == 240 and result.resizing() and not result.failed()
     assert "--target 48" in fake.ran[0]  # the advice aims at the target
@@ -120,7 +121,7 @@ def test_a_first_gate_short_of_the_target_asks_for_one_sized_restart(
 def test_the_gate_after_the_sized_restart_fails_short_of_the_target(
         use: Callable[[Host], Host], seed_log: capacity.Capacity) -> None:
     use(TargetHost(seed_log, {"File": lambda path: {"mode": 600} if path == SAVED else None}))
-    result = gate.GateResult(resize=240)
+    result = GateResult(resize=240)
     assert run_gate(result, final=True) == []
     assert result.failed() and not result.resizing()
     assert result.error == (f"{UNIT}: with --max-mamba-cache-size 240, max running requests is "
@@ -132,7 +133,7 @@ def test_a_target_that_cannot_fit_fails_the_first_gate_with_its_reason(
         use: Callable[[Host], Host]) -> None:
     use(TargetHost(capacity.parse(field_0_5_12(), "0.5.12"),
                    {"File": lambda path: {"mode": 600} if path == SAVED else None}))
-    result = gate.GateResult()
+    result = GateResult()
     assert run_gate(result, final=False) == []
     assert result.resize is None and result.failed()
     assert "GiB short. Levers: memory.mem_fraction_static" in (result.error or "")
@@ -143,7 +144,7 @@ def test_a_gate_that_reaches_the_target_keeps_its_release(
     sized = render(sizing.apply(target_profile("0.5.23"), 240))
     cap = capacity.parse(startup_log("0.5.23", sim_flags(sized), tmp_path, monkeypatch), "0.5.23")
     use(TargetHost(cap, {"Sha256File": sums(**{unit_path(UNIT): "u2", SAVED: "u1"})}))
-    result = gate.GateResult(resize=240)
+    result = GateResult(resize=240)
     assert run_gate(result, final=True) == [last_good.keep_command(UNIT)]
     assert result.resizing()  # the size passed: remember_size runs next
 
@@ -152,21 +153,21 @@ def test_the_sized_restart_writes_the_service_stages_unit_with_the_size(
         use: Callable[[Host], Host], seed_log: capacity.Capacity) -> None:
     use(TargetHost(seed_log))
     profile = sizing.apply(target_profile("0.5.23"), None)
-    out = commands(resize.sized_restart, profile, first(), RELEASE, gate.GateResult(resize=240))
+    out = commands(resize.sized_restart, profile, first(), RELEASE, GateResult(resize=240))
     [upload] = [c for c in out if isinstance(c, FileUploadCommand)]
     assert upload.dest == unit_path(UNIT)
     text = upload.src.read() if hasattr(upload.src, "read") else Path(upload.src).read_text()
     sized = render(sizing.apply(target_profile("0.5.23"), 240))
     assert service.exec_start(sized, RELEASE) in text and "--max-mamba-cache-size 240" in text
-    assert out[-2:] == ["systemctl daemon-reload", service.start_command(UNIT)]
-    assert commands(resize.sized_restart, profile, first(), RELEASE, gate.GateResult()) == []
+    assert out[-2:] == ["systemctl daemon-reload", units.start_command(UNIT)]
+    assert commands(resize.sized_restart, profile, first(), RELEASE, GateResult()) == []
 
 
 def test_the_size_that_passed_is_remembered_and_rendered_by_the_next_deploy(
         use: Callable[[Host], Host], seed_log: capacity.Capacity) -> None:
     use(TargetHost(seed_log))
     profile = sizing.apply(target_profile("0.5.23"), None)
-    out = commands(resize.remember_size, profile, first(), gate.GateResult(resize=240))
+    out = commands(resize.remember_size, profile, first(), GateResult(resize=240))
     [upload] = [c for c in out if isinstance(c, FileUploadCommand)]
     digest = sizing.key(first(), 183359)
     assert upload.dest == f"{SIZING}/{digest}.json"

@@ -19,12 +19,8 @@ from sglang_fleet.roll import planning
 from sglang_fleet.stages.driver.deploy import DriverConfig, change_refused
 from sglang_fleet.stages.gate.host import gate_soak
 from sglang_fleet.stages.service import deploy as service
-from sglang_fleet.stages.service.deploy import (
-    CRASH_RESTARTS,
-    found_down,
-    restart_policy,
-    start_command,
-)
+from sglang_fleet.stages.service.deploy import CRASH_RESTARTS, restart_policy
+from sglang_fleet.stages.service.units import found_down, start_command
 
 
 def unit_text(systemd_version: int) -> dict[str, str]:

@@ -20,6 +20,7 @@ from sglang_fleet.config.render import Launch, render_all
 from sglang_fleet.fleet import cutover, roll_directory
 from sglang_fleet.stages.gate import program as checker
 from sglang_fleet.stages.service import deploy as service
+from sglang_fleet.stages.service.units import start_command
 from sglang_fleet.stages.service.waves import Waves, plan, retired, wave_of
 from tests.conftest import field_profile
 from tests.fakes import RELEASE, Host, commands
@@ -140,7 +141,7 @@ def test_the_host_waits_for_the_first_server_before_the_others_start(
     monkeypatch.delenv(roll_directory.ENV, raising=False)  # outside a roll
     units = [launch.unit for launch in launches]
     waves = Waves()
-    assert restart(units[0], waves) == [service.start_command(units[0])]
+    assert restart(units[0], waves) == [start_command(units[0])]
     assert ready(launches, waves) == [] and shell.checked == units[:1]
     assert shell.noops == ["sglang-0.service ready"]
     for unit in units[1:]:  # the rest start together: nobody waits between them
@@ -179,7 +180,7 @@ def test_in_a_roll_with_batch_instances_each_wave_rejoins_the_routers(
         waves = Waves(per_wave=2)
         [leave, start] = restart("sglang-0.service", waves)
         assert isinstance(leave, FunctionCommand) and leave.args == (["sglang-0.service"],)
-        assert start == service.start_command("sglang-0.service")
+        assert start == start_command("sglang-0.service")
         [back] = ready(launches, waves)
         # the URL the routers reach it at (the host's address: it listens on 0.0.0.0)
         assert isinstance(back, FunctionCommand) and back.function is cutover._rejoin

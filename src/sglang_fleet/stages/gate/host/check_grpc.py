@@ -8,6 +8,7 @@ call of ``SglangScheduler`` (gate_grpc.py), and the same journal, capacity and f
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
 
 from sglang_fleet.remote.terminal import printable
@@ -19,6 +20,7 @@ from .gate_smoke import describe
 from .gate_soak import SOAK_PROMPT, SOAK_TOKENS, run_soak, soak_with
 from .gate_unit import wait_healthy
 
+Judge = Callable[..., None]  # check_server.judge
 
 def target_of(url: str) -> str:
     """HOST:PORT of a ``grpc://HOST:PORT`` URL.
@@ -29,9 +31,9 @@ def target_of(url: str) -> str:
     return url.removeprefix("grpc://").rstrip("/")
 
 
-def run_grpc(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    from .check_server import judge
-
+def run_grpc(args: argparse.Namespace, result: dict[str, Any], judge: Judge) -> None:
+    """check_server's ``run`` for a grpc:// URL, its steps judged by check_server's ``judge``
+    (passed in: that module imports this one)."""
     target = target_of(args.url)
     with Scheduler(target) as server:
         if args.smoke_only:

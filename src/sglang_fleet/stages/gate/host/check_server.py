@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if args.url.startswith("grpc://"):  # a server in gRPC mode: the same steps over its calls
         from .check_grpc import run_grpc
 
-        run_grpc(args, result)
+        run_grpc(args, result, judge)
         return
     if args.smoke_only:  # a running server, changed by nothing
         status, _ = request(f"{args.url}/health_generate", None, timeout=25)
