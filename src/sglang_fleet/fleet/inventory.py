@@ -1,7 +1,6 @@
 """Who serves and who routes, read from the inventory: the serving hosts (those with a
-``sglang_profile``) in inventory order, their worker URLs, and the routers in front of them
-(the group ``routers``). A multi-node group's server is one worker: its rank 0's URL; a rank
->= 1 answers /health but no API path, and is never a worker (``hostconfig.groups``).
+``sglang_profile``), their worker URLs, and the routers (the group ``routers``). A multi-node
+group's server is one worker: a rank >= 1 answers /health but no API path.
 
     for host in serving_hosts(inventory):
         print(host.name, worker_urls(host))

@@ -4,11 +4,8 @@ gate runs it on the host, and ``sglang-fleet capacity LOG`` on any log).
     cap = parse(journal_lines, version="0.5.12")
     for line in report(cap): print(line)   # the gate's and the CLI's lines
 
-Three parts:
-capacity_log.py reads the lines, each rank's apart (SGLang's formats and their sources are
-quoted there); capacity_figures.py decides the server's figures from the ranks (which rank,
-DP totals, a mamba cap the release did not log); this module reads a log through both
-(``Reader``, ``parse``) and says what the figures mean: the report and the advice.
+capacity_log.py reads the lines, each rank's apart; capacity_figures.py decides the server's
+figures from the ranks; this module says what the figures mean: the report and the advice.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """Capacity and job time of one server, a host or the fleet, from what each server's gate
-measured (standard library only: the gate runs it on the host for its server; the deploy,
-``status`` and ``roll`` run it for a host or the fleet).
+measured (standard library only: the gate runs it on the host).
 
     servers = [Server("gpu1 sglang-0.service", running=48, tokens_per_s=5200.0,
                       per_request_tps=150.0, measured_at="2026-07-01T10:02:11Z")]
@@ -27,13 +26,9 @@ RECORD_TEXT = re.compile(r"[A-Za-z0-9._:+-]{1,64}")  # a version, a time, an inv
 
 @dataclass(frozen=True)
 class Server:
-    """What one server's gate measured, and whether it serves now.
-
-    ``running``: its effective max running requests, from its own startup log (never
-    /server_info's echo of the command line); ``tokens_per_s``: output tokens per second under
-    the gate's soak; ``per_request_tps``: one request's (the smoke's); ``left_out``: why it is
-    not counted at all (down, never measured, measured before its restart), None when it is.
-    """
+    """What one server's gate measured: ``running`` from its own startup log (never
+    /server_info's echo of the command line); ``per_request_tps``: the smoke's; ``left_out``:
+    why it is not counted at all, None when it is."""
 
     name: str
     running: int | None = None
@@ -79,8 +74,7 @@ def job_seconds(job: tuple[int, int] | None, tokens_per_s: float | None) -> floa
 
 
 def parse_job(text: str | int | None) -> tuple[int, int] | None:
-    """Host data ``job_estimate`` ("COMPLETIONS,TOKENS", checked by the deploy's host data
-    forms) as numbers; None when not given.
+    """Host data ``job_estimate`` ("COMPLETIONS,TOKENS") as numbers; None when not given.
 
     >>> parse_job("900000,1000"), parse_job("")
     ((900000, 1000), None)

@@ -1,8 +1,6 @@
-"""Router stage: the gateway (``smg``, the Shepherd Model Gateway, by default; ``sglang-router``
-0.3.2 with host data ``router_package``), pinned, from PyPI or the site's index and wheelhouse,
-as a hardened systemd service in front of every serving host of the inventory, health-checking
-them and opening a worker's circuit breaker after a few failed requests, with its keys from a
-root-only file; the worker list changes without a restart.
+"""Router stage: the gateway (``smg`` by default; ``sglang-router`` 0.3.2 with host data
+``router_package``), pinned, as a hardened systemd service in front of every serving host,
+with its keys from a root-only file; the worker list changes without a restart.
 
     from sglang_fleet.stages.router.deploy import install_router
     install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory),
@@ -136,8 +134,6 @@ def allowed_peers(worker_urls: list[str]) -> list[str]:
 def router_release(config: RouterConfig) -> Ops:
     """PACKAGE==VERSION in its own venv, renamed into place when complete.
 
-    + config: the router's validated host data (``RouterConfig.from_host``)
-
         router_release(name="Install smg 1.13.0", config=config)
     """
     source = [*(["--index-url", config.index_url] if config.index_url else []),
@@ -171,13 +167,8 @@ def _sync(state: object, host: Any, config: RouterConfig, urls: list[str],
 def workers_in_step(config: RouterConfig, urls: list[str], listed: OperationMeta,
                     wait: int = 60) -> Ops:
     """The running router routes to exactly ``urls``: smg from the file it watches (given a few
-    seconds to apply it when the deploy changed it), and either through its API for what still
-    differs.
-
-    + config: the router's validated host data (its URL and admin key)
-    + urls: the workers it must route to
-    + listed: the operation that wrote the worker list
-    + wait: seconds to wait for the router's API to answer after a start
+    seconds to apply it when ``listed`` changed it), and either through its API for what still
+    differs; ``wait``: seconds for its API to answer after a start.
 
         workers_in_step(name="Router workers", config=config, urls=["http://10.0.0.2:30000"],
                         listed=put)

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -146,18 +145,3 @@ def sha256_of(stream: IO[bytes]) -> str:
     while chunk := stream.read(CHUNK):
         digest.update(chunk)
     return digest.hexdigest()
-
-
-def open_below(fd: int, path: str) -> int | None:
-    """``path`` (relative) opened below ``fd`` one real directory at a time; None if missing."""
-    current = os.dup(fd)
-    try:
-        for part in path.split("/"):
-            parent, current = current, os.open(part, DIRECTORY, dir_fd=current)
-            os.close(parent)
-    except OSError as exc:
-        os.close(current)
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            return None
-        raise
-    return current

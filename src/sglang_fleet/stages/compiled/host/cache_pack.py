@@ -22,7 +22,7 @@ import tarfile
 import time
 from typing import IO, Any
 
-from sglang_fleet.remote.prune_caches import open_root
+from sglang_fleet.remote.prune_caches import open_below, open_root
 
 from .cache_archive import (
     COPIED,
@@ -32,7 +32,6 @@ from .cache_archive import (
     NEW_FILE,
     Bound,
     Refused,
-    open_below,
     sha256_of,
 )
 

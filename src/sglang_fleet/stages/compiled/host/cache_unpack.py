@@ -19,10 +19,7 @@ import stat
 import tarfile
 from typing import IO, Any
 
-from sglang_fleet.remote.prune_caches import (
-    open_root,
-    remove_directory,
-)
+from sglang_fleet.remote.prune_caches import open_below, open_root, remove_directory
 
 from .cache_archive import (
     CHUNK,
@@ -34,7 +31,6 @@ from .cache_archive import (
     Refused,
     checked,
     manifest_of,
-    open_below,
     sha256_of,
 )
 

@@ -1,6 +1,5 @@
 """The served unit as systemd sees it, for the gate: its state, one invocation's journal (never
-an earlier launch's lines), its time to ready in parts, the wait until it is healthy (or down),
-and the error for a unit that went down. Journal lines are shown with the secrets masked.
+an earlier launch's lines) with the secrets masked, and the wait until it is healthy (or down).
 
     invocation = wait_healthy("sglang.service", "http://127.0.0.1:30000", budget=1800)
     journal(invocation, lines=40)              # the last 40 lines of that start
