@@ -43,18 +43,15 @@ class Reader(LineReader):
 
 
 def parse(lines: list[str], version: str | None = None) -> Capacity:
-    """The last startup's figures (a restart in the same journal replaces earlier ones);
-    ``version`` is the SGLang release that wrote them, when known."""
+    """The last startup's figures; ``version``: the SGLang release that wrote them, if known."""
     reader = Reader()
     for line in lines:
         reader.line(line)
     return reader.result(version)
 
 
-def _shown(value: float | None, unit: str = "", digits: int = 0) -> str:
-    if value is None:
-        return "not logged"
-    return f"{value:.{digits}f}{unit}" if digits else f"{value}{unit}"
+def _shown(value: float | None) -> str:
+    return "not logged" if value is None else f"{value}"
 
 
 def summary(cap: Capacity) -> str:
@@ -83,9 +80,8 @@ def summary(cap: Capacity) -> str:
 
 
 def report(cap: Capacity, target: int = 48) -> list[str]:
-    """The report's lines, the same for the gate and ``sglang-fleet capacity``: the figures,
-    what differs between ranks, for a log cut before the server was up what is missing and the
-    error that ended it, then the advice."""
+    """The report's lines (the gate's and ``sglang-fleet capacity``): the figures, rank differences,
+    what a cut log misses and the error that ended it, then the advice."""
     if cap.state == NOT_A_LOG:
         return []
     head = "capacity: " if cap.state == COMPLETE else \
@@ -151,8 +147,7 @@ def _mamba_advice(cap: Capacity, target: int) -> str | None:
 
 
 def advice(cap: Capacity, target: int = 48) -> list[str]:
-    """What an operator should change, in SGLang's flags and the profile's keys; nothing when
-    max running requests already reaches ``target``."""
+    """What an operator should change; nothing when max running requests reaches ``target``."""
     out = []
     if line := _mamba_advice(cap, target):
         out.append(line)

@@ -91,9 +91,8 @@ def _positive(value: Any) -> bool:
 
 
 def estimate(servers: list[Server], job: tuple[int, int] | None) -> Estimate:
-    """Sum what was measured: each server up with a logged running-request limit counts in the
-    capacity, each one up with a soak measured counts in the throughput; the others are named
-    with why (never counted as zero or as anything)."""
+    """Sum what was measured: each server up with a logged running-request limit in the capacity,
+    with a soak in the throughput; the others named with why (never counted as zero)."""
     capacity, throughput, not_counted = [], [], []
     for s in servers:
         if s.left_out:
@@ -134,8 +133,7 @@ def _when(servers: tuple[Server, ...]) -> str:
 
 
 def job_line(est: Estimate) -> str | None:
-    """The job's time at the measured throughput and at the concurrency bound; None without a
-    job."""
+    """The job's time at the measured throughput and at the concurrency bound (None: no job)."""
     if est.job is None:
         return None
     head = f"job {est.job[0]:,} completions x {est.job[1]:,} tokens: "
@@ -150,9 +148,8 @@ def job_line(est: Estimate) -> str | None:
 
 
 def lines(est: Estimate, scope: str, source: str = "the gates' soaks") -> list[str]:
-    """What ``scope`` ("host", "fleet") can run and how long the job takes, from what was
-    measured (``source`` says by what; the times of the measurements follow), with every
-    server that is not counted named."""
+    """What ``scope`` ("host", "fleet") can run and how long the job takes, from what ``source``
+    measured, with every server that is not counted named."""
     total = len(est.servers)
     out = [f"{scope}: {est.running} running requests on {len(est.capacity)} of {total} "
            "servers (each server's effective max running requests, from its startup log)"]

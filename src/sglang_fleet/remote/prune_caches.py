@@ -31,8 +31,7 @@ _NOT_A_DIRECTORY = (errno.ENOTDIR, errno.ELOOP)  # a file, or a link O_NOFOLLOW 
 
 
 def open_root(path: str, below: int | None = None) -> int:
-    """``path`` opened one component at a time from ``/`` (or from ``below``), no component a
-    link."""
+    """``path`` opened one component at a time from ``/`` (or ``below``), no component a link."""
     fd = os.open("/", _DIRECTORY) if below is None else os.dup(below)
     try:
         for part in path.split("/"):

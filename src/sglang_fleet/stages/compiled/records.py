@@ -131,8 +131,7 @@ def gpu_arch(report: SmiReport) -> str | None:
 
 def inputs_for(launches: list[Launch], release: Release, deep_gemm: str | None,
                arch: str | None) -> Inputs | str:
-    """The host's inputs, or why they cannot be known. A host's servers differ only in port and
-    GPUs (render._env), so the first one speaks for all."""
+    """The host's inputs, or why not known; its servers differ only in port and GPUs."""
     if deep_gemm is None:
         return f"{release.python_bin} did not say which DeepGEMM it has"
     if arch is None:
@@ -165,8 +164,7 @@ def differences(ours: dict[str, Any], theirs: dict[str, Any], there: str) -> lis
 
 
 def record_path(release: Release, digest: str) -> str:
-    """Where a host records that its cache holds ``digest``'s kernels (pruned with the release,
-    as the warm-up marks)."""
+    """Where a host records that its cache holds ``digest``'s kernels (pruned with the release)."""
     return f"{paths.COMPILED}/{release.id}-{digest}.json"
 
 

@@ -59,8 +59,7 @@ def nvidia_repo(distribution: Mapping[str, Any], arch: str) -> str | None:
 
 
 def repo_path() -> str:
-    """This host's NVIDIA repository directory; a named error before any change when the
-    distribution or architecture is not supported."""
+    """This host's NVIDIA repository directory; a named error before any change if unsupported."""
     dist, arch = host.get_fact(LinuxDistribution), str(host.get_fact(Arch))
     path = nvidia_repo(dist, arch)
     if path is None:

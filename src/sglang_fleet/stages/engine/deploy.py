@@ -113,8 +113,7 @@ def release_dir(release: Release) -> Ops:
 
 
 def uv_ready() -> None:
-    """uv and the venv support it builds on; the host's packages are recorded before the first
-    one the product installs (teardown purges only what it added)."""
+    """uv and the venv support it builds on (the host's packages recorded first, for teardown)."""
     packages_baseline(name="Packages before sglang-fleet (for teardown)")
     apt.packages(name="Python venv support", packages=ENGINE_PACKAGES)
     uv_tool(name=f"uv {UV_VERSION}")
@@ -205,8 +204,7 @@ def _caches_pruned(kept: list[str]) -> Ops:
 
 
 def switch_release(release: Release) -> None:
-    """``current`` on the release and releases beyond the last few pruned (never current or
-    previous): the service stage's, right before the server restarts onto it."""
+    """``current`` on the release, old releases pruned: right before the server restarts onto it."""
     current_link(name="Switch current release", release=release)
     upload(SHARED)
     prune(name=f"Keep the last {KEEP} releases")

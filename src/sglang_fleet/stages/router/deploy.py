@@ -144,9 +144,8 @@ def router_release(config: RouterConfig) -> Ops:
 
 def _sync(state: object, host: Any, config: RouterConfig, urls: list[str],
           file_changed: bool) -> None:
-    """Give a router that watches its file (and whose file just changed) a few seconds to
-    apply it, then add and remove through the API what still differs (a worker a stopped roll
-    or teardown left out), and give what it added time to be listed."""
+    """Give a router that watches its just-changed file a few seconds to apply it, then add and
+    remove through the API what still differs, and give what it added time to be listed."""
     api = config.api()
     deadline = time.monotonic() + (APPLY_S if file_changed and watches_file(config) else 0)
     have = api.workers(routed_only=True)

@@ -58,8 +58,7 @@ def keep_command(unit: str) -> str:
 
 
 def in_place(unit: str) -> bool:
-    """The unit and environment files in place are the ones that last passed the gate (the
-    environment's keys aside). Read as facts: checksums."""
+    """The unit and environment files in place last passed the gate (keys aside), by checksums."""
     saved = saved_unit(unit)
     kept = [host.get_fact(Sha256File, path=path) for path in (saved, f"{saved}.env")]
     now = [host.get_fact(Sha256File, path=unit_path(unit)),

@@ -78,8 +78,7 @@ def precompile_module(launch: Launch) -> str:
 
 
 def warm_key(launch: Launch, release: Release, mode: str) -> str:
-    """What a warm cache holds kernels for: the release, the server's flags (port and host
-    aside: they compile nothing) and its environment."""
+    """What a warm cache holds kernels for: the release, the flags (not port, host) and env."""
     flags = list(launch.argv[3:])
     for name in ("--port", "--host"):
         if name in flags:
@@ -146,8 +145,7 @@ def _report(lines: list[str]) -> dict[str, Any]:
 
 
 def warm_up(command: str, env_file: str, env_text: str) -> dict[str, Any]:
-    """Run the warm-up with its keys in ``env_file`` (root's, 0600) only while it runs; its
-    result."""
+    """Run the warm-up with its keys in ``env_file`` (root's, 0600) only while it runs."""
     try:
         write_secret(state, host, env_file, env_text, privilege())
     except OSError as err:

@@ -37,8 +37,7 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class Bound:
-    """How much an archive may hold, counted as tar counts it: its members (files and
-    directories) and the bytes of its files; host data on the controller sets both."""
+    """How much an archive may hold: its members and its files' bytes (host data sets both)."""
 
     entries: int
     gib: int

@@ -59,8 +59,7 @@ def time_to_ready(invocation: str, tries: int = 5) -> readiness.Timing:
 
 
 def unit_down(unit: str, invocation: str, state: dict[str, str], what: str) -> GateError:
-    """The error for a unit that went down: why (its crash's cause, else its last line), and
-    that invocation's journal."""
+    """The error for a unit that went down: its crash's cause (else its last line) and journal."""
     lines = journal(invocation, lines=0)
     tail = [line for line in lines[-40:] if line.strip()]
     last = crash.cause(lines) or (tail[-1].strip() if tail else

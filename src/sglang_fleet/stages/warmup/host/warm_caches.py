@@ -64,8 +64,7 @@ def over_http(flags: list[str]) -> list[str]:
 
 
 def child_argv(args: argparse.Namespace) -> list[str]:
-    """The entry point with the server's own flags, through the launcher (the keys from the
-    environment, in-process), over HTTP on a loopback port of its own."""
+    """The entry point with the server's flags, through the launcher, over HTTP on loopback."""
     flags = [*over_http(args.flags), "--host", "127.0.0.1", "--port", str(args.port)]
     if args.mode == "compile":
         flags += ["--timeout", str(args.timeout)]
@@ -127,8 +126,7 @@ def _generate(base: str) -> None:
 
 
 def serve_once(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str | None:
-    """Full warm-up: wait for the server to answer /health_generate, generate once, stop it.
-    Returns what went wrong, or None."""
+    """Full warm-up: wait for /health_generate, generate once; what went wrong, or None."""
     base = f"http://127.0.0.1:{port}"
     while time.monotonic() < deadline:
         if proc.poll() is not None:
