@@ -181,9 +181,8 @@ def _require_reach(router: Host, worker: Host) -> None:
 
 
 def gateway_args(inventory: Iterable[Host], router: Host) -> list[str]:
-    """The flags ``router`` needs for its workers: with servers in gRPC mode the gateway
-    tokenizes and parses their answers (smg only, one parser set for all of them); none over
-    HTTP, where each server parses its own.
+    """The flags ``router`` needs for its workers: with servers in gRPC mode the gateway (smg
+    only) tokenizes and parses their answers; none over HTTP.
 
         gateway_args(inventory, host)   # ['--reasoning-parser', 'qwen3', ...] or []
     """

@@ -189,9 +189,8 @@ def _text(value: Any) -> str | None:
 
 
 def from_record(name: str, data: Any, invocation: str | None = None) -> Server:
-    """A server from its gate's record (``record``), checked field by field: a figure of the
-    wrong type is not measured. With ``invocation`` (the unit's InvocationID now), a record of
-    another start of the unit is not counted: it measured a process that no longer serves."""
+    """A server from its gate's record, checked field by field; with ``invocation`` (the unit's
+    InvocationID now), a record of another start of the unit is not counted."""
     if not isinstance(data, dict):
         return Server(name, left_out="no gate record (deploys/sglang.py writes it when the "
                       "gate passes)")

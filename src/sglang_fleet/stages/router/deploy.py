@@ -69,11 +69,8 @@ def watches_file(config: RouterConfig) -> bool:
 
 def argv(config: RouterConfig, workers_json: str = WORKERS_JSON,
          gateway: list[str] | None = None) -> list[str]:
-    """The router's command line: the same flags for both packages (smg kept sglang-router's
-    names, smg/router_args.py), the worker list from the file smg watches, or, for
-    sglang-router, from ``$SGLANG_ROUTER_WORKERS`` (appended by the unit); ``gateway``: the
-    parsers of workers in gRPC mode (``fleet.gateway_args``), whose tokenizer smg fetches from
-    the workers themselves (their GetTokenizer)."""
+    """The router's command line (smg kept sglang-router's flag names, smg/router_args.py);
+    ``gateway``: the parsers of workers in gRPC mode, whose tokenizer smg fetches from them."""
     line = [*program(f"{venv(config)}/bin/python", LAUNCHER), CLI[config.package], "launch",
             "--host", config.bind, "--port", str(config.port), "--policy", config.policy,
             "--health-check-endpoint", "/health",

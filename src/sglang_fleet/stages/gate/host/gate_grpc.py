@@ -87,9 +87,8 @@ class Scheduler:
         self.channel.close()
 
     def ready(self, timeout: float = 5) -> bool:
-        """The readiness probe: ``grpc.health.v1.Health/Check`` of the scheduler's service,
-        SERVING only once the servicer's planned warm-up ran (smg_grpc_servicer's
-        health_servicer; its ``HealthCheck`` passes during the warm-up)."""
+        """The readiness probe: ``grpc.health.v1.Health/Check``, SERVING only once the servicer's
+    planned warm-up ran (its ``HealthCheck`` passes during the warm-up)."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         try:

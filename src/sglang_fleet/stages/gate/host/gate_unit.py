@@ -42,10 +42,9 @@ def journal(invocation: str, lines: int = 40) -> list[str]:
 
 
 def time_to_ready(invocation: str, tries: int = 5) -> readiness.Timing:
-    """This invocation's time to ready, in parts, from its journal at journald's own time:
-    the unit's lines and systemd's "Started" message for it (PID 1 logs that with the
-    invocation as INVOCATION_ID). Read again for a moment while the first generation's line
-    (the smoke's, just answered) is not in the journal yet."""
+    """This invocation's time to ready, in parts, from its journal (PID 1 logs its "Started"
+    message with the invocation as INVOCATION_ID); read again for a moment while the first
+    generation's line is not in it yet."""
     argv = ["journalctl", "-o", "json", "--no-pager", f"_SYSTEMD_INVOCATION_ID={invocation}",
             "+", f"INVOCATION_ID={invocation}"]
     timing = readiness.Timing()
@@ -70,9 +69,8 @@ def unit_down(unit: str, invocation: str, state: dict[str, str], what: str) -> G
 
 def wait_healthy(unit: str, url: str, budget: float,
                  probe: Callable[[], bool] | None = None, what: str = "") -> str:
-    """Until ``url/health_generate`` answers 200 (or ``probe``, named ``what``, says healthy):
-    the unit's invocation; a GateError as soon as the unit fails or restarts, or after
-    ``budget`` seconds."""
+    """Until ``url/health_generate`` answers 200 (or ``probe`` says healthy): the unit's invocation;
+    a GateError as soon as the unit fails or restarts, or after ``budget`` seconds."""
     invocation = unit_state(unit).get("InvocationID", "")
     deadline = time.monotonic() + budget
     while time.monotonic() < deadline:
