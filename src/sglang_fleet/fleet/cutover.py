@@ -1,20 +1,13 @@
 """A roll's cutover inside the deploy. A batch's run starts while the batch before it is
-still converging: its facts, uploads and checks run then. Two permissions come from the roll:
-the *turn* (the batch before it passed its gate), before the service stage changes any unit,
-environment file or ``current``; and *go* (the batch before it back in the routers, every other
-host healthy), before the first command that would disturb its servers (a restart, a stopped
-instance, a driver change, a reboot). At that command the host leaves the routers and drains,
-so it is out only for its restart and its gate. With ``--batch-instances`` (the plan's
-``batch_instances``) the host never leaves whole for a restart: only the servers about to
-restart leave (``leave_routers(units)``), and each wave rejoins the routers, seen healthy
-there, before the next one leaves (``rejoin``). Outside a roll (no ``SGLANG_FLEET_CUTOVER`` in
-the environment) nobody waits and nothing leaves anything.
+still converging. Two permissions come from the roll: the *turn* (the batch before it passed its
+gate), before the service stage changes what serves; and *go* (the batch before it back in the
+routers), before the first command that would disturb its servers, where the host leaves the
+routers and drains, so it is out only for its restart and its gate. With
+``--batch-instances`` only the servers about to restart leave, and each wave rejoins before
+the next leaves. Outside a roll (no ``SGLANG_FLEET_CUTOVER``) nobody waits and nothing leaves.
 
-The roll and its pyinfra runs share a directory (``roll_directory.RollDirectory``).
-
-Every command that disturbs a host's servers goes through ``disrupt``, which puts the leave
-right before it; no stage calls ``leave_routers`` itself (tests/unit/stages/test_disruption.py
-checks both).
+Every disruptive command goes through ``disrupt``, which puts the leave right before it
+(tests/unit/stages/test_disruption.py checks it).
 
     turn(name="This host's turn in a roll")      # an operation: waits in a roll only
     yield from disrupt(reboot_and_wait(900))     # in an operation: the host leaves, then reboots
@@ -48,9 +41,7 @@ POLL = 0.2  # seconds between looks for a turn
 
 @operation(is_idempotent=True)
 def turn() -> Ops:
-    """In a roll, wait until the roll gives this host its turn (the batch before it back in
-    the routers and healthy); nothing outside a roll. What comes after it may change what
-    serves.
+    """In a roll, wait until the roll gives this host its turn; nothing outside a roll.
 
         turn(name="In a roll, this host's turn")
     """
@@ -60,8 +51,8 @@ def turn() -> Ops:
 
 @operation(is_idempotent=True)
 def prepared() -> Ops:
-    """In a roll, tell it this host is prepared (every operation before this one succeeded on
-    it): a roll that tolerates failed preparations skips the hosts that never say so.
+    """In a roll, tell it this host is prepared: a roll that tolerates failed preparations
+    skips the hosts that never say so.
 
         prepared(name="In a roll, this host prepared")
     """
@@ -70,15 +61,13 @@ def prepared() -> Ops:
 
 
 def _say_prepared(state: Any, host: Any) -> bool:
-    roll_dir = current()
-    if roll_dir is not None and host.name in roll_dir.hosts():
+    if (roll_dir := _ours(host)) is not None:
         roll_dir.give("prepared", [host.name])
     return True
 
 
 def _await_turn(state: Any, host: Any) -> bool:
-    roll_dir = current()
-    if roll_dir is None or host.name not in roll_dir.hosts():
+    if (roll_dir := _ours(host)) is None:
         return True
     roll_dir.give("waiting", [host.name])
     if not _await(roll_dir, host, "turn", "prepared; waiting for its turn in the roll",
@@ -106,17 +95,13 @@ Command = str | PyinfraCommand
 
 
 def disrupt(*commands: Command | Iterable[Command], units: list[str] | None = None) -> Ops:
-    """Commands that disturb this host's servers (a restart or stop of a server, a driver or
-    fabric manager change, a reboot, a stale server killed), led by what a roll needs right
-    before them: the host out of every router, drained (with ``units`` and
-    ``--batch-instances``, only those servers). Outside a roll: the commands alone. Each of
+    """Commands that disturb this host's servers, led in a roll by the host out of every
+    router, drained (with ``units`` and ``--batch-instances``, only those servers). Each of
     ``commands`` is a command or an iterable of them, consumed only once the leave has run.
 
         yield from disrupt(start_command("sglang-1.service"), units=["sglang-1.service"])
         yield from disrupt(reboot_and_wait(900))      # the whole host leaves, then reboots
     """
-    # The one place a leave is yielded: a disruptive command a stage yields without this
-    # helper fails tests/unit/stages/test_disruption.py, so none can slip past the cutover.
     yield from leave_routers(units)
     for command in commands:
         if isinstance(command, (str, PyinfraCommand)):
@@ -126,10 +111,8 @@ def disrupt(*commands: Command | Iterable[Command], units: list[str] | None = No
 
 
 def leave_routers(units: list[str] | None = None) -> Iterator[FunctionCommand]:
-    """In a roll: a command that takes this host out of every router and drains it, the first
-    time one of its operations is about to disturb its servers. With ``units`` and a roll that
-    restarts a host's servers a few at a time (``--batch-instances``), only those servers
-    leave. Nothing outside a roll. Stages reach it through ``disrupt`` only.
+    """In a roll: a command that takes this host (with ``units`` and ``--batch-instances``,
+    only those servers) out of every router and drains it. Stages reach it through ``disrupt``.
 
         list(leave_routers(["sglang-3.service"]))   # [FunctionCommand(_leave_units, ...)]
     """
@@ -139,9 +122,9 @@ def leave_routers(units: list[str] | None = None) -> Iterator[FunctionCommand]:
 
 
 def rejoin(urls: list[str]) -> Iterator[FunctionCommand]:
-    """In a roll with ``--batch-instances``: a command that puts these servers (a wave, ready)
-    back into every router and waits until each router sees them healthy, before the next wave
-    leaves. Nothing otherwise: a host that left whole comes back whole, after its gate."""
+    """In a roll with ``--batch-instances``: a command that puts these servers back into every
+    router and waits until each sees them healthy. A host that left whole comes back after its
+    gate."""
     if batch_instances():
         yield FunctionCommand(_rejoin, (urls,), {})
 
@@ -199,8 +182,8 @@ def _leave_units(state: Any, host: Any, units: list[str]) -> bool:
 
 def _take_out(roll_dir: RollDirectory, state: Any, host: Any, urls: list[str], out: OutOfRouters,
          wave_from: float | None) -> bool:
-    """``urls`` out of every router, then drained (those a router had); recorded either way
-    (the roll puts back what may be out), as a wave of servers from ``wave_from`` if given."""
+    """``urls`` out of every router, then drained; recorded either way (the roll puts back
+    what may be out), as a wave from ``wave_from`` if given."""
     removed: list[str] = []
     try:
         for router in (config.api() for config in fleet.routers(state.inventory)):

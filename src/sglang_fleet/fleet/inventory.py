@@ -1,7 +1,6 @@
 """Who serves and who routes, read from the inventory: the serving hosts (those with a
-``sglang_profile``) in inventory order, their worker URLs, and the routers in front of them
-(the group ``routers``). A multi-node group's server is one worker: its rank 0's URL; a rank
->= 1 answers /health but no API path, and is never a worker (``hostconfig.groups``).
+``sglang_profile``), their worker URLs, and the routers (the group ``routers``). A multi-node
+group's server is one worker: a rank >= 1 answers /health but no API path.
 
     for host in serving_hosts(inventory):
         print(host.name, worker_urls(host))
@@ -188,9 +187,8 @@ def _require_reach(router: Host, worker: Host) -> None:
 
 
 def gateway_args(inventory: Iterable[Host], router: Host) -> list[str]:
-    """The flags ``router`` needs for its workers: with servers in gRPC mode the gateway
-    tokenizes and parses their answers (smg only, one parser set for all of them); none over
-    HTTP, where each server parses its own.
+    """The flags ``router`` needs for its workers: with servers in gRPC mode the gateway (smg
+    only) tokenizes and parses their answers; none over HTTP.
 
         gateway_args(inventory, host)   # ['--reasoning-parser', 'qwen3', ...] or []
     """

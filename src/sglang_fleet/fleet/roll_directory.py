@@ -1,11 +1,8 @@
 """The directory a roll shares with its pyinfra runs (root's, 0700, named by
-``SGLANG_FLEET_CUTOVER``): the roll writes ``plan.json`` (every host of the roll, the worker URLs
-it serves at now and the unit each belongs to, the drain and health bounds, ``batch_instances``,
-the roll's pid), ``<host>.turn``, ``<host>.go``, and ``abort`` when it stops; a run writes
-``<host>.prepared`` (its preparation done), ``<host>.waiting`` (prepared, at its turn),
-``<host>.took`` (past its turn: its files may have changed) and ``<host>.json`` (when it left
-the routers, whole or wave by wave, what the drain left: ``OutOfRouters``). Each file is
-written whole or not at all.
+``SGLANG_FLEET_CUTOVER``): the roll writes ``plan.json``, ``<host>.turn``, ``<host>.go``, and
+``abort`` when it stops; a run writes ``<host>.prepared``, ``<host>.waiting``, ``<host>.took``
+(past its turn: its files may have changed) and ``<host>.json`` (``OutOfRouters``). Each file
+is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -34,9 +31,8 @@ class Wave:
 
 @dataclass
 class OutOfRouters:
-    """A host's time out of the routers: when it left them whole (wall clock; None: only wave
-    by wave), each wave of its servers that left on its own, and what the drains left
-    unfinished.
+    """A host's time out of the routers: when it left them whole (None: only wave by wave),
+    each wave of its servers, and what the drains left unfinished.
 
         OutOfRouters(at=None, waves=[Wave(["http://10.0.0.11:30001"], 1767.0)]).still_out()
         # 1767.0
@@ -163,11 +159,16 @@ class RollDirectory:
         part.replace(self.directory / name)  # whole or absent for the reader
 
     def _read(self, name: str) -> dict[str, Any] | None:
-        try:
-            data = json.loads((self.directory / name).read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_object(self.directory / name)
+
+
+def read_object(path: Path) -> dict[str, Any] | None:
+    """A JSON object a run or the roll wrote; None when missing, cut or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def current() -> RollDirectory | None:

@@ -1,11 +1,8 @@
 """The host programs on a host: each component's ``host/`` folder and the shared
 ``sglang_fleet/remote/``, uploaded whole and run one way.
 
-A component's deploy uploads its folder with ``upload`` (root's files in a root-owned directory
-the service cannot write: the folder whole, with ``remote/``, which its programs may import)
-and runs a program with ``program``: the interpreter it needs, ``-m`` and the module's own
-name, and a ``PYTHONPATH`` that adds that directory alone. The tree keeps its package names on
-the host, so a program imports the same names there as here; the packages above a folder are
+The tree keeps its package names on the host (in a root-owned directory the service cannot
+write), so a program imports the same names there as here; the packages above a folder are
 empty there (standard library only: tests/unit/ops/test_host_programs.py holds every folder to
 it).
 
@@ -60,9 +57,8 @@ def module_file(module: str) -> str:
 
 def upload(package: str, *watched: str) -> list[OperationMeta]:
     """Put a folder of host programs on the host whole (files no longer in it go), with
-    ``remote/`` and the empty packages above it: root's, readable by all, writable by root
-    only. Returns one operation per ``watched`` module, in order: a deploy restarts what runs
-    that program when its file changed, and not for a change elsewhere in the folder.
+    ``remote/``. Returns one operation per ``watched`` module: a deploy restarts what runs that
+    program when its file changed, not for a change elsewhere in the folder.
 
         upload("sglang_fleet.stages.gate.host")
         [launcher] = upload("sglang_fleet.stages.router.host",

@@ -1,11 +1,8 @@
 """Commands whose output the operator sees while they run.
 
-pyinfra prints a command's output only with ``-vv`` (every command's) or, for a command that
-failed, all at once at its end: a host staging 55 GB of weights says nothing for minutes. A
-``LiveCommand`` is an ordinary shell command whose lines pyinfra prints as they arrive,
-prefixed with the host (pyinfra's own ``print_output``, for this command alone), so a host
-program's progress lines (``sglang_fleet/remote/progress.py``) reach the screen every few
-seconds, from every host at once:
+pyinfra prints a command's output only with ``-vv`` or, for a command that failed, all at once
+at its end: a host staging 55 GB of weights says nothing for minutes. A ``LiveCommand``'s lines
+are printed as they arrive (pyinfra's own ``print_output``, for this command alone):
 
     yield LiveCommand(f"{downloader} s3://models/q /var/lib/sglang/models/q")
     # [b200-01] weights: 12.34 GB of 55.56 GB (22%), 410 MB/s, about 1 min 45 s left

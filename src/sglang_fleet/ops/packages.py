@@ -42,9 +42,6 @@ def packages_purged(owned: Sequence[str], shared: Sequence[str] = ()) -> Ops:
     product installed them, and what they pulled in that nothing else needs now and the host
     did not have before (apt keeps packages another one merely suggests: they go too).
 
-    + owned: packages only the product installs (purged when present)
-    + shared: packages a host may have had before (purged only if the baseline lacks them)
-
         packages_purged(name="Engine packages", owned=[], shared=["python3-venv"])
     """
     installed = host.get_fact(DebPackages) or {}  # held ones included

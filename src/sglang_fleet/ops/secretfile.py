@@ -100,11 +100,9 @@ def secrets_absent() -> Ops:
 
 @operation(is_idempotent=True)
 def secret_file(dest: str, content: str) -> Ops:
-    """Ensure ``dest`` holds ``content``, owned by root with mode 0600; the content goes
-    through the command's standard input, never a temporary file or a command line.
-
-    + dest: the file's path, under the secrets directory
-    + content: the secret text (a newline is added when missing)
+    """Ensure ``dest`` holds ``content`` (a newline added when missing), owned by root with
+    mode 0600; the content goes through the command's standard input, never a temporary file
+    or a command line.
 
         secret_file(name="AWS credentials", dest="/etc/sglang/aws-credentials", content=text)
     """

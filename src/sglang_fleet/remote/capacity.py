@@ -4,11 +4,8 @@ gate runs it on the host, and ``sglang-fleet capacity LOG`` on any log).
     cap = parse(journal_lines, version="0.5.12")
     for line in report(cap): print(line)   # the gate's and the CLI's lines
 
-Three parts:
-capacity_log.py reads the lines, each rank's apart (SGLang's formats and their sources are
-quoted there); capacity_figures.py decides the server's figures from the ranks (which rank,
-DP totals, a mamba cap the release did not log); this module reads a log through both
-(``Reader``, ``parse``) and says what the figures mean: the report and the advice.
+capacity_log.py reads the lines, each rank's apart; capacity_figures.py decides the server's
+figures from the ranks; this module says what the figures mean: the report and the advice.
 """
 
 from __future__ import annotations
@@ -46,18 +43,15 @@ class Reader(LineReader):
 
 
 def parse(lines: list[str], version: str | None = None) -> Capacity:
-    """The last startup's figures (a restart in the same journal replaces earlier ones);
-    ``version`` is the SGLang release that wrote them, when known."""
+    """The last startup's figures; ``version``: the SGLang release that wrote them, if known."""
     reader = Reader()
     for line in lines:
         reader.line(line)
     return reader.result(version)
 
 
-def _shown(value: float | None, unit: str = "", digits: int = 0) -> str:
-    if value is None:
-        return "not logged"
-    return f"{value:.{digits}f}{unit}" if digits else f"{value}{unit}"
+def _shown(value: float | None) -> str:
+    return "not logged" if value is None else f"{value}"
 
 
 def summary(cap: Capacity) -> str:
@@ -86,9 +80,8 @@ def summary(cap: Capacity) -> str:
 
 
 def report(cap: Capacity, target: int = 48) -> list[str]:
-    """The report's lines, the same for the gate and ``sglang-fleet capacity``: the figures,
-    what differs between ranks, for a log cut before the server was up what is missing and the
-    error that ended it, then the advice."""
+    """The report's lines (the gate's and ``sglang-fleet capacity``): the figures, rank differences,
+    what a cut log misses and the error that ended it, then the advice."""
     if cap.state == NOT_A_LOG:
         return []
     head = "capacity: " if cap.state == COMPLETE else \
@@ -154,8 +147,7 @@ def _mamba_advice(cap: Capacity, target: int) -> str | None:
 
 
 def advice(cap: Capacity, target: int = 48) -> list[str]:
-    """What an operator should change, in SGLang's flags and the profile's keys; nothing when
-    max running requests already reaches ``target``."""
+    """What an operator should change; nothing when max running requests reaches ``target``."""
     out = []
     if line := _mamba_advice(cap, target):
         out.append(line)

@@ -1,12 +1,9 @@
 """A server's capacity figures (``Capacity``) from the ranks a ``capacity_log.LineReader``
 read (standard library only: runs on the host with the gate).
 
-One rank's figures are the server's: TP0's, which logs the scheduler's summary, with a note
-when ranks differ. With --dp-size every DP rank is a replica and the server's running requests
-are their sum. A log cut before the scheduler's summary gives a partial report (``state``), with
-what is missing and the error that ended it. Releases before 0.5.17 cap max_running_requests by
-the mamba state cache without saying so; the cap is inferred from the slots, the slots per
-request of the effective strategy and max_running_requests.
+TP0's figures are the server's, with a note when ranks differ; with --dp-size the running
+requests are the DP replicas' sum. Releases before 0.5.17 cap max_running_requests by the mamba
+state cache without saying so; the cap is inferred from the slots.
 
     cap = server_figures(reader, "0.5.12")   # Capacity(kv_tokens=..., state='complete', ...)
     running_limit({"max_running_requests": 48, "dp_size": 8})   # 384

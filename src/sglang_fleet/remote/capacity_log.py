@@ -2,11 +2,8 @@
 the formats each release writes, the "[time RANKS] " prefix, and ``LineReader``, which files
 each line's figures under the rank that logged it.
 
-Every rank (TP, DP, PP, EP, ... : the "[time DP1 TP3] " prefix) logs its own model runners'
-lines. With speculative decoding each rank logs a second runner, the draft worker: told apart by
-its class (..MTP, ..NextN, ..Eagle..) or, within one rank, as the runner after the target; its
-pool lines go to the runner that has not logged "Memory pool end" yet. Which rank's figures are
-the server's is capacity_figures.py's.
+With speculative decoding each rank logs a second runner, the draft worker: told apart by its
+class (..MTP, ..NextN, ..Eagle..) or, within one rank, as the runner after the target.
 
     split_prefix("Nov 30 b200 python[42]: [2026-11-30 06:29:24 TP3] Memory pool end. ...")
     # ('TP3', 'Memory pool end. ...')

@@ -1,6 +1,5 @@
 """Capacity and job time of one server, a host or the fleet, from what each server's gate
-measured (standard library only: the gate runs it on the host for its server; the deploy,
-``status`` and ``roll`` run it for a host or the fleet).
+measured (standard library only: the gate runs it on the host).
 
     servers = [Server("gpu1 sglang-0.service", running=48, tokens_per_s=5200.0,
                       per_request_tps=150.0, measured_at="2026-07-01T10:02:11Z")]
@@ -27,13 +26,9 @@ RECORD_TEXT = re.compile(r"[A-Za-z0-9._:+-]{1,64}")  # a version, a time, an inv
 
 @dataclass(frozen=True)
 class Server:
-    """What one server's gate measured, and whether it serves now.
-
-    ``running``: its effective max running requests, from its own startup log (never
-    /server_info's echo of the command line); ``tokens_per_s``: output tokens per second under
-    the gate's soak; ``per_request_tps``: one request's (the smoke's); ``left_out``: why it is
-    not counted at all (down, never measured, measured before its restart), None when it is.
-    """
+    """What one server's gate measured: ``running`` from its own startup log (never
+    /server_info's echo of the command line); ``per_request_tps``: the smoke's; ``left_out``:
+    why it is not counted at all, None when it is."""
 
     name: str
     running: int | None = None
@@ -79,8 +74,7 @@ def job_seconds(job: tuple[int, int] | None, tokens_per_s: float | None) -> floa
 
 
 def parse_job(text: str | int | None) -> tuple[int, int] | None:
-    """Host data ``job_estimate`` ("COMPLETIONS,TOKENS", checked by the deploy's host data
-    forms) as numbers; None when not given.
+    """Host data ``job_estimate`` ("COMPLETIONS,TOKENS") as numbers; None when not given.
 
     >>> parse_job("900000,1000"), parse_job("")
     ((900000, 1000), None)
@@ -97,9 +91,8 @@ def _positive(value: Any) -> bool:
 
 
 def estimate(servers: list[Server], job: tuple[int, int] | None) -> Estimate:
-    """Sum what was measured: each server up with a logged running-request limit counts in the
-    capacity, each one up with a soak measured counts in the throughput; the others are named
-    with why (never counted as zero or as anything)."""
+    """Sum what was measured: each server up with a logged running-request limit in the capacity,
+    with a soak in the throughput; the others named with why (never counted as zero)."""
     capacity, throughput, not_counted = [], [], []
     for s in servers:
         if s.left_out:
@@ -140,8 +133,7 @@ def _when(servers: tuple[Server, ...]) -> str:
 
 
 def job_line(est: Estimate) -> str | None:
-    """The job's time at the measured throughput and at the concurrency bound; None without a
-    job."""
+    """The job's time at the measured throughput and at the concurrency bound (None: no job)."""
     if est.job is None:
         return None
     head = f"job {est.job[0]:,} completions x {est.job[1]:,} tokens: "
@@ -156,9 +148,8 @@ def job_line(est: Estimate) -> str | None:
 
 
 def lines(est: Estimate, scope: str, source: str = "the gates' soaks") -> list[str]:
-    """What ``scope`` ("host", "fleet") can run and how long the job takes, from what was
-    measured (``source`` says by what; the times of the measurements follow), with every
-    server that is not counted named."""
+    """What ``scope`` ("host", "fleet") can run and how long the job takes, from what ``source``
+    measured, with every server that is not counted named."""
     total = len(est.servers)
     out = [f"{scope}: {est.running} running requests on {len(est.capacity)} of {total} "
            "servers (each server's effective max running requests, from its startup log)"]
@@ -198,9 +189,8 @@ def _text(value: Any) -> str | None:
 
 
 def from_record(name: str, data: Any, invocation: str | None = None) -> Server:
-    """A server from its gate's record (``record``), checked field by field: a figure of the
-    wrong type is not measured. With ``invocation`` (the unit's InvocationID now), a record of
-    another start of the unit is not counted: it measured a process that no longer serves."""
+    """A server from its gate's record, checked field by field; with ``invocation`` (the unit's
+    InvocationID now), a record of another start of the unit is not counted."""
     if not isinstance(data, dict):
         return Server(name, left_out="no gate record (deploys/sglang.py writes it when the "
                       "gate passes)")

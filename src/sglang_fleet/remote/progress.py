@@ -1,9 +1,6 @@
-"""Progress of long work on a host, as lines the deploy shows while it runs (standard library
-only: the host programs import it relatively and are uploaded with it).
-
-A host program prints a line every ``EVERY`` seconds on its standard output; the stage runs it
-as a command whose output pyinfra prints as it comes (``sglang_fleet.ops.live``), so each host
-says how far it is instead of staying silent for minutes:
+"""Progress of long work on a host, a line every ``EVERY`` seconds, which the deploy shows as
+it comes (``sglang_fleet.ops.live``) instead of staying silent for minutes (standard library
+only):
 
     meter = Meter(total=55_560_000_000, done=0)
     with Reporter(lambda: "weights: " + meter.line()):

@@ -30,9 +30,9 @@ _DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_
 _NOT_A_DIRECTORY = (errno.ENOTDIR, errno.ELOOP)  # a file, or a link O_NOFOLLOW refused
 
 
-def open_root(path: str) -> int:
-    """``path`` opened one component at a time from ``/``, no component a link."""
-    fd = os.open("/", _DIRECTORY)
+def open_root(path: str, below: int | None = None) -> int:
+    """``path`` opened one component at a time from ``/`` (or ``below``), no component a link."""
+    fd = os.open("/", _DIRECTORY) if below is None else os.dup(below)
     try:
         for part in path.split("/"):
             if part:
@@ -42,6 +42,16 @@ def open_root(path: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def open_below(fd: int | None, path: str) -> int | None:
+    """``open_root(path, fd)``, None if a component is missing or not a real directory."""
+    try:
+        return open_root(path, fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, *_NOT_A_DIRECTORY):
+            return None
+        raise
 
 
 def remove_directory(parent: int, name: str) -> bool:
@@ -113,12 +123,9 @@ def stale(fd: int, keep: set[str]) -> list[str]:
 
 def prune(root: str, keep: set[str]) -> list[str]:
     """The names removed from ``root`` (none when it is missing or not a real directory)."""
-    try:
-        fd = open_root(root)
-    except OSError as exc:
-        if exc.errno in (errno.ENOENT, *_NOT_A_DIRECTORY):
-            return []
-        raise
+    fd = open_below(None, root)
+    if fd is None:
+        return []
     try:
         return [name for name in stale(fd, keep) if remove_directory(fd, name)]
     finally:

@@ -25,9 +25,8 @@ SGLang's ``[%Y-%m-%d %H:%M:%S]`` prefix has only seconds):
   first_generation  the first "Prefill batch, ..." the scheduler logs after ready
                     (scheduler_metrics_mixin.py:389 in 0.5.10, metrics_reporter.py:754 in 0.5.23)
 
-Each line is read by the capacity report's reader (capacity.Reader): with tp > 1 every rank logs
-its own lines, and the marks are those of the rank the capacity report shows (TP0); the draft
-worker's lines are its own, not the target's.
+Each line is read by the capacity report's reader (capacity.Reader): the marks are those of the
+rank the capacity report shows (TP0), never the draft worker's.
 
     timing = parse(entries(json_lines))     # json_lines: journalctl -o json output
     describe(timing)   # 'ready in 31.2 s: start→weights 4.6 s, →KV+mamba 1.1 s, ...'
@@ -124,9 +123,8 @@ def entries(lines: Iterable[str]) -> list[Entry]:
 
 
 def _startup_events(log: list[Entry]) -> list[capacity.Event | None]:
-    """Each entry's startup event as the capacity report reads it (the same reader: ranks, the
-    draft worker, every "Load weight end" form), kept only for the rank whose figures the
-    report shows, so that each mark is one rank's (TP0's), never the earliest of eight."""
+    """Each entry's startup event as the capacity report reads it, kept only for the rank whose
+    figures the report shows, so that each mark is one rank's, never the earliest of eight."""
     reader = capacity.Reader()
     events = [reader.line(e.message) for e in log]
     shown = reader.result().rank

@@ -4,9 +4,8 @@ EnvironmentFile) instead of the command line, and keep the keys out of what it p
     python -m sglang_fleet.remote.start_server sglang.launch_server \\
         --model-path /var/lib/sglang/models/m --port 30000
 
-Runs on the serving host with the release's python (``sglang_fleet.ops.host_programs.program``);
-standard library only (uvicorn is the
-release's own). The keys reach SGLang in-process, as the flags it reads them from (``--api-key``,
+Standard library only (uvicorn is the release's own). The keys reach SGLang in-process, as the
+flags it reads them from (``--api-key``,
 ``--admin-api-key``): they are in this process's ``sys.argv``, which ``/proc/PID/cmdline``, ``ps``
 and ``systemctl status`` do not show (they show the argv the process was exec'd with). SGLang
 logs its whole ``server_args`` (keys included: 0.5.10 ``srt/entrypoints/engine.py:181``

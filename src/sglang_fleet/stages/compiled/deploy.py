@@ -1,25 +1,16 @@
 """Compile once per fleet: in a roll, the first host to pass its gate on a release hands the
 DeepGEMM kernels it compiled to the identical hosts after it, through the controller, so their
 restarts load and capture instead of compiling (when every GPU serves there is none to warm on).
-
-What a cache was compiled for is a digest (``compiled_records.Inputs``), which a host records
-once a server of that release passed the gate there, or once it received the cache of a host
-that did.
+What a cache was compiled for is a digest (``compiled_records.Inputs``).
 
     announce_kernels(launches=launches, release=release)  # preparing (converge.prepare)
     share_kernels(launches=launches, release=release)     # after the gate (converge.serve)
     receive_kernels(launches=launches, release=release)   # after the turn, before the restart
 
-In a roll the hosts say while they are prepared which digest they need, and whether they lack
-it; after its gate, the first host with a digest a later host lacks packs its cache
-(``stages/compiled/host/cache_copy.py``) and the controller keeps the archive and its sha256 in
-the roll's directory (``compiled_exchange``). A later host whose own cache lacks
-that digest receives it after its turn, before its restart: uploaded to root's staging,
-unpacked by the host program (sha256, the manifest's digest, every member checked; written as
-the service user). Both sides keep within their host data's bound (``kernel_share_max_gib``,
-``kernel_share_max_entries``): past it nothing is shared or unpacked. A host whose digest
-differs compiles itself, and the roll says in what the inputs differ. Nothing here fails a
-deploy: a cache that cannot be shared or received is said, and that host's restart compiles.
+The receiving host program checks the sha256, the manifest's digest and every member, and
+writes as the service user; both sides keep within ``kernel_share_max_gib`` and
+``kernel_share_max_entries``. Nothing here fails a deploy: a cache that cannot be shared or
+received is said, and that host's restart compiles.
 """
 
 from __future__ import annotations
@@ -104,10 +95,8 @@ def decide(inputs: Inputs, recorded: bool, offers: list[dict[str, Any]]) -> Deci
 def share_problem(name: str, order: list[str], digest: str, offers: list[dict[str, Any]],
                   past: AbstractSet[str] = frozenset(),
                   wants: dict[str, dict[str, Any]] | None = None) -> str | None:
-    """Why this host does not share its kernels (None: it does). ``past`` are the hosts past
-    their turn already (its own batch, and those before); ``wants`` what the others said
-    while they were prepared (their digest, whether they need its kernels): a host that said
-    nothing may need them.
+    """Why this host does not share its kernels (None: it does). ``wants``: what the others
+    said while prepared; a host that said nothing may need them.
 
         share_problem("h3", ["h1", "h2", "h3"], d, [])   # 'no host of the roll after it ...'
     """
@@ -144,8 +133,7 @@ def _result(lines: list[str]) -> dict[str, Any]:
 
 def _program(*args: str) -> dict[str, Any]:
     _, output = run(shlex.join(program("/usr/bin/python3", PROGRAM, *args)))
-    lines = list(output.stdout_lines)
-    return _result(lines)
+    return _result(list(output.stdout_lines))
 
 
 def bound() -> Bound:
@@ -165,10 +153,7 @@ def _mb(count: Any) -> str:
 @operation(is_idempotent=True)
 def kernels_shared(launches: list[Launch], release: Release) -> Ops:
     """In a roll, after its gate: the first host with a digest packs its kernels and the
-    controller keeps them for the hosts after it. Nothing outside a roll.
-
-    + launches: the host's servers, gated
-    + release: the release they run
+    controller keeps them for the hosts after it.
 
         kernels_shared(name="Share the compiled kernels", launches=launches, release=release)
     """
@@ -217,8 +202,7 @@ def _offer(roll_dir: RollDirectory, inputs: Inputs, packed: dict[str, Any], tic:
 
 
 def _fetch(outgoing: str, local: Path, packed: dict[str, Any]) -> dict[str, Any]:
-    """The host's archive onto the controller (0600), checked against the sha256 the host
-    program printed."""
+    """The host's archive onto the controller (0600), checked against its sha256."""
     with os.fdopen(os.open(local, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
         got = host.get_file(outgoing, out, **privilege())
     with open(local, "rb") as done:
@@ -232,12 +216,8 @@ def _fetch(outgoing: str, local: Path, packed: dict[str, Any]) -> dict[str, Any]
 
 @operation(is_idempotent=True)
 def kernels_received(launches: list[Launch], release: Release) -> Ops:
-    """In a roll, after its turn and before its restart: the kernels a host before it compiled
-    for the same digest, unpacked into this host's cache when it lacks them. Nothing outside a
-    roll (each host's first server compiles).
-
-    + launches: the host's servers, about to restart
-    + release: the release they restart onto
+    """In a roll, before its restart: the kernels a host before it compiled for the same
+    digest, unpacked into this host's cache when it lacks them.
 
         kernels_received(name="Receive the compiled kernels", launches=launches,
                          release=release)
@@ -271,9 +251,6 @@ def running_these(launches: list[Launch], release: Release) -> bool:
 def kernels_announced(launches: list[Launch], release: Release) -> Ops:
     """In a roll, while the host is prepared: its digest and whether it lacks those kernels,
     so the host before it shares them only when a host after it needs them.
-
-    + launches: the host's servers, as they will restart
-    + release: the release they will run
 
         kernels_announced(name="Say which kernels it needs", launches=launches,
                           release=release)

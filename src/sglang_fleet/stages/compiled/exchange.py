@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sglang_fleet.fleet.roll_directory import RollDirectory
+from sglang_fleet.fleet.roll_directory import RollDirectory, read_object
 
 STAGE = "caches"  # in the roll's directory: archives, offers, notes
 
@@ -29,15 +29,8 @@ def stage(roll_dir: RollDirectory) -> Path:
 
 def offers(roll_dir: RollDirectory) -> list[dict[str, Any]]:
     """What hosts shared so far (``<digest>.json``), in the order they shared it."""
-    found = []
-    for path in sorted(stage(roll_dir).glob("*.json"), key=lambda p: p.stat().st_mtime):
-        try:
-            offer = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(offer, dict):
-            found.append(offer)
-    return found
+    paths = sorted(stage(roll_dir).glob("*.json"), key=lambda p: p.stat().st_mtime)
+    return [offer for path in paths if (offer := read_object(path)) is not None]
 
 
 def claim(roll_dir: RollDirectory, digest: str) -> bool:
@@ -74,15 +67,8 @@ def want(roll_dir: RollDirectory, name: str, digest: str, needs: bool) -> None:
 
 def wants(roll_dir: RollDirectory) -> dict[str, dict[str, Any]]:
     """What the hosts said while they were prepared, by host."""
-    found = {}
-    for path in stage(roll_dir).glob("*.wants"):
-        try:
-            said = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(said, dict):
-            found[path.name.removesuffix(".wants")] = said
-    return found
+    return {path.name.removesuffix(".wants"): said for path in stage(roll_dir).glob("*.wants")
+            if (said := read_object(path)) is not None}
 
 
 def note(roll_dir: RollDirectory, name: str, text: str) -> None:
@@ -95,8 +81,5 @@ def notes(roll_dir: RollDirectory, name: str) -> list[str]:
 
         notes(roll_dir, "b200-02")   # ['kernels: received from b200-01 (41 MB, 3.2 s)']
     """
-    try:
-        found = json.loads((stage(roll_dir) / f"{name}.note").read_text())
-    except (OSError, ValueError):
-        return []
-    return [f"kernels: {found['note']}"] if isinstance(found, dict) and "note" in found else []
+    found = read_object(stage(roll_dir) / f"{name}.note") or {}
+    return [f"kernels: {found['note']}"] if "note" in found else []

@@ -1,11 +1,7 @@
-"""Where SGLang and its kernel libraries keep what they compile, per release: every cache is
-pointed at a persistent directory under /var/cache/sglang, so a restart (or a new release whose
-kernels are the same) finds its kernels instead of compiling them again.
-
-A cache whose entries carry their own key (the library folds its version, the GPU architecture
-and the kernel's source into each entry's name) is shared by every release: a new release reuses
-what is still valid and adds what is not. A cache whose entries are NOT keyed that way gets one
-directory per release, so a release never loads what another release built.
+"""Where SGLang and its kernel libraries keep what they compile: a persistent directory under
+/var/cache/sglang, so a restart finds its kernels instead of compiling them again. A cache whose
+entries carry their own key (version, GPU architecture, source) is shared by every release; any
+other gets one directory per release, so a release never loads what another built.
 
     from sglang_fleet.stages.compiled.kernel_caches import cache_env
     cache_env("0.5.23")["SGLANG_DG_CACHE_DIR"]      # '/var/cache/sglang/deep_gemm'
@@ -13,8 +9,7 @@ directory per release, so a release never loads what another release built.
 
 Each variable below was read from the source of the wheels named in ``read_by`` (file and line
 of the version checked); tests/unit/stages/compiled/test_kernel_caches.py greps those wheels
-again, so a
-wrong claim fails.
+again, so a wrong claim fails.
 """
 
 from __future__ import annotations
@@ -48,14 +43,10 @@ class Where:
 
 @dataclass(frozen=True)
 class Cache:
-    """One cache: the variable that moves it, its directory under /var/cache/sglang, whether
-    releases share it, the default it replaces, and which releases read it (``since`` and
-    ``until`` inclusive; None: every supported release).
-
-    ``installed_by`` is the requirement (``Requires-Dist`` name in the sglang wheel) that brings
-    the reading library into a release; "" when SGLang itself reads it, "driver" for the CUDA
-    driver (no wheel).
-    """
+    """One cache: the variable that moves it, its directory, whether releases share it, the
+    default it replaces, and which releases read it (``since``/``until`` inclusive).
+    ``installed_by``: the sglang wheel's ``Requires-Dist`` that brings the reading library in
+    ("" for SGLang itself, "driver" for the CUDA driver)."""
 
     variable: str
     subdir: str

@@ -1,9 +1,7 @@
-"""What a host's compiled kernels were compiled for, and its record of it: a digest
-(``Inputs``) of the release, the DeepGEMM its venv installs, the GPU architecture
-(``nvidia-smi`` compute_cap) and the rendered flags and environment that change which kernels a
-server compiles. A host records it (``/var/cache/sglang-fleet/compiled/<release>-<digest>.json``,
-root's) once a server of that release passed the gate there, or once it received the cache of
-a host that did (``compiled``).
+"""What a host's compiled kernels were compiled for: a digest (``Inputs``) of the release, its
+DeepGEMM, the GPU architecture and the flags and environment that change which kernels a server
+compiles, recorded once a server of that release passed the gate there or the host received
+the cache of a host that did.
 
     inputs = host_inputs(launches, release)       # Inputs, or why they cannot be known
     inputs.digest                                 # '3f9a…' (24 hex digits)
@@ -121,7 +119,7 @@ class Inputs:
 
 def gpu_arch(report: SmiReport) -> str | None:
     """The host's GPU architecture(s), as ``nvidia-smi`` gives compute_cap; None when it cannot
-    say (no GPU listed, nvidia-smi failing, an answer not of the form ``10.0``).
+    say.
 
         gpu_arch(SmiReport((gpu,) * 8, None))   # '10.0'
     """
@@ -133,9 +131,7 @@ def gpu_arch(report: SmiReport) -> str | None:
 
 def inputs_for(launches: list[Launch], release: Release, deep_gemm: str | None,
                arch: str | None) -> Inputs | str:
-    """The host's inputs, or why they cannot be known (then it neither shares nor receives).
-    A host's servers differ only in port and GPUs (render._env), so the first one speaks for
-    all."""
+    """The host's inputs, or why not known; its servers differ only in port and GPUs."""
     if deep_gemm is None:
         return f"{release.python_bin} did not say which DeepGEMM it has"
     if arch is None:
@@ -168,8 +164,7 @@ def differences(ours: dict[str, Any], theirs: dict[str, Any], there: str) -> lis
 
 
 def record_path(release: Release, digest: str) -> str:
-    """Where a host records that its cache holds ``digest``'s kernels (pruned with the release,
-    as the warm-up marks)."""
+    """Where a host records that its cache holds ``digest``'s kernels (pruned with the release)."""
     return f"{paths.COMPILED}/{release.id}-{digest}.json"
 
 
@@ -182,9 +177,6 @@ def host_inputs(launches: list[Launch], release: Release) -> Inputs | str:
 @operation(is_idempotent=True)
 def kernels_recorded(launches: list[Launch], release: Release) -> Ops:
     """Once its servers passed the gate: the host records what its kernels were compiled for.
-
-    + launches: the host's servers, gated
-    + release: the release they run
 
         kernels_recorded(name="Record what the kernels were compiled for", launches=launches,
                          release=release)

@@ -1,8 +1,7 @@
-"""DCGM and NVIDIA's exporter of its fields for Prometheus (:9400), for the driver stage when
-host data sets ``install_dcgm``: both from NVIDIA's repository (the exporter's package and
-unit: NVIDIA/dcgm-exporter packaging/ and hack/package/), the exporter on the host's own
-address, the host engine (:5555) on loopback; with ``sglang_allowed_clients``, the exporter
-answers those clients and the host only, as the servers do.
+"""DCGM and its Prometheus exporter (:9400) when host data sets ``install_dcgm`` (the
+exporter's package and unit: NVIDIA/dcgm-exporter packaging/ and hack/package/); the host
+engine (:5555) on loopback; with ``sglang_allowed_clients``, the exporter answers those
+clients and the host only, as the servers do.
 
     apt.packages(name="CUDA toolkit and DCGM", packages=DCGM_PACKAGES)
     dcgm_running()          # in the driver stage's pyinfra deploy, once the packages are in

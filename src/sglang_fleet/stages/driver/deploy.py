@@ -113,8 +113,6 @@ def driver_change_allowed(cfg: DriverConfig) -> Ops:
     """Stop before anything is installed when changing the driver version would need a reboot
     that host data does not allow.
 
-    + cfg: the driver stage's checked host data (``DriverConfig.of``)
-
         driver_change_allowed(name="Driver change allowed", cfg=cfg)
     """
     refused = change_refused(cfg, host.get_fact(NvidiaModule))
@@ -162,8 +160,6 @@ def driver_packages(cfg: DriverConfig) -> Ops:
 def load_driver(cfg: DriverConfig) -> Ops:
     """Reboot only when the loaded module is not the installed open driver, and only when
     ``allow_reboot`` says so; otherwise stop with what was found.
-
-    + cfg: the driver stage's validated host data (``allow_reboot``, ``reboot_timeout``)
 
         load_driver(name="Driver loaded", cfg=cfg)
     """
@@ -236,8 +232,6 @@ def fabric(cfg: DriverConfig) -> Ops:
     """On NVSwitch hosts (a Fabric state in nvidia-smi): the fabric manager of exactly the
     installed driver version, NVLSM and the InfiniBand tools it needs, enabled and running.
 
-    + cfg: the driver stage's validated host data
-
         fabric(name="NVSwitch fabric", cfg=cfg)
     """
     if host.get_fact(NvidiaFabric) is None:
@@ -285,8 +279,6 @@ def _fabric_problem(cfg: DriverConfig) -> str | None:
 def verify(cfg: DriverConfig) -> Ops:
     """GPU count, B200, memory, driver floor for the engine's CUDA, compute capability 10.0 and
     (on NVSwitch hosts) a completed fabric; one line per host.
-
-    + cfg: the driver stage's validated host data (``gpu_count``, ``engine_cuda``)
 
         verify(name="GPUs as expected", cfg=cfg)
     """

@@ -1,7 +1,5 @@
-"""NVIDIA's CUDA repository on a host, for the driver stage: the repository's directory for the
-host's distribution and architecture, its keyring package (downloaded into root's own
-directory, installed only with its pinned sha256), its index read once the keyring is new, and
-the NVIDIA stack kept out of unattended upgrades.
+"""NVIDIA's CUDA repository on a host: its keyring package (installed only with its pinned
+sha256), and the NVIDIA stack kept out of unattended upgrades.
 
     url = repository_url(NVIDIA_REPOS)                 # '…/cuda/repos/ubuntu2404/x86_64'
     nvidia_repository(url, given_sha256=None)          # in the driver stage's pyinfra deploy
@@ -60,8 +58,7 @@ def nvidia_repo(distribution: Mapping[str, Any], arch: str) -> str | None:
 
 
 def repo_path() -> str:
-    """This host's NVIDIA repository directory; a named error before any change when the
-    distribution or architecture is not supported."""
+    """This host's NVIDIA repository directory; a named error before any change if unsupported."""
     dist, arch = host.get_fact(LinuxDistribution), str(host.get_fact(Arch))
     path = nvidia_repo(dist, arch)
     if path is None:
@@ -107,9 +104,8 @@ def keyring_package(url: str, given_sha256: str | None) -> OperationMeta:
 
 
 def nvidia_repository(url: str, given_sha256: str | None) -> None:
-    """The keyring when the host has none (the package's sources list names the repository),
-    the index read once it is new, and the stack out of unattended upgrades (``given_sha256``:
-    host data ``nvidia_keyring_sha256``).
+    """The keyring when the host has none (its sources list names the repository), the index
+    read once it is new, and the stack out of unattended upgrades.
 
         nvidia_repository(repository_url(cfg.repo_base_url), cfg.keyring_sha256)
     """

@@ -1,7 +1,5 @@
-"""Engine stage: SGLang in an isolated, pinned release directory named after what defines it,
-installed with uv while the old release still serves; the ``current`` link is switched
-atomically by the service stage, right before the restart onto it (``switch_release``); the
-last releases are kept for rollback.
+"""Engine stage: SGLang in a pinned release directory, installed with uv while the old release
+still serves; the service stage switches ``current`` right before the restart onto it.
 
     from sglang_fleet.stages.engine.deploy import install_engine, switch_release
     release = install_engine(profile)      # in a pyinfra deploy
@@ -107,8 +105,6 @@ def venv_install(dest: str, python: str, requirement: str, source: list[str]) ->
 def release_dir(release: Release) -> Ops:
     """Install the release into its directory, renamed into place when complete.
 
-    + release: what defines the installation (package, version, extras, index, python)
-
         release_dir(name="Install sglang==0.5.23", release=release_for(profile))
     """
     source = [*(["--index-url", release.index_url] if release.index_url else []),
@@ -117,8 +113,7 @@ def release_dir(release: Release) -> Ops:
 
 
 def uv_ready() -> None:
-    """uv and the venv support it builds on; the host's packages are recorded before the first
-    one the product installs (teardown purges only what it added)."""
+    """uv and the venv support it builds on (the host's packages recorded first, for teardown)."""
     packages_baseline(name="Packages before sglang-fleet (for teardown)")
     apt.packages(name="Python venv support", packages=ENGINE_PACKAGES)
     uv_tool(name=f"uv {UV_VERSION}")
@@ -127,8 +122,6 @@ def uv_ready() -> None:
 @operation(is_idempotent=True)
 def current_link(release: Release) -> Ops:
     """Point ``current`` at the release (atomically) and ``previous`` at what it replaced.
-
-    + release: the release ``current`` must name
 
         current_link(name="Switch current release", release=release)
     """
@@ -178,8 +171,6 @@ def prune(keep: int = KEEP) -> Ops:
     per-version caches (``caches.PER_RELEASE``) of versions no release left has, and the
     warm-up marks and compiled-kernel records of releases no longer there.
 
-    + keep: how many of the newest complete releases to keep besides current and previous
-
         prune(name="Keep the last 3 releases", keep=3)
     """
     names = releases_newest_first()
@@ -213,8 +204,7 @@ def _caches_pruned(kept: list[str]) -> Ops:
 
 
 def switch_release(release: Release) -> None:
-    """``current`` on the release and releases beyond the last few pruned (never current or
-    previous): the service stage's, right before the server restarts onto it."""
+    """``current`` on the release, old releases pruned: right before the server restarts onto it."""
     current_link(name="Switch current release", release=release)
     upload(SHARED)
     prune(name=f"Keep the last {KEEP} releases")

@@ -1,8 +1,6 @@
-"""Router stage: the gateway (``smg``, the Shepherd Model Gateway, by default; ``sglang-router``
-0.3.2 with host data ``router_package``), pinned, from PyPI or the site's index and wheelhouse,
-as a hardened systemd service in front of every serving host of the inventory, health-checking
-them and opening a worker's circuit breaker after a few failed requests, with its keys from a
-root-only file; the worker list changes without a restart.
+"""Router stage: the gateway (``smg`` by default; ``sglang-router`` 0.3.2 with host data
+``router_package``), pinned, as a hardened systemd service in front of every serving host,
+with its keys from a root-only file; the worker list changes without a restart.
 
     from sglang_fleet.stages.router.deploy import install_router
     install_router(fleet.RouterConfig.from_host(host), fleet.all_worker_urls(inventory),
@@ -71,11 +69,8 @@ def watches_file(config: RouterConfig) -> bool:
 
 def argv(config: RouterConfig, workers_json: str = WORKERS_JSON,
          gateway: list[str] | None = None) -> list[str]:
-    """The router's command line: the same flags for both packages (smg kept sglang-router's
-    names, smg/router_args.py), the worker list from the file smg watches, or, for
-    sglang-router, from ``$SGLANG_ROUTER_WORKERS`` (appended by the unit); ``gateway``: the
-    parsers of workers in gRPC mode (``fleet.gateway_args``), whose tokenizer smg fetches from
-    the workers themselves (their GetTokenizer)."""
+    """The router's command line (smg kept sglang-router's flag names, smg/router_args.py);
+    ``gateway``: the parsers of workers in gRPC mode, whose tokenizer smg fetches from them."""
     line = [*program(f"{venv(config)}/bin/python", LAUNCHER), CLI[config.package], "launch",
             "--host", config.bind, "--port", str(config.port), "--policy", config.policy,
             "--health-check-endpoint", "/health",
@@ -136,8 +131,6 @@ def allowed_peers(worker_urls: list[str]) -> list[str]:
 def router_release(config: RouterConfig) -> Ops:
     """PACKAGE==VERSION in its own venv, renamed into place when complete.
 
-    + config: the router's validated host data (``RouterConfig.from_host``)
-
         router_release(name="Install smg 1.13.0", config=config)
     """
     source = [*(["--index-url", config.index_url] if config.index_url else []),
@@ -148,9 +141,8 @@ def router_release(config: RouterConfig) -> Ops:
 
 def _sync(state: object, host: Any, config: RouterConfig, urls: list[str],
           file_changed: bool) -> None:
-    """Give a router that watches its file (and whose file just changed) a few seconds to
-    apply it, then add and remove through the API what still differs (a worker a stopped roll
-    or teardown left out), and give what it added time to be listed."""
+    """Give a router that watches its just-changed file a few seconds to apply it, then add and
+    remove through the API what still differs, and give what it added time to be listed."""
     api = config.api()
     deadline = time.monotonic() + (APPLY_S if file_changed and watches_file(config) else 0)
     have = api.workers(routed_only=True)
@@ -171,13 +163,8 @@ def _sync(state: object, host: Any, config: RouterConfig, urls: list[str],
 def workers_in_step(config: RouterConfig, urls: list[str], listed: OperationMeta,
                     wait: int = 60) -> Ops:
     """The running router routes to exactly ``urls``: smg from the file it watches (given a few
-    seconds to apply it when the deploy changed it), and either through its API for what still
-    differs.
-
-    + config: the router's validated host data (its URL and admin key)
-    + urls: the workers it must route to
-    + listed: the operation that wrote the worker list
-    + wait: seconds to wait for the router's API to answer after a start
+    seconds to apply it when ``listed`` changed it), and either through its API for what still
+    differs; ``wait``: seconds for its API to answer after a start.
 
         workers_in_step(name="Router workers", config=config, urls=["http://10.0.0.2:30000"],
                         listed=put)

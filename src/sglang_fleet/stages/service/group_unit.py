@@ -17,13 +17,11 @@ from sglang_fleet.hostconfig import groups
 def group_unit(launch: Launch, allowed_clients: list[str]) -> dict[str, list[str]]:
     """The template's ``group_peers`` and ``infiniband``: empty for a server on one host.
 
-    The peers: every member's address, when the unit has an allow-list at all
-    (``sglang_allowed_clients``): the rendezvous, NCCL's bootstrap and gloo's sockets run
-    between all members, each way, and systemd's filter drops any packet to or from an
-    address it does not list (rank 0's own address too: it is not ``localhost``). The devices:
-    ``DevicePolicy=closed`` shuts out /dev/infiniband/*, which NCCL's IB transport opens; a
-    host without them (no RDMA adapter) gets none, and a server on one host needs none (its
-    NCCL stays on NVLink).
+    The peers: every member's address, when the unit has an allow-list at all: the
+    rendezvous, NCCL's bootstrap and gloo's sockets run between all members, each way, and
+    systemd's filter drops any packet to or from an address it does not list (rank 0's own
+    too). The devices: ``DevicePolicy=closed`` shuts out /dev/infiniband/*, which NCCL's IB
+    transport opens.
     """
     if not spans_hosts(launch):
         return {"group_peers": [], "infiniband": []}

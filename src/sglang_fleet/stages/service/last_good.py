@@ -38,8 +38,7 @@ _RELEASE = re.compile(re.escape(RELEASES) + r"/[^/ ]+")
 
 
 def saved_unit(unit: str) -> str:
-    """Where the unit file that last passed the gate is kept (its environment: ``.env`` after
-    it).
+    """Where the unit file that last passed the gate is kept (its environment: ``.env``).
 
         saved_unit("sglang.service")   # '/etc/sglang/last-good/sglang.service'
     """
@@ -56,8 +55,7 @@ def keep_command(unit: str) -> str:
 
 
 def in_place(unit: str) -> bool:
-    """The unit and environment files in place are the ones that last passed the gate (the
-    environment's keys aside). Read as facts: checksums."""
+    """The unit and environment files in place last passed the gate (keys aside), by checksums."""
     saved = saved_unit(unit)
     kept = [host.get_fact(Sha256File, path=path) for path in (saved, f"{saved}.env")]
     now = [host.get_fact(Sha256File, path=unit_path(unit)),
@@ -104,8 +102,6 @@ def restore_unit(unit: str) -> Ops:
     """Put the unit and environment that last passed the gate back, with the ``current`` link
     on the release they run, and restart the unit if it ran something else.
 
-    + unit: the server unit, e.g. ``sglang.service``
-
         restore_unit(name="Last good sglang.service", unit="sglang.service")
     """
     if not _kept(unit):
@@ -128,11 +124,8 @@ def restore_unit(unit: str) -> Ops:
 @operation(is_idempotent=True)
 def restore_files(unit: str) -> Ops:
     """The last good unit and environment files back in place, ``current`` on their release,
-    without a restart: for a host a roll stopped after its files changed and before its
-    restart, whose server still runs the last good release. A unit no release of which passed
-    the gate (a new instance never started) is removed.
-
-    + unit: the server unit, e.g. ``sglang.service``
+    without a restart (a roll stopped before its restart). A unit that never passed the gate
+    is removed.
 
         restore_files(name="Files of sglang.service back", unit="sglang.service")
     """
@@ -152,12 +145,7 @@ def restore_files(unit: str) -> Ops:
 
 @operation(is_idempotent=True)
 def check_restored(profile: Profile, launch: Launch, budget: int) -> Ops:
-    """Health (within the startup budget) and a smoke generation of what serves now, once the
-    last good release is back.
-
-    + profile: the profile the server was rendered from
-    + launch: the rendered server
-    + budget: seconds the server may take to become healthy
+    """Health and a smoke generation of what serves now, once the last good release is back.
 
         check_restored(name="Gate sglang.service: health and smoke generation",
                        profile=profile, launch=launch, budget=1800)

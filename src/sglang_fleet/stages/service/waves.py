@@ -1,17 +1,14 @@
 """Restart waves inside a host: which of its servers (re)start together.
 
-The first server that restarts starts alone: on a new release it compiles the kernels (DeepGEMM,
-flashinfer, triton) into the host's shared caches (``caches``), and the host waits until it is
-ready before the others start from what it wrote. Then the rest: all at once, or ``per_wave``
-at a time in a roll with ``--batch-instances``. A server that does not restart belongs to no
-wave; a retired one (an instance the profile no longer runs) leaves before the first wave.
+The first server that restarts starts alone: on a new release it compiles the kernels into the
+host's shared caches, and the others start from what it wrote once it is ready. Then the rest:
+all at once, or ``per_wave`` at a time with ``--batch-instances``.
 
     >>> plan(["sglang-0.service", "sglang-1.service", "sglang-2.service"],
     ...      restarting={"sglang-0.service", "sglang-1.service", "sglang-2.service"})
     [['sglang-0.service'], ['sglang-1.service', 'sglang-2.service']]
 
-The service stage learns which servers restart only as it runs (a unit restarts when its
-files changed), so it keeps a ``Waves`` and asks it after each start whether a wave is whole.
+The service stage learns which servers restart only as it runs, so it keeps a ``Waves``.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ def wave_of(index: int, per_wave: int | None) -> int:
 
 @dataclass
 class Waves:
-    """The host's restarts as they happen: started units, how many of them are ready, and the
-    error that stopped the waves (later servers then stay as they are).
+    """The host's restarts as they happen (after an error, later servers stay as they are).
 
         waves = Waves(per_wave=2); waves.start("sglang-0.service")
         waves.due()            # ['sglang-0.service']: wait for it before the next starts
@@ -77,8 +73,7 @@ def retired(installed: Sequence[str], keep: Collection[str]) -> list[str]:
 
 def plan(units: Sequence[str], restarting: Collection[str],
          per_wave: int | None = None) -> list[list[str]]:
-    """The waves of ``units`` (in launch order) when ``restarting`` are the ones that must
-    (re)start, as the service stage forms them one start at a time.
+    """The waves of ``units`` (in launch order) when ``restarting`` must (re)start.
 
         >>> plan(["a", "b", "c", "d"], restarting={"b", "c", "d"}, per_wave=1)
         [['b'], ['c'], ['d']]

@@ -43,9 +43,6 @@ def _deregister(state: object, host: object, routers: list[RouterConfig],
 def out_of_routers(routers: list[RouterConfig], urls: list[str]) -> Ops:
     """Take ``urls`` out of every router that still routes to them (from this machine).
 
-    + routers: the routers of the inventory (``fleet.routers``)
-    + urls: this host's worker URLs
-
         out_of_routers(name="Out of the routers", routers=routers, urls=urls)
     """
     registered = []

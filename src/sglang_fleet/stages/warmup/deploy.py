@@ -7,11 +7,9 @@ still serves, so the restart pays only loading and graph capture (profile ``warm
 - ``full``: a warm-up start of the new release itself, one generation, then a stop;
 - ``off``: nothing.
 
-It runs on GPUs no server of the profile uses (``parallel.instances`` x tp x dp from GPU 0 up),
-as the service user with the service's cache environment and sandbox, reachable from this host
-alone, with one-off keys in a root-only environment file; a host without such GPUs is said so
-and the restart pays the compile. While it runs, the host says every 10 s how long it has
-compiled of its budget and the compile's last line (shown as it comes).
+It runs on GPUs no server of the profile uses, as the service user with the service's cache
+environment and sandbox, with one-off keys in a root-only environment file; a host without
+such GPUs is said so and the restart pays the compile.
 
     from sglang_fleet.stages.warmup.deploy import warm_caches
     warm_caches(profile=profile, launches=launches, release=release)   # before the service
@@ -41,7 +39,7 @@ from sglang_fleet.config.profile import Profile
 from sglang_fleet.config.render import Launch
 from sglang_fleet.facts.nvidia import NvidiaSmi
 from sglang_fleet.facts.ports import PortListeners
-from sglang_fleet.facts.systemd import UnitState, UnitStates
+from sglang_fleet.facts.systemd import UnitStates
 from sglang_fleet.ops import Ops, privilege, result_line, run
 from sglang_fleet.ops.host_programs import program, upload
 from sglang_fleet.ops.secretfile import write_secret
@@ -59,8 +57,7 @@ PROGRESS_SECONDS = 10  # between two of the program's progress lines, shown as t
 
 
 def spare_gpus(profile: Profile, gpu_count: int) -> list[int]:
-    """GPUs of the host no server of the profile uses, as many as one instance needs (none if
-    too few).
+    """GPUs no server of the profile uses, as many as one instance needs (none if too few).
 
     >>> from sglang_fleet.config.profile import load
     >>> spare_gpus(load("qwen3.6-27b-mtp", {"parallel.instances": 1}), 8)
@@ -81,8 +78,7 @@ def precompile_module(launch: Launch) -> str:
 
 
 def warm_key(launch: Launch, release: Release, mode: str) -> str:
-    """What a warm cache holds kernels for: the release, the server's flags (port and host
-    aside: they compile nothing) and its environment."""
+    """What a warm cache holds kernels for: the release, the flags (not port, host) and env."""
     flags = list(launch.argv[3:])
     for name in ("--port", "--host"):
         if name in flags:
@@ -91,11 +87,6 @@ def warm_key(launch: Launch, release: Release, mode: str) -> str:
     env = {k: v for k, v in launch.env.items() if k != "CUDA_VISIBLE_DEVICES"}  # per instance
     what = {"release": release.id, "flags": flags, "env": env, "mode": mode}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def unchanged_kernels(unit: UnitState, launch: Launch, release: Release) -> bool:
-    """The unit runs this release with these flags already: nothing new to compile."""
-    return unit.runs(release.id, launch.argv[2], launch.argv[3:])
 
 
 def unused_port(start: int) -> int:
@@ -154,8 +145,7 @@ def _report(lines: list[str]) -> dict[str, Any]:
 
 
 def warm_up(command: str, env_file: str, env_text: str) -> dict[str, Any]:
-    """Run the warm-up with its keys in ``env_file`` (root's, 0600) only while it runs; its
-    result."""
+    """Run the warm-up with its keys in ``env_file`` (root's, 0600) only while it runs."""
     try:
         write_secret(state, host, env_file, env_text, privilege())
     except OSError as err:
@@ -172,11 +162,6 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
     """Before the restart that moves a running server onto other kernels: its caches filled on
     spare GPUs while it still serves.
 
-    + profile: the validated profile (``warmup``, ``parallel``)
-    + launch: the server launch about to be (re)started
-    + release: the engine release it will run
-    + budget: seconds the warm-up may take (``startup_budget_seconds``)
-
         caches_warmed(name="Warm caches of sglang.service", profile=profile, launch=launch,
                       release=release, budget=1800)
     """
@@ -188,7 +173,7 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
     if unit is None or unit.active != "active":
         host.noop(f"{launch.unit} is not serving: its own start fills the caches")
         return
-    if unchanged_kernels(unit, launch, release):
+    if unit.runs(release.id, launch.argv[2], launch.argv[3:]):
         host.noop(f"{launch.unit} runs this release with these flags: nothing to compile")
         return
     mark = f"{MARKS}/{release.id}-{warm_key(launch, release, profile.warmup)}"  # pruned by id
@@ -221,8 +206,7 @@ def caches_warmed(profile: Profile, launch: Launch, release: Release, budget: in
     command = warm_command(profile, launch, release, port, module, budget)
 
     def warm(state: State, host: Host) -> bool:
-        # Its progress lines are shown as they come (pyinfra's print_output, for this command);
-        # a failed warm-up leaves the compile to the restart, and the host goes on.
+        # a failed warm-up leaves the compile to the restart, and the host goes on
         logger.info(f"{host.print_prefix}warm-up ({profile.warmup}) of {release.id} on {where}, "
                     f"up to {budget} s")
         result = warm_up(command, paths.env_file(unit_name(launch)), env_text)

@@ -1,8 +1,6 @@
-"""Weights stage: the model staged once onto the host's local disk (S3 with boto3 on the host,
-the Hugging Face hub at a pinned revision, or a path already on the host), verified, renamed
-into place when complete, by the host program ``download_model`` in the tools venv;
-credentials only in root-owned 0600 files. The downloader's lines (what it stages, then every
-10 s the bytes done of the total, the rate and the time left) are shown as they come.
+"""Weights stage: the model staged once onto the host's local disk (S3, the Hugging Face hub
+at a pinned revision, or a path already on the host), verified, renamed into place when
+complete, by the host program ``download_model``; credentials only in root-owned 0600 files.
 
     from sglang_fleet.stages.weights.deploy import stage_weights
     stage_weights(profile)        # in a pyinfra deploy
@@ -93,13 +91,7 @@ def staged(source: str, dest: str, endpoint: str | None, token_file: str | None,
     """Run the downloader unless DEST already holds a complete, verified model of SOURCE (its
     manifest records it).
 
-    + source: ``s3://bucket/prefix`` or ``hf://org/name@revision`` (normalized)
-    + dest: the model's directory on the host
-    + endpoint: the S3 endpoint URL (None: AWS's)
-    + token_file: a root-only file holding the Hugging Face token (None: anonymous)
-    + reuse: where an earlier release staged SOURCE (linked, not downloaded, if it holds it)
-
-    The downloader's output is shown while it runs (``LiveCommand``): its progress lines.
+    ``reuse``: where an earlier release staged SOURCE (linked, not downloaded, if it holds it).
 
         staged(name="Stage s3://m/q", source="s3://m/q", dest="/var/lib/sglang/models/q-…",
                endpoint=None, token_file=None)
@@ -140,8 +132,6 @@ def stage_name(source: str, dest: str, served: str | None) -> str:
 @operation(is_idempotent=True)
 def present(path: str) -> Ops:
     """A host path: it must already hold a model.
-
-    + path: the model's directory on the host
 
         present(name="Model at /models/q", path="/models/q")
     """

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
@@ -38,8 +37,7 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class Bound:
-    """How much an archive may hold, counted as tar counts it: its members (files and
-    directories) and the bytes of its files; host data on the controller sets both."""
+    """How much an archive may hold: its members and its files' bytes (host data sets both)."""
 
     entries: int
     gib: int
@@ -146,18 +144,3 @@ def sha256_of(stream: IO[bytes]) -> str:
     while chunk := stream.read(CHUNK):
         digest.update(chunk)
     return digest.hexdigest()
-
-
-def open_below(fd: int, path: str) -> int | None:
-    """``path`` (relative) opened below ``fd`` one real directory at a time; None if missing."""
-    current = os.dup(fd)
-    try:
-        for part in path.split("/"):
-            parent, current = current, os.open(part, DIRECTORY, dir_fd=current)
-            os.close(parent)
-    except OSError as exc:
-        os.close(current)
-        if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            return None
-        raise
-    return current

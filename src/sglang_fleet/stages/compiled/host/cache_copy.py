@@ -13,24 +13,10 @@
 What is copied: DeepGEMM's finished kernels (``deep_gemm/cache/kernel.<name>.<digest>/``, each
 published by a rename once built, so a directory there is whole), and ``MANIFEST.json`` naming the
 digest of what they were compiled for. The service user writes the cache, and a compromised
-server may, so:
-
-- ``pack`` reads it through descriptors (O_NOFOLLOW at every component): only real directories
-  and regular files go in, never a link, a device or a name starting with ``.`` (a build under
-  way); ownership and modes are not kept (root's, 0644 or 0755); past ``--max-entries``
-  members or ``--max-gib`` GiB of files it stops: nothing is shared.
-- ``unpack`` checks the archive's sha256 before reading it, then every member before writing
-  anything: a relative name under ``deep_gemm/cache/`` (or the manifest), no empty, ``.`` or
-  ``..`` part, no backslash or control character, a regular file or a directory only (no link,
-  hard link, device, FIFO or sparse file), no name twice, no file under a file, within
-  ``--max-entries`` and ``--max-gib``; and the manifest's digest must be the host's own. Then
-  it writes as the service user (root forks, the child drops to that user's uid and gids),
-  through descriptors, into a new directory of the cache, and renames each kernel into place
-  unless the cache has it: the files end the service user's, as the ones it compiles itself.
-  Root then records the digest (``--record``, in root's own directory).
-
-The parts: cache_archive.py (what an archive may hold, and the checks), cache_pack.py,
-cache_unpack.py; this module is the program and its ``record``.
+server may, so ``pack`` (cache_pack.py) reads it through descriptors and keeps only real
+directories and regular files, and ``unpack`` (cache_unpack.py) checks the archive's sha256 and
+every member (cache_archive.py ``checked``) before it writes anything, as the service user.
+Root then records the digest (``--record``, in root's own directory).
 
 Prints one ``CACHECOPY <json>`` line; exit 0 when it did its job, 1 otherwise (``error`` says why).
 """

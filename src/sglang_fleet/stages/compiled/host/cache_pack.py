@@ -22,7 +22,7 @@ import tarfile
 import time
 from typing import IO, Any
 
-from sglang_fleet.remote.prune_caches import open_root
+from sglang_fleet.remote.prune_caches import open_below, open_root
 
 from .cache_archive import (
     COPIED,
@@ -32,7 +32,6 @@ from .cache_archive import (
     NEW_FILE,
     Bound,
     Refused,
-    open_below,
     sha256_of,
 )
 
@@ -98,8 +97,7 @@ def _add_file(archive: _Archive, fd: int, child: str, name: str) -> None:
 
 def pack(root: str, digest: str, inputs: dict[str, Any], out: str,
          bound: Bound) -> dict[str, Any]:
-    """The copied caches under ``root`` and a manifest into ``out`` (root's, 0600); Refused
-    past ``bound``."""
+    """The copied caches and a manifest into ``out`` (root's, 0600); Refused past ``bound``."""
     os.makedirs(os.path.dirname(out), mode=0o700, exist_ok=True)
     part = f"{out}.part"
     with contextlib.suppress(FileNotFoundError):

@@ -19,10 +19,7 @@ import stat
 import tarfile
 from typing import IO, Any
 
-from sglang_fleet.remote.prune_caches import (
-    open_root,
-    remove_directory,
-)
+from sglang_fleet.remote.prune_caches import open_below, open_root, remove_directory
 
 from .cache_archive import (
     CHUNK,
@@ -34,14 +31,12 @@ from .cache_archive import (
     Refused,
     checked,
     manifest_of,
-    open_below,
     sha256_of,
 )
 
 
 class _Tree:
-    """Directories below one descriptor, created (0755) and opened one component at a time,
-    never through a link."""
+    """Directories below a descriptor, made (0755) and opened one at a time, never via a link."""
 
     def __init__(self, fd: int) -> None:
         self.fds: dict[str, int] = {"": fd}
@@ -81,8 +76,7 @@ def _write(tar: tarfile.TarFile, member: tarfile.TarInfo, tree: _Tree) -> None:
 
 
 def _place(staging: int, cache: int, top: str) -> tuple[int, int]:
-    """Each entry unpacked under ``top`` renamed into the cache's ``top`` unless the cache has
-    it already: (placed, already there)."""
+    """Each entry under ``top`` renamed into the cache unless it has it: (placed, already there)."""
     source = open_below(staging, top)
     if source is None:
         return 0, 0
@@ -175,8 +169,7 @@ def extract_as(user: str, stream: IO[bytes], members: list[tarfile.TarInfo],
 
 def unpack(archive: str, sha256: str, digest: str, root: str, user: str,
            bound: Bound) -> dict[str, Any]:
-    """Verify (its members within ``bound``), then unpack ``archive`` into ``root`` as
-    ``user``; the manifest's inputs."""
+    """Verify, then unpack ``archive`` into ``root`` as ``user``; the manifest's inputs."""
     with os.fdopen(os.open(archive, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC), "rb") as stream:
         found = sha256_of(stream)
         if found != sha256:

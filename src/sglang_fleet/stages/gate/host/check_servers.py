@@ -1,7 +1,5 @@
 """The gate of several servers of one host at once (standard library only): ``check_server``
-for each, every one in a process of its own, all started together, so a host's gate takes as
-long as its slowest server's rather than the sum of all of them (each soak loads its own
-GPUs). One server's output after another, each ended by its ``CHECKED`` line.
+for each in a process of its own, so a host's gate takes as long as its slowest server's.
 
     /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
         -m sglang_fleet.stages.gate.host.check_servers \\
@@ -9,8 +7,7 @@ GPUs). One server's output after another, each ended by its ``CHECKED`` line.
                                                          ["--unit", "sglang-1.service", ...]]'
 
 Prints, for each server in the order given, check_server's lines, then
-``CHECKED {"unit": U, "exit": N}`` (check_server's exit status); exits 0 when every server
-passed.
+``CHECKED {"unit": U, "exit": N}``; exits 0 when every server passed.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The gate's gRPC, for a server in gRPC mode (``--smg-grpc-mode``): the twins of its HTTP
-requests, as the calls of ``sglang.grpc.scheduler.SglangScheduler`` (smg-grpc-proto's
-``sglang_scheduler.proto``, served by smg-grpc-servicer). Run with the release's Python: its
-virtual environment holds grpcio and smg-grpc-proto, SGLang's own dependencies. Every way of
-getting no answer is a ``GateError`` saying it in one line.
+requests, as calls of ``sglang.grpc.scheduler.SglangScheduler`` (smg-grpc-proto). Run with the
+release's Python, whose environment holds grpcio and smg-grpc-proto. Every way of getting no
+answer is a ``GateError`` saying it in one line.
 
     with Scheduler("127.0.0.1:30000") as server:
         server.health(25)                              # (True, 'Health check passed')
@@ -39,14 +38,12 @@ class CallFailed(GateError):
 def failed_call(target: str, method: str, exc: Exception) -> CallFailed:
     """One line for a call that got no answer: its status and details (``UNAVAILABLE:
     failed to connect``), or the exception's own words."""
-    code = getattr(exc, "code", None)
-    details = getattr(exc, "details", None)
+    code, details = getattr(exc, "code", None), getattr(exc, "details", None)
     if callable(code) and callable(details):
-        name = str(getattr(code(), "name", code()))
-        return CallFailed(f"{target} {SERVICE}/{method}: {name}: {(details() or '')[:200]}",
-                          name)
-    name = type(exc).__name__
-    return CallFailed(f"{target} {SERVICE}/{method}: {name}: {str(exc)[:200]}", name)
+        name, text = str(getattr(code(), "name", code())), details() or ""
+    else:
+        name, text = type(exc).__name__, str(exc)
+    return CallFailed(f"{target} {SERVICE}/{method}: {name}: {text[:200]}", name)
 
 
 def _whole(value: Any) -> Any:
@@ -90,9 +87,8 @@ class Scheduler:
         self.channel.close()
 
     def ready(self, timeout: float = 5) -> bool:
-        """The readiness probe: ``grpc.health.v1.Health/Check`` of the scheduler's service,
-        SERVING only once the servicer's planned warm-up ran (smg_grpc_servicer's
-        health_servicer; its ``HealthCheck`` passes during the warm-up)."""
+        """The readiness probe: ``grpc.health.v1.Health/Check``, SERVING only once the servicer's
+    planned warm-up ran (its ``HealthCheck`` passes during the warm-up)."""
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
         try:
@@ -111,16 +107,19 @@ class Scheduler:
             return False, str(failed_call(self.target, "HealthCheck", exc))
         return bool(answer.healthy), str(answer.message)
 
+    def _call(self, method: str, request: Any, timeout: float) -> Any:
+        try:
+            return getattr(self.stub, method)(request, timeout=timeout)
+        except Exception as exc:  # grpc.RpcError, and the channel's own errors
+            raise failed_call(self.target, method, exc) from None
+
     def server_info(self, timeout: float = 25) -> dict[str, Any]:
         """``GetServerInfo``: the effective server arguments, keyed as ``/server_info`` keys
-        them, and ``version`` (the answer's ``sglang_version``). A Struct holds numbers as
-        floats: whole ones come back as int, as /server_info's JSON has them."""
+        them, and ``version``. A Struct holds numbers as floats: whole ones come back as int,
+        as /server_info's JSON has them."""
         from google.protobuf.json_format import MessageToDict
 
-        try:
-            answer = self.stub.GetServerInfo(_pb().GetServerInfoRequest(), timeout=timeout)
-        except Exception as exc:
-            raise failed_call(self.target, "GetServerInfo", exc) from None
+        answer = self._call("GetServerInfo", _pb().GetServerInfoRequest(), timeout)
         args = {k: _whole(v) for k, v in MessageToDict(answer.server_args).items()}
         return {**args, "version": answer.sglang_version}
 
@@ -163,9 +162,5 @@ class Scheduler:
 
     def queued(self, timeout: float = 10) -> int:
         """``GetLoads``: requests running and waiting over every DP rank (a drain's figure)."""
-        try:
-            answer = self.stub.GetLoads(_pb().GetLoadsRequest(include=["core"]),
-                                        timeout=timeout)
-        except Exception as exc:
-            raise failed_call(self.target, "GetLoads", exc) from None
+        answer = self._call("GetLoads", _pb().GetLoadsRequest(include=["core"]), timeout)
         return sum(load.num_running_reqs + load.num_waiting_reqs for load in answer.loads)

@@ -1,8 +1,6 @@
-"""The gate's smoke generation for a server in gRPC mode: the prompt of ``gate_smoke``, put
-through the model's own chat template and tokenizer (transformers, from the release's virtual
-environment: SGLang loads the model's tokenizer with it), one streamed ``Generate``, its tokens
-decoded and split where the reasoning parser's think block ends, held to the HTTP smoke's
-standard: a sane answer, or reasoning only.
+"""The gate's smoke generation for a server in gRPC mode: the prompt of ``gate_smoke`` through
+the model's own chat template and tokenizer (transformers, as SGLang loads it), one streamed
+``Generate``, split where the think block ends, held to the HTTP smoke's standard.
 
     with Scheduler("127.0.0.1:30000") as server:
         s = grpc_smoke(server, "/var/lib/sglang/models/qwen3.6-27b", "qwen3", "0.5.23")

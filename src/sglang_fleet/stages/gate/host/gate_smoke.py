@@ -32,10 +32,7 @@ def meta_info_reported(version: str | None) -> bool | None:
 
 def smoke(url: str, key: str | None, model: str, version: str | None = None) -> dict[str, Any]:
     """One streamed chat completion (TTFT, tokens/s) and one with meta_info (accept length).
-    A reasoning model may answer with content null or "" and everything in reasoning_content.
-    Releases before 0.5.13 have no ``return_meta_info``: the accept length is "not reported by
-    this release" there, which is not a failure; an answer that is not a chat completion is
-    (meta_info)."""
+    A reasoning model may answer with content null or "" and everything in reasoning_content."""
     body = {"model": model, "messages": [{"role": "user", "content": SMOKE_PROMPT}],
             "max_tokens": 512, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -92,9 +89,8 @@ def smoke(url: str, key: str | None, model: str, version: str | None = None) -> 
 
 def meta_info(status: int, raw: bytes, where: str) -> dict[str, Any]:
     """The meta_info of the answer to the smoke's ``return_meta_info`` request: {} for a chat
-    completion without one (a release or server that does not report it: "not reported"); a
-    GateError for an answer that is not a chat completion, or a meta_info that is not one, since
-    a broken answer is not a missing feature.
+    completion without one ("not reported"); a GateError for a broken answer, which is not a
+    missing feature.
 
         meta_info(200, b'{"choices": [{"message": {}}]}', "u")   # {}
         meta_info(200, b'<html>', "u")                           # GateError

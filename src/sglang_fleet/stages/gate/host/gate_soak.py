@@ -44,8 +44,7 @@ def soak(url: str, key: str | None, model: str, count: int,
 
 
 def soak_with(one: Callable[[int], tuple[str, int]], count: int, ok: str) -> dict[str, Any]:
-    """``count`` calls of ``one`` at once (its status, its output tokens); those whose status
-    is not ``ok`` failed."""
+    """``count`` calls of ``one`` at once (its status, its output tokens); not ``ok``: failed."""
     tic = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max(1, min(count, 512))) as pool:
         answers = list(pool.map(one, range(count)))

@@ -1,6 +1,5 @@
 """The served unit as systemd sees it, for the gate: its state, one invocation's journal (never
-an earlier launch's lines), its time to ready in parts, the wait until it is healthy (or down),
-and the error for a unit that went down. Journal lines are shown with the secrets masked.
+an earlier launch's lines) with the secrets masked, and the wait until it is healthy (or down).
 
     invocation = wait_healthy("sglang.service", "http://127.0.0.1:30000", budget=1800)
     journal(invocation, lines=40)              # the last 40 lines of that start
@@ -43,10 +42,9 @@ def journal(invocation: str, lines: int = 40) -> list[str]:
 
 
 def time_to_ready(invocation: str, tries: int = 5) -> readiness.Timing:
-    """This invocation's time to ready, in parts, from its journal at journald's own time:
-    the unit's lines and systemd's "Started" message for it (PID 1 logs that with the
-    invocation as INVOCATION_ID). Read again for a moment while the first generation's line
-    (the smoke's, just answered) is not in the journal yet."""
+    """This invocation's time to ready, in parts, from its journal (PID 1 logs its "Started"
+    message with the invocation as INVOCATION_ID); read again for a moment while the first
+    generation's line is not in it yet."""
     argv = ["journalctl", "-o", "json", "--no-pager", f"_SYSTEMD_INVOCATION_ID={invocation}",
             "+", f"INVOCATION_ID={invocation}"]
     timing = readiness.Timing()
@@ -60,8 +58,7 @@ def time_to_ready(invocation: str, tries: int = 5) -> readiness.Timing:
 
 
 def unit_down(unit: str, invocation: str, state: dict[str, str], what: str) -> GateError:
-    """The error for a unit that went down: why (its crash's cause, else its last line), and
-    that invocation's journal."""
+    """The error for a unit that went down: its crash's cause (else its last line) and journal."""
     lines = journal(invocation, lines=0)
     tail = [line for line in lines[-40:] if line.strip()]
     last = crash.cause(lines) or (tail[-1].strip() if tail else
@@ -72,9 +69,8 @@ def unit_down(unit: str, invocation: str, state: dict[str, str], what: str) -> G
 
 def wait_healthy(unit: str, url: str, budget: float,
                  probe: Callable[[], bool] | None = None, what: str = "") -> str:
-    """Until ``url/health_generate`` answers 200 (or ``probe``, named ``what``, says healthy):
-    the unit's invocation; a GateError as soon as the unit fails or restarts, or after
-    ``budget`` seconds."""
+    """Until ``url/health_generate`` answers 200 (or ``probe`` says healthy): the unit's invocation;
+    a GateError as soon as the unit fails or restarts, or after ``budget`` seconds."""
     invocation = unit_state(unit).get("InvocationID", "")
     deadline = time.monotonic() + budget
     while time.monotonic() < deadline:

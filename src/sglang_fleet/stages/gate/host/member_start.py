@@ -17,9 +17,8 @@ an exception``, a Traceback), then SIGKILL and systemd's restart.
     /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
         -m sglang_fleet.stages.gate.host.member_start --unit sglang.service --budget 1800
 
-Waits until the start line is in this invocation's journal with no exception after it, the
-unit goes down or restarts, or the budget ends. Prints human lines, then ``MEMBER <json>``
-(``ok``, ``pid``: its MainPID then, ``line``, ``error``); exit 0 when it started.
+Prints human lines, then ``MEMBER <json>`` (``ok``, ``pid``: its MainPID then, ``line``,
+``error``); exit 0 when it started.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Fill a release's kernel caches while the old server still serves (standard library only),
 run as the service user on GPUs no server uses, with the service's cache environment:
 
-- ``compile``: the release's own precompile entry point (``sglang.compile_deep_gemm``: it starts
-  a server with the same arguments, sends it a request that compiles every DeepGEMM kernel the
-  model needs, and exits);
-- ``full``: a warm-up start of the new release itself (every JIT cache: DeepGEMM, flashinfer,
-  triton, torch inductor, ...), one generation, then a clean stop.
+- ``compile``: the release's own precompile entry point (``sglang.compile_deep_gemm``);
+- ``full``: a warm-up start of the new release itself, one generation, then a clean stop.
 
     /usr/bin/env PYTHONPATH=/opt/sglang/tools/pythonpath python3 \\
         -m sglang_fleet.stages.warmup.host.warm_caches \\
@@ -21,11 +18,8 @@ The full warm-up's own requests present the client key. A precompile gets the ad
 and with an admin key alone opens its generation endpoints but no admin one
 (``srt/utils/auth.py`` ``decide_request_auth``).
 
-Prints the child's output prefixed ``warm-up:``, then one line ``WARMUP <json>``; exit 0 when
-the caches were filled. With ``--progress SECONDS`` (the warm-up stage's 10) it prints instead,
-every SECONDS, one line saying how long it has run of its budget and the child's last line (a
-compile's progress bar, say): the stage shows those as they come, and the child's last lines
-only when it fails.
+Prints the child's output prefixed ``warm-up:`` (with ``--progress SECONDS``, a line every
+SECONDS instead), then one line ``WARMUP <json>``; exit 0 when the caches were filled.
 """
 
 from __future__ import annotations
@@ -70,8 +64,7 @@ def over_http(flags: list[str]) -> list[str]:
 
 
 def child_argv(args: argparse.Namespace) -> list[str]:
-    """The entry point with the server's own flags, through the launcher (the keys from the
-    environment, in-process), over HTTP on a loopback port of its own."""
+    """The entry point with the server's flags, through the launcher, over HTTP on loopback."""
     flags = [*over_http(args.flags), "--host", "127.0.0.1", "--port", str(args.port)]
     if args.mode == "compile":
         flags += ["--timeout", str(args.timeout)]
@@ -133,8 +126,7 @@ def _generate(base: str) -> None:
 
 
 def serve_once(proc: subprocess.Popen[bytes], port: int, deadline: float) -> str | None:
-    """Full warm-up: wait for the server to answer /health_generate, generate once, stop it.
-    Returns what went wrong, or None."""
+    """Full warm-up: wait for /health_generate, generate once; what went wrong, or None."""
     base = f"http://127.0.0.1:{port}"
     while time.monotonic() < deadline:
         if proc.poll() is not None:

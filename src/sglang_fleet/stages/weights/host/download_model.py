@@ -316,8 +316,7 @@ def main() -> int:
 
 
 def normalized(source: str) -> str:
-    """As the deploy names sources (sglang_fleet.config.render.normalized_source): ``s3://b/p/`` is
-    ``s3://b/p``."""
+    """As the deploy names sources (render.normalized_source): ``s3://b/p/`` is ``s3://b/p``."""
     return source.rstrip("/") if source.startswith("s3://") else source
 
 
