@@ -39,9 +39,8 @@ from sglang_fleet.stages.weights.deploy import stage_weights
 
 
 def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
-    """This host's profile for the GPUs nvidia-smi lists on it (or host data's ``gpu_count``
-    before it has a driver) and its launches; ``check`` (a deploy): with the mamba cache size
-    remembered for ``memory.target_running_requests``, preflighted before any change."""
+    """This host's profile for its GPUs and its launches; ``check`` (a deploy): with the
+    remembered mamba cache size, preflighted before any change."""
     smi = host.get_fact(NvidiaSmi)
     profile = hostconfig.profile_for(host, smi)
     if not check:  # a member of a multi-node group: its rank from the inventory
@@ -53,24 +52,19 @@ def host_launches(check: bool = False) -> tuple[Profile, list[Launch]]:
 
 
 def whole_group(what: str) -> None:
-    """Stop before any change when pyinfra's ``--limit`` takes part of this host's group: its
-    members restart, stop and are gated together (rank 0's rendezvous waits for all of them),
-    so one member alone would break the server. InputError naming the group and its members."""
+    """Stop before any change when ``--limit`` takes part of this host's group: its members
+    restart, stop and are gated together, so one member alone would break the server."""
     limit = getattr(state, "limit_hosts", None)
     members = groups.group_hosts(host)
     if members and isinstance(limit, list):
         problems = groups.partial_groups([h.name for h in limit], members, f"--limit of {what}")
-        if problems:
-            raise InputError(problems)
+        InputError.raise_any(problems)
 
 
 def serve() -> None:
-    """preflight → driver → engine → weights → warm-up → service → gate. Preflight (the profile, its
-    rendering for the pinned release, SGLang's startup rules, nothing else holding a server's
-    port, the GPUs' health) fails before any host changes. In a roll, the service stage waits
-    for the host's turn, receives the kernels a host before it compiled (``compiled``), and the
-    host leaves the routers at its first restart (``cutover``); after its gate, the first host
-    with its inputs shares its kernels with the hosts after it."""
+    """preflight → driver → engine → weights → warm-up → service → gate; preflight fails before
+    any host changes. In a roll the service stage waits for the host's turn and receives the
+    kernels an earlier host compiled; after its gate, the first host shares its own."""
     profile, launches = host_launches(check=True)
     whole_group("deploys/sglang.py")
     require_free_ports(launches)

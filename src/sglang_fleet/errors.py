@@ -9,10 +9,8 @@ from pyinfra.api.exceptions import PyinfraError
 
 @dataclass(frozen=True)
 class Problem:
-    """One thing wrong with the input.
-
-    ``source`` is the file (or data source) it came from, ``key`` the dotted key path inside it.
-    """
+    """One thing wrong with the input: ``source`` the file (or data source), ``key`` the dotted
+    key path inside it."""
 
     source: str
     key: str
@@ -41,3 +39,8 @@ class InputError(PyinfraError):
     @classmethod
     def one(cls, source: str, key: str, message: str, fix: str) -> InputError:
         return cls([Problem(source, key, message, fix)])
+
+    @classmethod
+    def raise_any(cls, problems: list[Problem]) -> None:
+        if problems:
+            raise cls(problems)

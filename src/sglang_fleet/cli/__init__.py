@@ -37,7 +37,6 @@ LAB_COMMANDS = {"lab": "simulated B200 hosts on this machine (needs root; the la
 
 
 def version() -> str:
-    """The installed package's version (the source's own when it runs uninstalled)."""
     try:
         return metadata.version("sglang-fleet")
     except metadata.PackageNotFoundError:
@@ -81,10 +80,7 @@ def cmd_completion(args: argparse.Namespace) -> int:
 
 def run_lab(argv: list[str]) -> int:
     """``sglang-fleet lab …`` and ``demo``: the lab package's commands, imported only for them
-    (the product does not depend on the lab); without the lab, one line on how to install it.
-
-        run_lab(["lab", "status"])  # the lab's hosts, or: the lab is not installed ...
-    """
+    (the product does not depend on the lab); without the lab, how to install it."""
     try:
         from sglang_fleet_lab import cli as lab_cli
     except ModuleNotFoundError as exc:
@@ -98,8 +94,6 @@ def run_lab(argv: list[str]) -> int:
 
 
 def report_problems(problems: list[Problem], as_json: bool = False) -> None:
-    """``error: SOURCE: KEY: what is wrong`` and its ``fix:`` line, for each problem (or,
-    ``as_json``, ``{"errors": [...]}`` on stdout)."""
     if as_json:
         output.print_errors(problems, sys.stdout)
     else:
@@ -126,9 +120,7 @@ def report_internal_error(exc: BaseException, as_json: bool = False) -> int:
 
 
 def _parse(argv: list[str], as_json: bool) -> argparse.Namespace | int:
-    """The command line, or the exit status of one that ends here: 0 after --help or
-    --version, 2 after a usage error (argparse's usage and problem, or ``as_json`` the
-    problem as JSON)."""
+    """The command line, or the exit status of one that ends here (--help, a usage error)."""
     parser = _parser()
     try:
         args, extra = parser.parse_known_args(argv)

@@ -1,16 +1,12 @@
 """``sglang-fleet check --inventory INVENTORY``: every host's profile and host data, read as a
-deploy and a roll read them (the inventory loaded as pyinfra's CLI loads it, with ``--data``),
-checked by every phase of ``check`` without connecting to any host; a problem several hosts
-share is said once, naming them.
-
-    code = main("inventories/b200.py", ["sglang.memory.page_size=64"], as_json=False)
+deploy and a roll read them, checked by every phase of ``check`` without connecting; a problem
+several hosts share is said once, naming them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -37,9 +33,7 @@ def main(inventory: str, data: list[str], as_json: bool) -> int:
             **{kind: output.as_json(getattr(merged, kind))
                for kind in ("errors", "warnings", "notes")}}, indent=2))
         return 0 if merged.ok else 1
-    output.show(merged.errors, "error", sys.stderr)
-    output.show(merged.warnings, "warning", sys.stdout)
-    output.show(merged.notes, "note", sys.stdout)
+    output.show_report(merged)
     if not merged.ok:
         return 1
     serving = [name for name, is_serving in hosts.items() if is_serving]
@@ -86,9 +80,8 @@ def other_host(host: Host) -> checking.Report:
 
 
 def serving_host(host: Host) -> checking.Report:
-    """A serving host: its profile as the deploy reads it (``hostconfig.profile_for``: host
-    data, profile, overrides, GPUs), then every phase of ``check`` on it; where the deploy's
-    reading stops, the profile's own phases still run, for the problems after it."""
+    """A serving host: its profile as the deploy reads it, then every phase of ``check``; where
+    the deploy's reading stops, the profile's own phases still run."""
     from sglang_fleet import hostconfig as hostdata
     from sglang_fleet.hostconfig import preflight
 
@@ -131,8 +124,8 @@ def _blame_overrides(report: checking.Report, host: Host) -> None:
 
 
 def _rest_of(report: checking.Report, host: Host) -> None:
-    """The phases of the host's profile that the deploy's reading did not reach, read with
-    the host's data as far as it is right (a refused key at its default: said above)."""
+    """The phases the deploy's reading did not reach, with the host's data as far as it is
+    right."""
     from sglang_fleet import hostconfig
 
     cfg, refused = hostconfig.lenient(host)
@@ -172,8 +165,7 @@ def _sized_for(report: checking.Report, gpus: int | None,
 
 
 def merge(reports: dict[str, checking.Report]) -> checking.Report:
-    """The hosts' reports as one: each problem once, naming the hosts that share it
-    (``planning.grouped``, as a roll says them)."""
+    """The hosts' reports as one: each problem once, naming the hosts that share it."""
     from sglang_fleet.roll.planning import grouped
 
     merged = checking.Report()

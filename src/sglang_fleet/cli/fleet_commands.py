@@ -43,11 +43,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
 
 
 def roll_as_json(made: Roll) -> tuple[bool, dict[str, Any]]:
-    """The roll as ``command.main`` runs it, its lines (the runs' output, the table, the fleet)
-    on stderr, and what it did as one JSON object: ``ok``, each host's outcome, the fleet as
-    ``status --json`` sums it, the warnings, and ``errors`` (empty: an input problem stops a
-    roll before it starts, and is printed instead of this). Each host carries its ``cause``:
-    its SSH error when it did not answer, else what failed (the router, its deploy)."""
+    """The roll as ``command.main`` runs it, its lines on stderr, and what it did as one JSON
+    object (``errors`` empty: an input problem stops a roll before it starts)."""
     from sglang_fleet.roll import command
     from sglang_fleet.roll.outcome import fleet_lines
     from sglang_fleet.roll.planning import data_warning

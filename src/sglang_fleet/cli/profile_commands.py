@@ -59,11 +59,9 @@ def cmd_check(args: argparse.Namespace) -> int:
         return fleet_check.main(args.inventory, args.data, args.json)
     report = _check(args)
     if args.json:
-        print(json.dumps({"profile": args.profile, **checking.as_json(report)}, indent=2))
+        print(json.dumps({"profile": args.profile, **output.report_json(report)}, indent=2))
         return 0 if report.ok else 1
-    output.show(report.errors, "error", sys.stderr)
-    output.show(report.warnings, "warning", sys.stdout)
-    output.show(report.notes, "note", sys.stdout)
+    output.show_report(report)
     if not report.ok or report.launch is None:
         return 1
     arch = report.architecture

@@ -16,15 +16,11 @@ from sglang_fleet.config import safeyaml, validators
 from sglang_fleet.errors import InputError
 
 MAX_KEY_FILE_BYTES = 4096
-
-
 CAPACITY_PARTIAL = 4  # sglang-fleet capacity: the log ends before the server was up
 
 
 def cmd_capacity(args: argparse.Namespace) -> int:
-    """The capacity report and advice from a startup log (journal text or plain log).
-    Exit status: 0 a complete report, CAPACITY_PARTIAL a partial one, 1 no SGLang startup line
-    (or an unreadable log, or a release that is not supported)."""
+    """The capacity report and advice from a startup log (journal text or plain log)."""
     from pathlib import Path
 
     from sglang_fleet.remote import capacity

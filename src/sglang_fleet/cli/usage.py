@@ -1,14 +1,8 @@
-"""The command line's conventions: every command's help (a description and examples), usage
-errors (exit 2, ``usage:`` and the problem), and the ``type=`` of each option whose value can be
-judged from its text alone.
+"""The command line's conventions: every command's help, usage errors (exit 2), and the
+``type=`` of each option whose value can be judged from its text alone.
 
-    p = command(sub, "roll", help="...", description="...", examples=["sglang-fleet roll I"])
-    p.add_argument("--batch", type=count("hosts converged at a time", "--batch 1"), default=1)
-
-What an option names (a profile, an inventory, a key file, a log) is read by the command, and a
-problem in it is an input problem (exit 1, ``error: SOURCE: KEY: ...`` and ``fix:``); a value that
-is wrong as written (a count below 1, a release that is not supported, a URL without a scheme, a
-``--data`` pair without ``=``) is a usage error: exit 2 before anything is read.
+A problem in what an option names (a profile, a log) is an input problem (exit 1); a value
+wrong as written (a count below 1, a URL without a scheme) a usage error, before anything is read.
 """
 
 from __future__ import annotations
@@ -39,11 +33,7 @@ class UsageError(Exception):
         self.message = message
 
     def problem(self) -> Problem:
-        """The refusal as a problem: source the command, key the argument it names.
-
-            UsageError(p, "argument --batch: must be at least 1, got 0").problem().key
-            # '--batch'
-        """
+        """The refusal as a problem: source the command, key the argument it names."""
         key, message = "", self.message
         if message.startswith("argument ") and ": " in message:
             key, _, message = message.removeprefix("argument ").partition(": ")
@@ -58,9 +48,8 @@ class UsageError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are raised (``UsageError``), not exits: the command
-    decides how to say them (argparse's lines, or JSON under ``--json``) and returns 2.
-    ``commands``: the subcommands' parsers by name (on the top parser)."""
+    """An ArgumentParser whose errors are raised (``UsageError``), not exits, to be said as
+    lines or JSON. ``commands``: the subcommands' parsers by name (on the top parser)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -73,9 +62,8 @@ class Parser(argparse.ArgumentParser):
 def command(sub: argparse._SubParsersAction[Any], name: str, *,
             help: str, description: str, examples: list[str],
             exit_codes: list[str] | None = None) -> argparse.ArgumentParser:
-    """A subcommand whose ``--help`` says what it does (wrapped here: the examples below it are
-    shown as written), shows how it is run and, given ``exit_codes`` (``"1  what it means"``
-    each), what its exit status says, after the examples."""
+    """A subcommand whose ``--help`` has its description, examples and ``exit_codes``
+    (``"1  what it means"`` each)."""
     epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
     if exit_codes:
         epilog += "\n\nexit status:\n" + "\n".join(
@@ -88,20 +76,16 @@ def command(sub: argparse._SubParsersAction[Any], name: str, *,
 
 
 def files(action: argparse.Action) -> argparse.Action:
-    """Mark an argument as a file name for shell completion."""
     action.complete = FILE  # type: ignore[attr-defined]  # read by shtab
     return action
 
 
 def _typed(name: str, check: Callable[[str], Any]) -> Callable[[str], Any]:
-    """``check`` as an argparse type that argparse names ``name`` in its own messages."""
     check.__name__ = name
     return check
 
 
 def count(low: int, example: str) -> Callable[[str], int]:
-    """A whole number of at least ``low``: ``count(1, "--batch 1")("0")`` is refused with
-    'must be at least 1, got 0 (e.g. --batch 1)'."""
     def read(text: str) -> int:
         try:
             value = int(text.strip())
@@ -117,8 +101,7 @@ def count(low: int, example: str) -> Callable[[str], int]:
 
 
 def share(low: int, example: str) -> Callable[[str], str]:
-    """A count of at least ``low``, or a percentage from 1% to 100% (of hosts, resolved once
-    the inventory is read): ``share(1, "--batch 10%")("0")`` is refused."""
+    """A count of at least ``low``, or a percentage from 1% to 100% (of hosts)."""
     def read(text: str) -> str:
         try:  # the roll's own reading of it, with no fleet yet to take the percentage of
             scale.amount(example.split()[0], text, total=0, minimum=low)
@@ -132,7 +115,6 @@ def share(low: int, example: str) -> Callable[[str], str]:
 
 
 def seconds(low: float, high: float | None, example: str) -> Callable[[str], float]:
-    """Seconds from ``low`` to ``high`` (no bound when None), finite."""
     span = f"from {low:g} to {high:g}" if high is not None else f"of at least {low:g}"
 
     def read(text: str) -> float:
@@ -149,7 +131,6 @@ def seconds(low: float, high: float | None, example: str) -> Callable[[str], flo
 
 
 def release(text: str) -> str:
-    """A supported SGLang release (``releases.json``)."""
     wrong = releases.version_problem(text)
     if wrong:
         raise argparse.ArgumentTypeError(wrong)

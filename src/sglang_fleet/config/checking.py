@@ -1,18 +1,11 @@
-"""One check for every command that reads a profile: ``sglang-fleet check`` and ``render`` run
-the same phases (and ``check --inventory`` each host's), and say every problem of every phase
-in one run.
+"""One check for every command that reads a profile (``check``, ``render``, ``check
+--inventory``): every problem of every phase in one run.
 
-    report = check_profile("my-profile.yaml", gpus=8)
-    report.errors, report.warnings, report.notes   # Problem lists
-    report.launch                                  # what render prints, when there is no error
+    report = check_profile("my-profile.yaml", gpus=8)   # .errors, .warnings, .notes, .launch
 
-The phases, in order: the file read; its keys validated; the profile sized for the host's GPUs
-(``parallel.instances: auto``); the model's config.json read for its architecture; the launch
-rendered for the release (its flags, ``extra_args``, the model class); SGLang's startup rules
-applied to the launch. A phase runs on what the earlier ones found valid: a key they refused
-goes on at its default, and a later problem about such a key is not said (it would be about
-the default, not the profile's value); a note says so. A phase that cannot run at all says why
-in a note. Without an architecture the hybrid-model rules are skipped: a warning names them.
+The phases: read, validate, size for the GPUs, read config.json's architecture, render, apply
+SGLang's startup rules. Each runs on what the earlier found valid: a refused key goes on at
+its default, and a later problem about it is not said (it would be about the default).
 """
 
 from __future__ import annotations
@@ -45,8 +38,7 @@ HYBRID_RULES = "SGLang's hybrid-model rules"
 
 @dataclass
 class Report:
-    """What a check found: errors (exit 1), warnings, notes (what was not checked, and why),
-    and what it rendered."""
+    """Errors (exit 1), warnings, notes (what was not checked, and why), and the launch."""
 
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
@@ -73,10 +65,7 @@ class Report:
 
 
 def with_defaults(prof: Profile, names: Iterable[str]) -> Profile:
-    """``prof`` with each named key at its declared default (a required one at its stand-in).
-
-        with_defaults(prof, ["memory.page_size"]).memory.page_size   # None
-    """
+    """``prof`` with each named key at its declared default (a required one at its stand-in)."""
     for name in sorted(set(names)):
         spec = DECLARED.get(name)
         if spec is None:
@@ -114,9 +103,8 @@ def _attempt(report: Report, step: Callable[[Profile], T], prof: Profile,
 def check_profile(ref: str | Path, *, version: str | None = None,
                   config: str | None = None, gpus: int = 8,
                   allow_insecure_urls: bool = False) -> Report:
-    """Every phase on one profile file (or shipped profile), for a host of ``gpus`` GPUs, for
-    ``version`` (default: the profile's pin), the architecture from ``config`` (default: the
-    profile's model.config, else model.architecture)."""
+    """Every phase on one profile, for a host of ``gpus`` GPUs, ``version`` (default: its pin)
+    and ``config`` (default: model.config, else model.architecture)."""
     report = Report()
     try:
         loaded = profile.load_all(ref, allow_insecure_urls=allow_insecure_urls)
@@ -203,9 +191,8 @@ def check_loaded(report: Report, prof: Profile, defaulted: set[str],
 
 def _architecture(report: Report, prof: Profile, defaulted: set[str],
                   config: str | None) -> tuple[str | None, str | None]:
-    """The model's class and the file it was read from: ``config`` (--model-config), else the
-    profile's model.config, else model.architecture (no file). A config that cannot be read
-    is an error, and the hybrid-model rules are not applied."""
+    """The model's class and the file it was read from (``config``, else model.config; None
+    for model.architecture)."""
     path = config or (prof.model.config if "model.config" not in defaulted else None)
     if not path:
         report.architecture = prof.model.architecture
@@ -222,8 +209,8 @@ def _architecture(report: Report, prof: Profile, defaulted: set[str],
 
 
 def _unknown_for_a_reason(report: Report, source: str, defaulted: set[str]) -> bool:
-    """Whether the architecture is unknown because of a problem said already (a config not
-    read, a refused model.architecture), which a note says instead of the warning."""
+    """Whether the architecture is unknown for a problem said already (then a note, not the
+    warning)."""
     if any(n.key == HYBRID_RULES for n in report.notes):
         return True
     refused = {"model.architecture", "model.config"} & defaulted
@@ -232,15 +219,3 @@ def _unknown_for_a_reason(report: Report, source: str, defaulted: set[str]) -> b
                     f"not applied: {' and '.join(sorted(refused))} refused (above)")
     return bool(refused)
 
-
-def as_json(report: Report) -> dict[str, Any]:
-    """The report as ``check --json`` prints it (besides what was checked)."""
-    def problems(found: list[Problem]) -> list[dict[str, str]]:
-        return [{"source": p.source, "key": p.key, "problem": p.message, "fix": p.fix}
-                for p in found]
-
-    return {"ok": report.ok,
-            "sglang_version": report.launch.version if report.launch else None,
-            "architecture": report.architecture,
-            "errors": problems(report.errors), "warnings": problems(report.warnings),
-            "notes": problems(report.notes)}

@@ -1,13 +1,7 @@
-"""The checks keys declare (``keys.key(check=...)``), a profile's and host data's: each takes
-a value the data gives (never None; a profile key's is of its type, checked first) and the
-data it came from, and says what is wrong (a sentence, or ``Wrong`` with its own fix), or None.
+"""The checks keys declare (``key(check=...)``): each takes a value (never None; a profile
+key's already of its type) and the data it came from, and says what is wrong, or None.
 
-    >>> between(1, 64)(0, {})
-    'must be at least 1, got 0'
-    >>> one_of("off", "compile")("on", {})
-    "must be one of off, compile; got 'on'"
-    >>> whole(1, 1024, "must be a positive integer")(0, {})
-    'must be a positive integer, got 0'
+    between(1, 64)(0, {})     # 'must be at least 1, got 0'
 """
 
 from __future__ import annotations
@@ -62,7 +56,6 @@ def one_of(*choices: str) -> Check:
 
 
 def each(check: Check) -> Check:
-    """``check`` applied to every item of a list; the first problem is the answer."""
     def every(value: Any, data: Any) -> Found:
         for item in value:
             wrong = check(item, data)
@@ -108,7 +101,6 @@ def secret_name(value: Any, data: Any) -> Found:
 
 
 def plain(problem: Callable[[Any], str | None]) -> Check:
-    """A check of the value alone (``validators.word_problem``) as a key takes one."""
     return lambda value, data: problem(value)
 
 
@@ -162,7 +154,6 @@ def _is_int(value: object) -> bool:
 
 
 def whole(low: int, high: int | None, must: str) -> Check:
-    """A whole number from ``low`` to ``high`` (None: no limit); ``must`` says so."""
     def check(value: Any, data: Any) -> Found:
         fits = _is_int(value) and low <= value and (high is None or value <= high)
         return None if fits else f"{must}, got {value!r}"
@@ -175,8 +166,7 @@ def profile_fix() -> str:
 
 
 def profile_path(value: Any, data: Any) -> Found:
-    """The serving profile: a YAML file's path or a shipped profile's name; none (a falsy
-    value) on a host that only routes."""
+    """A profile's path or shipped name; none on a host that only routes."""
     if not value:
         return None
     if not isinstance(value, str) or not value.strip():
@@ -205,27 +195,19 @@ FLAG_WORDS = "true/false, yes/no, on/off or 1/0"
 
 
 def truth(value: Any) -> bool | None:
-    """A yes/no key's value as a bool; None when it is none of its words.
-
-        truth("No"), truth(1), truth("maybe")     # (False, True, None)
-    """
+    """A yes/no key's value as a bool; None when it is none of its words."""
     if isinstance(value, bool):
         return value
     return _TRUTH.get(str(value).lower()) if isinstance(value, int | str) else None
 
 
 def flag(value: Any, data: Any) -> Found:
-    """A yes/no key (``allow_reboot``): one of its words, read by ``truth``."""
     return None if truth(value) is not None else f"must be {FLAG_WORDS}, got {_shown(value)}"
 
 
 def form(pattern: re.Pattern[str] | str, example: str) -> Check:
     """A value that ends up in package names, paths or commands: its strict form. ``example``
-    is "WHAT, e.g. VALUE" (the fix).
-
-        form(r"[0-9]{3,4}", "a driver branch, e.g. 580")("580; id", {})
-        # "'580; id' is not a driver branch"
-    """
+    is "WHAT, e.g. VALUE" (the fix)."""
     compiled = re.compile(pattern) if isinstance(pattern, str) else pattern
     what = example.partition(", e.g.")[0]
 
@@ -250,7 +232,6 @@ def _name_problem(value: Any) -> str | None:
 
 
 def secret_for(example: str) -> Check:
-    """The NAME of a secret in ``secrets`` (``router_api_key_secret``), e.g. ``example``."""
     def check(value: Any, data: Any) -> Found:
         wrong = _name_problem(value)
         return Wrong(f"the value {wrong}", f"the NAME of a secret, e.g. {example}, with its "
@@ -274,7 +255,6 @@ def url(value: Any, data: Any) -> Found:
 
 
 def http_url(value: Any, data: Any) -> Found:
-    """A URL this machine reaches (the router's): http or https."""
     if not isinstance(value, str):
         return f"must be a URL string, got {type(value).__name__}"
     return validators.url_problem(value, allow_http=True)
@@ -287,7 +267,6 @@ def address(value: Any, data: Any) -> Found:
 
 
 def known(choices: Collection[str], what: str, fix_default: str = "") -> Check:
-    """One of ``choices``: ``unknown WHAT 'VALUE'``, with the list as the fix."""
     def check(value: Any, data: Any) -> Found:
         if isinstance(value, str | int) and str(value) in choices:
             return None
@@ -318,9 +297,8 @@ CREDENTIAL_FORM = "must be one line of 8 to 256 letters, digits or / + = _ . -"
 
 
 def credential(name: str, needs: str | None = None) -> Check:
-    """A credential written to a root-only file (an INI file for AWS): a secret value made of
-    the characters credentials are made of; ``needs``: the key that must come with it (an
-    AWS key id needs its secret)."""
+    """A credential written to a root-only file (AWS's is INI); ``needs``: the key that must
+    come with it (an AWS key id needs its secret)."""
     def check(value: Any, data: Any) -> Found:
         wrong = secret_value(value, data)
         if wrong is None and not _CREDENTIAL.fullmatch(value):
@@ -333,8 +311,7 @@ def credential(name: str, needs: str | None = None) -> Check:
 
 
 def secret_map(value: Any, data: Any) -> Found:
-    """``secrets``: secret names to values, each a secret value (neither printed: a key may
-    have been pasted as a name)."""
+    """Secret names to values (neither printed: a key may have been pasted as a name)."""
     if not isinstance(value, Mapping):
         return f"must be a mapping of secret names to values, got {type(value).__name__}"
     found = []
@@ -352,10 +329,7 @@ def secret_map(value: Any, data: Any) -> Found:
 
 
 def list_of(pattern: str, what: str, fix: str | None = None) -> Check:
-    """A list of ``what`` in ``pattern``'s form; none (a falsy value): none.
-
-        list_of(r"[a-z][a-z0-9-]{1,40}", "finding id")(["xid-94"], {})   # None
-    """
+    """A list of ``what`` in ``pattern``'s form; none (a falsy value): none."""
     compiled = re.compile(pattern)
 
     def check(value: Any, data: Any) -> Found:
@@ -378,10 +352,7 @@ user_names = list_of(r"[a-z_][a-z0-9_.-]{0,31}\$?", "user name")  # as useradd t
 
 
 def names(value: Any) -> list[str]:
-    """A comma-separated text, or a list, as the names it holds (``purge``).
-
-        names("engine, weights")     # ['engine', 'weights']
-    """
+    """A comma-separated text, or a list, as the names it holds: ``engine, weights``."""
     if not value:
         return []
     words = value if isinstance(value, list | tuple) else str(value).split(",")
@@ -396,14 +367,12 @@ def subset_of(choices: tuple[str, ...]) -> Check:
 
 
 def both(first: Check, then: Check) -> Check:
-    """``first``, and ``then`` once ``first`` is satisfied (a form, then a list of releases)."""
     def check(value: Any, data: Any) -> Found:
         return first(value, data) or then(value, data)
     return check
 
 
 def listed(choices: Collection[str], what: str) -> Check:
-    """One of ``choices`` (already in its form): ``unknown WHAT VALUE``, the list as the fix."""
     def check(value: Any, data: Any) -> Found:
         return None if str(value) in choices else \
             Wrong(f"unknown {what} {value}", f"one of {', '.join(choices)}")
@@ -411,7 +380,6 @@ def listed(choices: Collection[str], what: str) -> Check:
 
 
 def on_branch(branch_key: str, default: str) -> Check:
-    """An exact driver version on the branch host data asks for (``580.95.05`` on ``580``)."""
     def check(value: Any, data: Any) -> Found:
         branch = str(data.get(branch_key) or default)
         return None if str(value).startswith(f"{branch}.") else Wrong(
@@ -438,8 +406,7 @@ _GROUP = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 
 
 def group_name(value: Any, data: Any) -> Found:
-    """A multi-node group's name: it is said in messages and compared, never run, but held to
-    a file name's characters all the same."""
+    """Said in messages and compared, never run, but held to a file name's characters."""
     if isinstance(value, str) and _GROUP.fullmatch(value):
         return None
     return f"{_shown(value)} is not a group name (letters, digits, . _ -; at most 63)"
@@ -470,8 +437,7 @@ _HCAS = re.compile(rf"[\^=]?{_HCA}(,{_HCA}){{0,31}}")
 
 
 def hca_list(value: Any, data: Any) -> Found:
-    """NCCL_IB_HCA: adapter names, each with an optional port (``mlx5_0:1``), comma-separated,
-    with NCCL's ``^``/``=`` prefix."""
+    """NCCL_IB_HCA: adapter names with optional ports (``mlx5_0:1``) and NCCL's ``^``/``=``."""
     if isinstance(value, str) and _HCAS.fullmatch(value):
         return None
     return f"{_shown(value)} is not a comma-separated list of InfiniBand adapters (mlx5_0[:PORT])"

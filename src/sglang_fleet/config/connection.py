@@ -40,11 +40,7 @@ def grpc(profile: Profile) -> bool:
 
 
 def sidecar_port(port: int) -> int:
-    """The side port of a gRPC-mode server on ``port`` (its ``/metrics``).
-
-        >>> sidecar_port(30003)
-        30103
-    """
+    """The side port (its ``/metrics``) of a gRPC-mode server on ``port``."""
     return port + SIDECAR_OFFSET
 
 
@@ -99,7 +95,6 @@ def gateway_args(profile: Profile, problems: list[Problem] | None = None) -> lis
 
 def grpc_args(profile: Profile, table: flags.FlagTable, instance: int,
               problems: list[Problem]) -> list[str]:
-    """The flags of gRPC mode for ``instance``, or the problems that keep the profile from it."""
     if not grpc(profile):
         return []
     source = profile.source_of(KEY)

@@ -6,9 +6,6 @@ docs/profile.md, and one key's help.
     uv run python -m sglang_fleet.config.docs --write docs/profile.md   # the doc's table, made anew
 
 ``sglang-fleet keys [KEY ...]`` prints the first two as well.
-
-docs/profile.md holds the table between ``TABLE``'s markers; tests/unit/config/test_docs.py
-fails when it is not what the declarations make, and names the command that makes it.
 """
 
 from __future__ import annotations
@@ -59,7 +56,6 @@ TABLE = Table("profile-keys", ("Key", "Type", "Default", "SGLang flag", "Meaning
 
 
 def find(name: str) -> Declared:
-    """The key called ``name`` (dotted: ``memory.page_size``); KeyError if there is none."""
     for key in declared(Profile):
         if key.name == name:
             return key

@@ -146,9 +146,8 @@ def problems(profile: Profile, launches: list[Launch], allowed_clients: tuple[st
 def require(profile: Profile, launches: list[Launch], allowed_clients: tuple[str, ...],
             trusted: tuple[str, ...], login_users: list[str], source: str) -> None:
     """``problems``, raising InputError when there are any."""
-    found = problems(profile, launches, allowed_clients, trusted, login_users, source)
-    if found:
-        raise InputError(found)
+    InputError.raise_any(problems(profile, launches, allowed_clients, trusted, login_users,
+                                  source))
 
 
 def table(unit: str, address: str) -> str:

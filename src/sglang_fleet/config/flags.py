@@ -1,8 +1,6 @@
-"""Per-release SGLang flag tables, extracted from each release's own argparse definitions.
-
-The tables are written by ``scripts/sglang_oracle.py extract``; this module reads them and
-rebuilds a parser that accepts, rejects and abbreviates exactly like ``sglang.launch_server`` of
-that release.
+"""Per-release SGLang flag tables (written by ``scripts/sglang_oracle.py extract`` from each
+release's argparse definitions), and a parser rebuilt from them that accepts, rejects and
+abbreviates exactly like that release's ``sglang.launch_server``.
 """
 
 from __future__ import annotations
@@ -126,22 +124,10 @@ def load(version: str) -> FlagTable:
     flags: dict[str, Flag] = {}
     for entry in data["flags"]:
         for option in entry["options"]:
-            flags[option] = Flag(
-                option=option,
-                dest=entry["dest"],
-                action=entry["action"],
-                type=entry["type"],
-                nargs=entry["nargs"],
-                choices=tuple(entry["choices"]) if entry["choices"] is not None else None,
-                default=entry["default"],
-                deprecated=entry["deprecated"],
-                alias_of=entry["alias_of"],
-            )
+            flags[option] = Flag(option, entry["dest"], entry["action"], entry["type"],
+                                 entry["nargs"], None if entry["choices"] is None
+                                 else tuple(entry["choices"]), entry["default"],
+                                 entry["deprecated"], entry["alias_of"])
     spec = data["speculative_algorithms"]
-    return FlagTable(
-        version=version,
-        flags=flags,
-        raw=tuple(data["flags"]),
-        speculative_names=frozenset(spec["names"]),
-        speculative_aliases=frozenset(spec["aliases_of_eagle"]),
-    )
+    return FlagTable(version, flags, tuple(data["flags"]), frozenset(spec["names"]),
+                     frozenset(spec["aliases_of_eagle"]))

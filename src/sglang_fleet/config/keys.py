@@ -1,21 +1,9 @@
-"""How a key is declared, for both schemas: a profile's (``config/profile.py``) and host
-data's (``hostconfig/keys.py``). A key is a field of a frozen dataclass, declared with ``key()``:
+"""How a key is declared, for a profile (``config/profile.py``) and host data
+(``hostconfig/keys.py``): a field of a frozen dataclass, declared with ``key()``; its annotation
+is its type (``int | None`` is "an integer or null"), the rest is in the declaration.
 
-    @dataclass(frozen=True)
-    class Memory:
-        page_size: int | None = key(
-            None, check=checks.count(), flag="--page-size",
-            doc="Tokens per KV cache page.",
-            fix="tokens per KV page, e.g. 64")
-
-Everything else follows from that field: what YAML may give and how an error names it (from
-the annotation: ``int | None`` is "an integer or null"), the default (none: the key must be
-written), the check and the fix that validation uses, the SGLang flag render passes the value
-as, and what the key means (a doc's table: ``Table``). ``declared`` lists the keys:
-
-    >>> from sglang_fleet.config.profile import Parallel
-    >>> [(k.name, k.type_name, k.flag) for k in declared(Parallel)][:2]
-    [('tp', 'an integer', '--tp-size'), ('dp', 'an integer', '--dp-size')]
+    page_size: int | None = key(None, check=checks.count(), flag="--page-size",
+                                doc="Tokens per KV cache page.", fix="e.g. 64")
 """
 
 from __future__ import annotations
@@ -41,8 +29,7 @@ REQUIRED: Any = _Required()  # the default of a key a profile must write
 
 @dataclass(frozen=True)
 class Wrong:
-    """What a check found: the message, and when the key's declared fix or the key itself
-    does not fit, the fix and the key to name (``secrets.NAME`` for one secret)."""
+    """What a check found, with its own fix and key where the declared ones do not fit."""
 
     message: str
     fix: str | None = None
@@ -56,7 +43,6 @@ Check = Callable[[Any, Any], Found]
 
 
 def wrongs(found: Found) -> list[Wrong]:
-    """What a check found, as a list."""
     if found is None:
         return []
     if isinstance(found, str):
@@ -66,7 +52,7 @@ def wrongs(found: Found) -> list[Wrong]:
 
 @dataclass(frozen=True)
 class Key:
-    """What ``key()`` records on a field besides its default (see ``key`` for each part)."""
+    """What ``key()`` records on a field besides its default."""
 
     doc: str
     check: Check | None = None
@@ -84,21 +70,12 @@ def key(default: Any = REQUIRED, *, doc: str, check: Check | None = None, fix: s
         flag: str | None = None, negated: bool = False, accepts: tuple[type, ...] = (),
         parse: Callable[[Any], Any] | None = None, lookup: Callable[[Any, str], Any] | None = None,
         shown: str | None = None, group: bool = False, secret: bool = False) -> Any:
-    """Declare a key; the result is a dataclass field's default.
-
-    ``doc`` says what the key means, in a sentence (a doc's table shows it); ``check`` what is
-    wrong with a value (``checks.py``); ``fix`` how to write a right one, shown with every error
-    about the key. ``flag`` is the SGLang option a profile key renders as, in its newest
-    spelling (render asks each release's flag table for the spelling of the option's
-    destination); ``negated`` a ``--disable-X`` flag, given when the value is false. ``accepts``
-    lists the types YAML may give when they are not the annotation's, and ``parse`` turns a
-    checked value into the annotation's type (a bare ``off`` is YAML's false). Host data only:
-    ``lookup`` reads the value from the host's data (default: its ``.get``), ``shown`` is the
-    table's default where the default alone says too little, ``group`` marks an inventory
-    group, and ``secret`` leaves the value out of the object's repr (tracebacks, logs).
-
-        tp: int = key(1, check=checks.count(), flag="--tp-size", doc="GPUs per group.")
-    """
+    """Declare a key (a dataclass field's default). ``flag``: the SGLang option, newest
+    spelling (render asks each release's table for its destination's); ``negated``: a
+    ``--disable-X`` given when false; ``accepts``: YAML types besides the annotation's;
+    ``parse``: a checked value as the annotation's type. Host data: ``lookup`` reads the value
+    (default ``.get``), ``shown`` is the table's default, ``group`` an inventory group, and
+    ``secret`` keeps the value out of the repr (tracebacks, logs)."""
     metadata = {KEY: Key(doc, check, fix, flag, negated, accepts, parse, lookup, shown, group)}
     if default is REQUIRED:
         return field(metadata=metadata)
@@ -114,8 +91,7 @@ _TYPE_NAMES = {bool: "true/false", int: "an integer", float: "a number", str: "a
 
 @dataclass(frozen=True, kw_only=True)
 class Declared(Key):
-    """One key as validation, render and the docs see it: its declaration, with its (dotted)
-    name, its default and what its annotation lets YAML give."""
+    """One key's declaration, with its (dotted) name, default and the YAML types it takes."""
 
     name: str
     default: Any  # REQUIRED when a profile must write the key
@@ -125,7 +101,6 @@ class Declared(Key):
 
     @property
     def dest(self) -> str | None:
-        """The flag's argparse destination, what render looks the release's spelling up by."""
         return self.flag.removeprefix("--").replace("-", "_") if self.flag else None
 
     @property
@@ -149,10 +124,8 @@ class Declared(Key):
             return float(value)
         return value
 
-
     @property
     def fresh(self) -> Any:
-        """The default, a mutable one copied (no two objects share it)."""
         return copy.copy(self.default)
 
 
@@ -193,13 +166,7 @@ def _declared(name: str, member: Field[Any], hint: Any, declaration: Key) -> Dec
 
 @cache
 def parts(cls: type) -> tuple[tuple[str, type | Declared], ...]:
-    """``cls``'s sections (a dataclass of keys) and keys (a Declared), in declaration order;
-    other fields (a profile's path and origin) are neither.
-
-    >>> from sglang_fleet.config.profile import Profile
-    >>> [name for name, part in parts(Profile) if not isinstance(part, Declared)][:2]
-    ['engine', 'model']
-    """
+    """``cls``'s sections (a dataclass of keys) and keys (a Declared), in declaration order."""
     hints = get_type_hints(cls)
     found: list[tuple[str, type | Declared]] = []
     for member in fields(cls):
@@ -256,12 +223,8 @@ class Located:
 
 @dataclass(frozen=True)
 class Table:
-    """A schema's keys as a Markdown table, one ``row`` a key in declaration order, which a
-    doc holds between two markers (a test compares them, and names the command that writes
-    it: ``write``).
-
-        Table("host-data", ("host data", "default", "meaning"), row, HostConfig).text()
-    """
+    """A schema's keys as a Markdown table, one ``row`` a key, held in a doc between two
+    markers (a test compares them)."""
 
     marker: str
     header: tuple[str, ...]

@@ -46,11 +46,7 @@ class Rank:
     rank0_address: str
 
     def dist_init_addr(self, port: int) -> str:
-        """``ADDRESS:PORT`` as SGLang's NetworkAddress.parse reads it (an IPv6 address in
-        brackets).
-
-            Rank(0, "fd00::1").dist_init_addr(20000)     # '[fd00::1]:20000'
-        """
+        """``ADDRESS:PORT`` as SGLang's NetworkAddress.parse reads it: ``[fd00::1]:20000``."""
         try:
             v6 = ipaddress.ip_address(self.rank0_address).version == 6
         except ValueError:
@@ -60,9 +56,8 @@ class Rank:
 
 def group_args(profile: Profile, table: flags.FlagTable, rank: Rank | None,
                problems: list[Problem]) -> list[str]:
-    """``--node-rank N --dist-init-addr ADDRESS:PORT`` for a member (in the release's
-    spelling); nothing for a server on one host, or for a multi-node profile rendered without
-    its group (``sglang-fleet check`` and ``render``: every member's launch but the rank)."""
+    """``--node-rank N --dist-init-addr ADDRESS:PORT`` for a member; nothing for one host, or
+    without its group (``check`` and ``render``: every member's launch but the rank)."""
     nnodes = profile.parallel.nnodes
     if rank is None or nnodes == 1:
         return []
@@ -92,8 +87,6 @@ def _problem(profile: Profile, key: str, message: str, fix: str) -> Problem:
 
 
 def _size(args: dict[str, Any], *dests: str) -> int:
-    """A parallel size by its destination, as 0.5.14+ spell it or before (``tensor_parallel_size``
-    to 0.5.13)."""
     return next((int(args[d]) for d in dests if args.get(d) is not None), 1)
 
 
@@ -149,8 +142,7 @@ def product_rules(profile: Profile) -> Iterator[Problem]:
 
 
 def gpu_problems(profile: Profile, host_name: str, gpu_count: int | None) -> list[Problem]:
-    """Enough GPUs on the host for its servers: each needs tp x dp of them, a server over
-    ``nnodes`` hosts its share on each (tp 16 over 2 hosts: 8 on each)."""
+    """Enough GPUs for the host's servers: tp x dp each, over ``nnodes`` hosts a share."""
     par = profile.parallel
     need = par.servers * par.gpus_per_instance
     if gpu_count is None or need <= gpu_count:
@@ -169,8 +161,7 @@ OWN_FLAGS = ("--node-rank", "--host")
 
 
 def same_launch(argvs: dict[str, tuple[str, ...]], rank0: str) -> list[Problem]:
-    """Every member's argv is rank 0's but for its own ``--node-rank`` and ``--host``: the
-    members of a group must start one server. ``argvs``: by host name, rank order."""
+    """Every member's argv (by host, rank order) is rank 0's but its ``OWN_FLAGS``."""
     def masked(argv: tuple[str, ...]) -> list[str]:
         words = list(argv)
         for flag in OWN_FLAGS:

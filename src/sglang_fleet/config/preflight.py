@@ -56,10 +56,7 @@ def extra_buffer_archs(version: str) -> frozenset[str]:
 
 
 def is_hybrid(arch: str, version: str) -> bool:
-    """Whether ``arch`` reaches the release's mamba radix-cache rules.
-
-        is_hybrid("ZayaForCausalLM", "0.5.13")  # -> False; True from 0.5.14
-    """
+    """Whether ``arch`` reaches the release's mamba radix-cache rules."""
     return arch in _archs(version, "radix_cache")
 
 
@@ -322,11 +319,8 @@ def later_checks(c: _Ctx) -> Iterator[Problem]:
 
 
 def architecture_rules(version: str) -> list[str]:
-    """The rules ``check`` applies to ``version``'s launch only when it knows the model's
-    class (``_hybrid``, ``later_checks``): what a check without an architecture skipped.
-
-        architecture_rules("0.5.12")[0]   # 'mamba.strategy extra_buffer: only for ...'
-    """
+    """The rules ``check`` applies only when it knows the model's class (``_hybrid``,
+    ``later_checks``): what a check without an architecture skipped."""
     if not at_least(version, NEW_MAMBA_RULES_FROM):
         rules = ["mamba.strategy extra_buffer: only for the model classes that support it, "
                  "and not with the radix cache off",
@@ -369,10 +363,7 @@ def check_server_args(profile: Profile, launch: Launch,
 
 def check(profile: Profile, launch: Launch, architecture: str | None) -> list[Problem]:
     """Every rule the release would enforce at startup that this launch breaks:
-    ``check_server_args`` and the later checks of LATER_CHECKS.
-
-        check(profile, render(profile, "0.5.12"), "Qwen3_5ForConditionalGeneration")  # -> []
-    """
+    ``check_server_args`` and the later checks of LATER_CHECKS."""
     c = _Ctx(profile, launch, flags.load(launch.version), architecture)
     return [*check_server_args(profile, launch, architecture), *later_checks(c),
             *multinode.product_rules(profile)]
@@ -380,18 +371,8 @@ def check(profile: Profile, launch: Launch, architecture: str | None) -> list[Pr
 
 def require_host(profile: Profile, launches: list[Launch], host_name: str,
                  gpu_count: int | None) -> None:
-    """Everything a host's launches must satisfy before the host is touched: SGLang's rules,
-    and enough GPUs for every instance (``gpu_count``: ``hostdata.gpu_count``), a member of a
-    multi-node group its share: tp x dp / nnodes."""
+    """SGLang's rules, and enough GPUs for every instance (a multi-node member: its share)."""
     arch = resolve_architecture(profile)
     problems = [p for launch in launches[:1] for p in check(profile, launch, arch)]
     problems += multinode.gpu_problems(profile, host_name, gpu_count)
-    if problems:
-        raise InputError(problems)
-
-
-def require(profile: Profile, launch: Launch, architecture: str | None) -> None:
-    """``check``, raising InputError when anything is wrong."""
-    problems = check(profile, launch, architecture)
-    if problems:
-        raise InputError(problems)
+    InputError.raise_any(problems)

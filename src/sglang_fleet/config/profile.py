@@ -1,16 +1,9 @@
-"""Serving profiles: every key, declared once, and YAML → validated, typed ``Profile``.
+"""Serving profiles: every key, declared once (``keys.key``), and YAML → validated ``Profile``.
 
-    profile = load("qwen3.6-27b-mtp", overrides={"memory.max_running_requests": 64})
-    profile.memory.max_running_requests  # 64
+    load("qwen3.6-27b-mtp", overrides={"memory.max_running_requests": 64})
 
-A key is one field of a section below, declared with ``keys.key``: its annotation is its type,
-and the declaration holds its default, check, fix, SGLang flag and meaning. Validation
-(``validate.py``), render (``render.py``, for a key with a flag) and docs/profile.md's key table
-(``docs.py``) read it from there. Adding a key is adding its field here, then writing the
-table anew: ``uv run python -m sglang_fleet.config.docs --write docs/profile.md``.
-
-Overrides come from pyinfra host or group data, as a nested mapping or dotted keys; an error in
-an override names the data source that set it, an error in the file names the file.
+Adding a key is adding its field here, then writing docs/profile.md's table anew:
+``uv run python -m sglang_fleet.config.docs --write docs/profile.md``.
 """
 
 from __future__ import annotations
@@ -220,13 +213,11 @@ class Parallel:
 
     @property
     def gpus_per_instance(self) -> int:
-        """GPUs one server uses on each of its hosts: tp x dp, over ``nnodes`` hosts."""
         return -(-self.tp * self.dp // self.nnodes)  # a share SGLang refuses rounds up
 
     @property
     def servers(self) -> int:
-        """Servers per host; a profile with ``instances: auto`` must be resolved for its host
-        first (``Profile.for_gpus``, which ``hostdata.profile_for`` calls)."""
+        """Servers per host, once ``instances: auto`` is resolved (``for_gpus``)."""
         if not isinstance(self.instances, int):
             raise ValueError("parallel.instances is auto: resolve it for a host (for_gpus)")
         return self.instances
@@ -313,17 +304,11 @@ class Profile:
     origin: Located = field(default_factory=lambda: Located(""), compare=False)
 
     def source_of(self, key: str) -> str:
-        """The file or data source that set ``key`` (dotted path)."""
         return self.origin.of(key)
 
     def for_gpus(self, gpus: int, where: str) -> Profile:
-        """The profile for a host with ``gpus`` GPUs: ``instances: auto`` becomes one server per
-        tp x dp of them (a number stays as it is). ``where`` names the host and what counted
-        its GPUs, for the error when not even one server fits.
-
-        >>> load("qwen3.6-27b-mtp").for_gpus(8, "b200-01").parallel.instances
-        8
-        """
+        """The profile for a host of ``gpus`` GPUs (``where``: which, for errors): ``instances:
+        auto`` becomes one server per tp x dp of them."""
         parallel = self.parallel
         if parallel.instances != AUTO:
             return self
@@ -352,8 +337,7 @@ STAND_INS = {"model.source": "/models/stand-in", "model.served_name": "stand-in"
 
 @dataclass(frozen=True)
 class Loaded:
-    """A profile as ``load_all`` reads it: every problem in it, the keys they refuse, and
-    the profile with each refused key at its default (or ``STAND_INS``)."""
+    """Every problem, the keys they refuse, and the profile with those at their defaults."""
 
     profile: Profile
     problems: list[Problem]
@@ -363,10 +347,8 @@ class Loaded:
 def load_all(path: str | Path, overrides: Mapping[str, Any] | None = None,
              overrides_source: str | Mapping[str, str] = "host data",
              allow_insecure_urls: bool = False) -> Loaded:
-    """``load`` without stopping at the values: InputError only when the file cannot be
-    read as a mapping; otherwise every problem, and a profile to check the rest with.
-    ``overrides_source`` names where the overrides were written: one name for all, or each
-    override's (host data's, by key)."""
+    """``load`` without stopping at the values (InputError only for a file not read as a
+    mapping). ``overrides_source``: where they were written, for all or by key."""
     path = profile_yaml.locate(path)
     data = profile_yaml.read(path, top_level(Profile))
     located = Located(str(path))
@@ -382,11 +364,7 @@ def load_all(path: str | Path, overrides: Mapping[str, Any] | None = None,
 def load(path: str | Path, overrides: Mapping[str, Any] | None = None,
          overrides_source: str | Mapping[str, str] = "host data",
          allow_insecure_urls: bool = False) -> Profile:
-    """Read, merge and validate a profile. Raises InputError naming file, key and fix.
-
-    ``allow_insecure_urls`` lets ``engine.index_url`` be plain http (host data
-    ``allow_insecure_urls``, or ``--allow-insecure-urls`` for check and render)."""
+    """Read, merge and validate a profile; InputError naming file, key and fix."""
     loaded = load_all(path, overrides, overrides_source, allow_insecure_urls)
-    if loaded.problems:
-        raise InputError(loaded.problems)
+    InputError.raise_any(loaded.problems)
     return loaded.profile

@@ -1,10 +1,5 @@
-"""A profile's YAML: the file (a path, or the name of a profile shipped with the product), read
-with ``safeyaml``'s limits, and the host data that overrides it merged in.
-
-    path = locate("qwen3.6-27b-mtp")          # .../sglang_fleet/profiles/qwen3.6-27b-mtp.yaml
-    data = read(path, ["engine", "model"])    # {"engine": {...}, "model": {...}, ...}
-
-``profile.load`` validates what comes out.
+"""A profile's YAML: the file (a path, or a shipped profile's name), read with ``safeyaml``'s
+limits, and the host data that overrides it merged in; ``profile.load`` validates the result.
 """
 
 from __future__ import annotations
@@ -20,8 +15,7 @@ from sglang_fleet.errors import InputError
 
 
 def read(path: Path, sections: Sequence[str]) -> dict[str, Any]:
-    """The profile's top-level mapping, read with the limits and loader of ``safeyaml``;
-    ``sections`` are the names it may hold, for the error when it holds no mapping."""
+    """The profile's top-level mapping; ``sections``: the names it may hold, for the error."""
     source = str(path)
     text = safeyaml.read_text(path, source, "the profile", safeyaml.MAX_PROFILE_BYTES)
     data = safeyaml.load(text, source)
@@ -61,7 +55,6 @@ SHIPPED = resources.files("sglang_fleet") / "profiles"
 
 
 def shipped() -> list[str]:
-    """The names of the profiles shipped with the product (``qwen3.6-27b-mtp``, ...)."""
     return sorted(p.name.removesuffix(".yaml") for p in SHIPPED.iterdir()
                   if p.name.endswith(".yaml"))
 

@@ -45,12 +45,9 @@ RENAMED_DESTS = {
 
 @dataclass(frozen=True)
 class Launch:
-    """What to run: ``argv[0:3]`` is the launcher, ``env`` the extra environment.
-
-    ``secrets`` maps environment variables the argv refers to (``${VAR}``) to the secret names
-    whose values the host's root-only environment file provides. ``args`` is the argv as the
-    release's parser reads it (destination → value, defaults filled in).
-    """
+    """What to run: ``argv[0:3]`` is the launcher, ``env`` the extra environment, ``secrets``
+    variable → secret name (the host's root-only environment file has the value), ``args``
+    the argv as the release's parser reads it."""
 
     version: str
     argv: tuple[str, ...]
@@ -63,7 +60,6 @@ class Launch:
 
     @property
     def unit(self) -> str:
-        """The systemd unit serving this launch: one per host, or one per GPU set."""
         return paths.server_unit(self.instance, self.instances)
 
     @property
@@ -88,17 +84,13 @@ class Launch:
 
 
 def model_path(profile: Profile) -> str:
-    """Where the weights are on the host: a host path as given, staged sources under
-    ``paths.MODELS`` (``staging_dir``)."""
+    """Where the weights are on the host: a host path as given, else ``staging_dir``."""
     source = profile.model.source
     return source if source.startswith("/") else staging_dir(source)
 
 
 def normalized_source(source: str) -> str:
-    """A staged source as the downloader reads it: ``s3://b/p/`` lists what ``s3://b/p`` does.
-
-        normalized_source("s3://b/p/")  # 's3://b/p'
-    """
+    """A staged source as the downloader reads it: ``s3://b/p/`` lists what ``s3://b/p`` does."""
     return source.rstrip("/") if source.startswith("s3://") else source
 
 
@@ -108,13 +100,9 @@ def _slug(source: str, limit: int | None = 96) -> str:
 
 
 def staging_dir(source: str) -> str:
-    """The directory a source is staged into: a readable slug and a digest of the normalized
-    source. The slug alone is shared (``hf://org/model@v1``, ``s3://org/model/v1`` and
-    ``s3://org/model+v1`` are all ``org--model--v1``): without the digest a change of source
-    would find the old weights staged and keep serving them.
-
-        staging_dir("s3://org/model/v1")  # '/var/lib/sglang/models/org--model--v1-<12 hex>'
-    """
+    """The directory a source is staged into: a slug and a digest of the normalized source.
+    Slugs collide (``hf://org/model@v1`` and ``s3://org/model/v1`` are ``org--model--v1``):
+    without the digest a change of source would keep serving the old weights."""
     source = normalized_source(source)
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]
     return str(PurePosixPath(paths.MODELS) / f"{_slug(source)}-{digest}")
@@ -127,10 +115,8 @@ def legacy_staging_dir(source: str) -> str:
 
 
 def _semantic_args(profile: Profile, instance: int) -> Iterator[tuple[str, str, Any]]:
-    """(profile key, SGLang destination, value) for every key declared with a flag
-    (``profile.py``), in declaration order; a ``negated`` key's flag is set when it is false."""
-    # The two values that are not the profile's own: where the weights are on the host, and
-    # this instance's port.
+    """(profile key, SGLang destination, value) for every key declared with a flag; a
+    ``negated`` key's flag is set when it is false. Weights and port: the host's, instance's."""
     rendered = {"model.source": model_path(profile),
                 "server.port": profile.server.port + instance}
     for key, value in keys.values(profile):
@@ -230,8 +216,7 @@ def _current_option(table: flags.FlagTable, dest: str) -> str | None:
 
 
 def _unknown_hint(table: flags.FlagTable, option: str, owned: dict[str, str]) -> str:
-    """The fix for a flag the release does not have: its new name, the releases that have it,
-    an abbreviation spelled out, or the closest spelling."""
+    """The fix for a flag the release does not have: its new name, who has it, or a spelling."""
     holders = [v for v in releases.supported() if flags.load(v).get(option) is not None]
     if holders:
         dest = flags.load(holders[-1]).flags[option].dest
@@ -278,8 +263,7 @@ def _extra_args_flags(words: tuple[str, ...]) -> Iterator[tuple[str, str | None]
 
 def _check_extra_args(profile: Profile, table: flags.FlagTable, rendered: list[str],
                       problems: list[Problem]) -> None:
-    """Raw flags are held to the same standard: exact current spelling, set once, never a value
-    the profile has a key for, never a key."""
+    """Raw flags: exact current spelling, set once, never one a key owns, never a secret."""
     source = profile.source_of("extra_args")
     owned = _semantic_dests(profile)
     set_by_profile = {table.flags[w].dest for w in rendered if w in table.flags}
@@ -362,12 +346,9 @@ def _env(profile: Profile, version: str, instance: int) -> dict[str, str]:
 
 def render(profile: Profile, version: str | None = None, instance: int = 0,
            rank: Rank | None = None) -> Launch:
-    """Render ``profile`` for ``version`` (default: the profile's pin); InputError if it can't.
-
-    ``instance`` picks one of ``parallel.instances`` servers on a host: its port is the
-    profile's plus the instance number, and it sees only its own GPUs. ``rank``: the host's
-    place in its multi-node group (``hostconfig.groups``), rendered as ``--node-rank`` and
-    ``--dist-init-addr``."""
+    """Render ``profile`` for ``version`` (default: its pin); InputError if it can't.
+    ``instance``: one of a host's servers (port + instance, its own GPUs); ``rank``: the
+    host's place in its multi-node group."""
     source, key = "--sglang-version", ""
     if version is None:
         version = profile.engine.version
@@ -386,8 +367,7 @@ def render(profile: Profile, version: str | None = None, instance: int = 0,
             profile, table, "SGLANG_GRPC_PORT", "grpc_port")):  # --grpc-port's fallback
         problems.append(Problem(profile.source_of("env"), "env.SGLANG_GRPC_PORT", *grpc))
     _architecture(profile, version, problems)
-    if problems:
-        raise InputError(problems)
+    InputError.raise_any(problems)
     args += profile.extra_args
     try:
         parsed = table.parse(args)

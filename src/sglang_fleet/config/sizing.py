@@ -37,13 +37,8 @@ _PER_INSTANCE_ENV = ("CUDA_VISIBLE_DEVICES",)
 
 
 def apply(profile: Profile, slots: int | None) -> Profile:
-    """The profile a host serves once its target is resolved: ``--max-running-requests`` at
-    least the target (SGLang's default for speculative decoding is 48) and the mamba cache at
-    ``slots`` (the remembered or computed size; None leaves it to SGLang). A profile without a
-    target is returned as it is.
-
-        apply(profile, 240).memory.max_mamba_cache_size    # 240
-    """
+    """The profile with its target resolved: ``--max-running-requests`` at least the target
+    and the mamba cache at ``slots`` (None: SGLang's); without a target, as it is."""
     memory = profile.memory
     target = memory.target_running_requests
     if target is None:
@@ -54,11 +49,8 @@ def apply(profile: Profile, slots: int | None) -> Profile:
 
 
 def key(launch: Launch, gpu_memory_mib: int) -> str:
-    """What a remembered size depends on: the release, the model, every flag and variable but
-    the size itself and what differs between instances (port, GPUs), and the GPU memory.
-
-        key(launch, 183359)   # '3f9c…' (24 hex digits)
-    """
+    """What a remembered size depends on (24 hex digits): the release, every flag and variable
+    but the size and what differs between instances (port, GPUs), and the GPU memory."""
     words, skip = [], False
     for word in launch.argv[3:]:
         if skip:
@@ -78,16 +70,12 @@ def record_path(digest: str) -> str:
 
 
 def record(digest: str, slots: int, target: int) -> str:
-    """The remembered size's file: the size, and the target it was computed for."""
     return json.dumps({"key": digest, "max_mamba_cache_size": slots,
                        "target_running_requests": target}, sort_keys=True) + "\n"
 
 
 def remembered(text: str, digest: str) -> int | None:
-    """The size a record holds, if it is one for ``digest`` (anything else is no record).
-
-        remembered('{"key": "ab", "max_mamba_cache_size": 240}', "ab")   # 240
-    """
+    """The size a record holds, if it is one for ``digest`` (anything else is no record)."""
     try:
         saved = json.loads(text)
     except ValueError:
@@ -102,8 +90,7 @@ def remembered(text: str, digest: str) -> int | None:
 
 @dataclass(frozen=True)
 class Sizing:
-    """What one start's log says about the target: reached, a size that reaches it, or why
-    nothing does."""
+    """The target reached, a size that reaches it, or why nothing does."""
 
     target: int
     running: int | None  # the effective max running requests, from the log
@@ -145,14 +132,12 @@ def _whole(value: Any) -> int | None:
 
 
 def _arg(cap: capacity.Capacity, launch: Launch, name: str) -> Any:
-    """A resolved argument: the log's ``server_args`` (what SGLang made of the flags), else the
-    rendered one."""
+    """A resolved argument: the log's ``server_args``, else the rendered one."""
     logged = cap.server_args.get(name)
     return logged if logged not in (None, "None") else launch.args.get(name)
 
 
 def _inputs(cap: capacity.Capacity, launch: Launch) -> tuple[dict[str, Any], str | None]:
-    """The figures the sizing needs from the log, or what the log does not give."""
     if not (cap.mamba_slots and cap.mamba_gb and cap.kv_tokens and cap.kv_gb):
         return {}, ("the log gives no mamba pool and KV cache sizes to size from (no 'Mamba "
                     "Cache is allocated' and 'KV Cache is allocated' lines)")
@@ -193,12 +178,8 @@ def _floor(cap: capacity.Capacity, requests: int) -> int:
 
 def size(cap: capacity.Capacity, target: int, launch: Launch,
          gpu_gb: float | None = None) -> Sizing:
-    """The mamba cache size that makes the effective max running requests (from ``cap``, one
-    start's log) reach ``target`` for ``launch`` (what that start ran); ``gpu_gb`` (the GPU's
-    memory) lets the reason name a mem_fraction_static that would fit.
-
-        size(cap, 48, launch).slots      # e.g. 240, or None with .reason
-    """
+    """The mamba cache size that makes the max running requests in ``cap`` (the log of a start
+    of ``launch``) reach ``target``; ``gpu_gb`` lets the reason name a mem_fraction_static."""
     running = cap.max_running_requests
     if running is None:
         return Sizing(target, None, reason="the log does not give max_running_requests (the "
@@ -226,8 +207,7 @@ def _kv_capped(cap: capacity.Capacity, target: int, running: int) -> str:
 
 def _no_fit(cap: capacity.Capacity, f: dict[str, Any], target: int, tokens: int,
             launch: Launch, gpu_gb: float | None) -> str:
-    """Why ``target`` cannot fit: the GiB missing, and each lever with a number where the log
-    gives one."""
+    """Why ``target`` cannot fit: the GiB missing, and each lever."""
     floor = _floor(cap, target)
     short_gb = (floor - tokens) * f["token_gb"]
     slots = target * f["ratio"]
@@ -252,8 +232,7 @@ def _no_fit(cap: capacity.Capacity, f: dict[str, Any], target: int, tokens: int,
 
 def _fraction_lever(cap: capacity.Capacity, launch: Launch, short_gb: float,
                     gpu_gb: float | None) -> str:
-    """memory.mem_fraction_static with the value that gives the pools the missing GiB, when
-    the GPU has that much free beyond what activations need."""
+    """The mem_fraction_static that gives the pools the missing GiB, if the GPU has it free."""
     now = _number(cap.server_args.get("mem_fraction_static")) or \
         _number(launch.args.get("mem_fraction_static"))
     free = cap.available_gpu_gb

@@ -1,13 +1,9 @@
-"""A merged profile's data → typed values, every key checked as it is declared; InputError
-lists every problem at once.
+"""A merged profile's data → typed values, every key checked as it is declared.
 
-    values = validate(Profile, {"model": {"source": "/models/m", "served_name": "m"}},
-                      Located("my.yaml"))
-    values["memory"].page_size  # None: the declared default
+    validate_all(Profile, {"model": {"source": "/m", "served_name": "m"}}, Located("my.yaml"))
 
-Each key is checked in turn: present (unless it has a default), its type (the annotation's),
-its strings (``validators.text_problem``), finiteness, then its own check; then the rules
-between keys (``_consistency``), each only when the keys it reads are valid themselves.
+Each key: present, its type, its strings, finiteness, its own check; then the rules between
+keys (``_consistency``), each only when the keys it reads are valid themselves.
 """
 
 from __future__ import annotations
@@ -32,10 +28,7 @@ from sglang_fleet.config.keys import (
 )
 from sglang_fleet.errors import InputError, Problem
 
-# The speculative keys that only mean something with speculative.algorithm set (named so that
-# tests/unit/hostconfig/test_table.py, which reads *_KEYS tuples as host-data keys, does not take
-# them
-# for some).
+# Only meaningful with speculative.algorithm set (not *_KEYS: test_table.py reads those).
 NEED_ALGORITHM = ("num_steps", "eagle_topk", "num_draft_tokens")
 
 
@@ -90,8 +83,7 @@ def _strings(value: Any) -> list[str]:
 
 
 def _value_problem(value: Any, spec: Declared) -> list[Wrong]:
-    """What is wrong with a well-typed value: its strings, its finiteness, its own check (of
-    the value alone: the rules between keys are ``_consistency``'s)."""
+    """What is wrong with a well-typed value alone: its strings, finiteness, its own check."""
     for text in _strings(value):
         wrong = validators.text_problem(text)
         if wrong:
@@ -116,9 +108,8 @@ def _type_fix(value: Any, spec: Declared, name: str, from_data: bool) -> str:
 
 def _validate_key(raw: Any, name: str, spec: Declared, located: Located,
                   problems: list[Problem]) -> Any:
-    """The value of key ``name`` as its dataclass holds it, or None after adding a problem.
-    A default is the declaration's own and is taken as it is (tests/unit/config/test_keys.py checks
-    every default against its key)."""
+    """The value of key ``name`` as its dataclass holds it, or None after adding a problem
+    (a default is taken as it is: test_keys.py checks every default against its key)."""
     if raw is REQUIRED:
         if spec.default is not REQUIRED:
             return spec.read(spec.default)  # read: a mapping copied, never shared
@@ -167,9 +158,8 @@ def _unknown_names(raw: Mapping[Any, Any], known: list[str], where: str, located
 
 def _section(cls: type, name: str, raw: Any, located: Located,
              problems: list[Problem], refused: set[str]) -> dict[str, Any] | None:
-    """A section's keys, validated (None when it is not even a mapping); the keys whose values
-    are refused are added to ``refused``. A section holds keys only: a profile is two levels
-    deep."""
+    """A section's keys, validated (None when it is not even a mapping), refused ones added to
+    ``refused``."""
     keys = declared(cls)
     if raw is None:
         raw = {}
@@ -197,30 +187,19 @@ def _checked(raw: Any, name: str, spec: Declared, located: Located, problems: li
 
 @dataclass(frozen=True)
 class Checked:
-    """Every problem of a profile's data, the keys they refuse, and the values with each
-    refused key at its default (a required one at its stand-in), for the checks after
-    validation to run on what is valid."""
+    """Every problem, the keys they refuse, and the values with each refused key at its
+    default (a required one at its stand-in), for the later checks."""
 
     values: dict[str, Any]
     problems: list[Problem]
     refused: frozenset[str]
 
 
-def validate(root: type, data: Mapping[Any, Any], located: Located,
-             allow_insecure_urls: bool = False) -> dict[str, Any]:
-    """Check ``data`` against the keys ``root`` declares: its sections built as their
-    dataclasses, its own keys as values; raise InputError listing every problem."""
-    checked = validate_all(root, data, located, allow_insecure_urls)
-    if checked.problems:
-        raise InputError(checked.problems)
-    return checked.values
-
-
 def validate_all(root: type, data: Mapping[Any, Any], located: Located,
                  allow_insecure_urls: bool = False,
                  stand_ins: Mapping[str, Any] | None = None) -> Checked:
-    """``validate`` without raising: every problem, and values to go on with, each refused
-    key at its default or, for a required one, at ``stand_ins[key]`` (None without one)."""
+    """``data`` checked against the keys ``root`` declares, without raising: each refused key
+    at its default or, for a required one, at ``stand_ins[key]``."""
     problems: list[Problem] = []
     refused: set[str] = set()
     _unknown_names(data, top_level(root), "", located, problems)

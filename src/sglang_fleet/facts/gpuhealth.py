@@ -2,14 +2,10 @@
 remapping from ``nvidia-smi -q``, clocks event reasons (thermal and power braking), NVLink error
 counters (``nvidia-smi nvlink -e``) and the NVSwitch fabric state.
 
-    health = host.get_fact(GpuHealth)
-    for finding in health.findings:
-        print(finding.id, finding.fatal, finding.describe())
+    [f.describe() for f in host.get_fact(GpuHealth).findings]
 
 A *fatal* finding means the GPU cannot be trusted to serve: the deploy refuses the host before
-any change (host data ``gpu_health_ignore: [xid-94, ...]`` lets a named finding through) and
-says what the operator does about it (reset the GPU, reboot, replace it). Parsing is kept apart
-from the fact so it can be tested on real output.
+any change (unless host data ``gpu_health_ignore`` names it).
 """
 
 from __future__ import annotations

@@ -18,11 +18,7 @@ _NAME = re.compile(r"[a-z][a-z_]{0,15}[0-9]{0,4}")
 
 
 def parse(lines: list[str]) -> list[str]:
-    """The devices' paths, from their names (one a line), sorted; other lines left out.
-
-        parse(["uverbs0", "rdma_cm", "x y"])
-        # ['/dev/infiniband/rdma_cm', '/dev/infiniband/uverbs0']
-    """
+    """The devices' paths, from their names (one a line), sorted; other lines left out."""
     return sorted(f"{DIRECTORY}/{line}" for line in lines if _NAME.fullmatch(line))
 
 

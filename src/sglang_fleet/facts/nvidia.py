@@ -1,8 +1,5 @@
-"""What a host says about its NVIDIA stack, through the interfaces an operator uses:
-``nvidia-smi``, ``/proc/driver/nvidia/version`` and dpkg.
-
-Parsing is kept apart from the pyinfra facts so it can be tested on real output samples.
-"""
+"""What a host says about its NVIDIA stack: ``nvidia-smi``, ``/proc/driver/nvidia/version``,
+apt. Parsing is apart from the facts, to be tested on real output samples."""
 
 from __future__ import annotations
 
@@ -10,6 +7,8 @@ import re
 from dataclasses import dataclass
 
 from pyinfra.api.facts import FactBase
+
+from sglang_fleet.facts.gpuhealth import parse_tree
 
 QUERY = "index,name,memory.total,driver_version,compute_cap,persistence_mode"
 EXIT_MARK = "__exit="
@@ -78,27 +77,12 @@ def parse_module_version(text: str) -> LoadedModule | None:
 
 
 def parse_fabric(lines: list[str]) -> tuple[str, str] | None:
-    """(State, Status) from the Fabric section of ``nvidia-smi -q``; None without one."""
-    state = status = None
-    in_fabric = False
-    for line in lines:
-        stripped = line.strip()
-        if stripped == "Fabric":
-            in_fabric = True
-            continue
-        if in_fabric and ":" in stripped:
-            key, value = (p.strip() for p in stripped.split(":", 1))
-            if key == "State":
-                state = value
-            elif key == "Status":
-                status = value
-            elif state is not None:
-                break
-        elif in_fabric and stripped and ":" not in stripped:
-            break
-    if state is None:
+    """(State, Status) from the first GPU's Fabric section of ``nvidia-smi -q``; None without."""
+    gpus = parse_tree(lines)
+    fabric = gpus[0][1].get("Fabric") if gpus else None
+    if not isinstance(fabric, dict) or "State" not in fabric:
         return None
-    return state, status or "N/A"
+    return str(fabric["State"]), str(fabric.get("Status") or "N/A")
 
 
 class NvidiaSmi(FactBase[SmiReport]):

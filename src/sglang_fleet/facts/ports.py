@@ -1,11 +1,7 @@
-"""Who listens on a TCP port: every process, with its user, start time, command line and the
-systemd unit it belongs to (from its control group), read with ``ss`` and ``/proc`` as an
-operator would.
+"""Who listens on a TCP port: each process's user, start time, command line and systemd unit
+(from its control group), read with ``ss`` and ``/proc``.
 
-    for p in host.get_fact(PortListeners, port=30000):
-        print(p.pid, p.user, p.unit, p.command)
-
-Parsing is kept apart from the fact so it can be tested on real output.
+    [p.describe() for p in host.get_fact(PortListeners, port=30000)]
 """
 
 from __future__ import annotations

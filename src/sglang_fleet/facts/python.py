@@ -1,9 +1,6 @@
-"""What a Python interpreter on the host has: whether it imports what a host program needs (a
-venv complete), and which distribution gives it DeepGEMM, at which version.
+"""What a Python interpreter on the host has: the modules a host program needs, and which
+distribution gives it DeepGEMM.
 
-    if not host.get_fact(PythonImports, python="/opt/sglang/tools/bin/python",
-                         modules=["boto3", "huggingface_hub"]):
-        ...  # install them
     host.get_fact(DeepGemm, python=release.python_bin)   # 'sgl-deep-gemm==0.2.3.post2'
 """
 

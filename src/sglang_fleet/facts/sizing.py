@@ -16,8 +16,7 @@ _DIGEST = re.compile(r"[0-9a-f]{24}")
 
 
 class RememberedSize(FactBase[str | None]):
-    """The text of the size record for ``digest`` (None when there is none); the caller checks
-    it is one (``sizing.remembered``)."""
+    """The text of the size record for ``digest`` (None: none); ``sizing.remembered`` reads it."""
 
     def command(self, digest: str) -> str:
         if not _DIGEST.fullmatch(digest):  # the name reaches a shell

@@ -1,13 +1,7 @@
-"""What a host's systemd is and says about its units, read as an operator would
-(``systemctl``, ``journalctl``): its version, one unit's condition, units' state and what they
-run, a unit's last crash, and what each unit's last passed gate measured.
+"""What a host's systemd says about its units, read as an operator would (``systemctl``,
+``journalctl``). Parsing is apart from the facts, to be tested on real output samples.
 
-    for unit in host.get_fact(UnitStates, units=["sglang.service"]).values():
-        print(unit.name, unit.active, unit.since, unit.release)
     host.get_fact(UnitCondition, unit="sglang.service")["ActiveState"]     # 'active'
-
-Reading needs no privilege (but another unit's journal: root or the systemd-journal group).
-Parsing is kept apart from the facts so it can be tested on real output samples.
 """
 
 from __future__ import annotations
@@ -54,11 +48,7 @@ CONDITION = "ActiveState,SubState,Result,NRestarts,UnitFileState"
 
 
 class UnitCondition(FactBase[dict[str, str]]):
-    """What systemd says about one unit now: ``{"ActiveState": "failed", "Result":
-    "start-limit-hit", "NRestarts": "5", "UnitFileState": "enabled", ...}``.
-
-        host.get_fact(UnitCondition, unit="sglang.service")["ActiveState"]
-    """
+    """What systemd says about one unit now: ``{"ActiveState": "failed", ...}``."""
 
     default = dict
 
@@ -164,13 +154,10 @@ class UnitStates(FactBase[dict[str, UnitState]]):
 
 
 class GateRecords(FactBase[dict[str, Any]]):
-    """What each named unit's last passed gate measured (``paths.gate_record``: one line of
-    JSON each, root's, readable by all), by unit; a unit without a record is absent. The
-    values are as the file holds them: ``eta.from_record`` checks each figure."""
+    """What each named unit's last passed gate measured (``paths.gate_record``), by unit, as
+    the file holds it (``eta.from_record`` checks each figure); no record: absent."""
 
-    @staticmethod
-    def default() -> dict[str, Any]:
-        return {}  # no record at all: pyinfra gives a fact without output its default
+    default = dict  # no record at all: pyinfra gives a fact without output its default
 
     def command(self, units: list[str]) -> str:
         paths_ = [shlex.quote(paths.gate_record(u)) for u in units if _UNIT.fullmatch(u)]

@@ -1,15 +1,8 @@
-"""Host data: every key the product reads from pyinfra's host and group data, declared once,
+"""Host data: every key read from pyinfra's host and group data, declared once (``keys.py``),
 checked once per host, and read typed.
 
-    from sglang_fleet import hostconfig
-    cfg = hostconfig.of(host)               # HostConfig: checked, typed, built once per host
-    cfg.gpu_count, cfg.router_port          # (8, 30080)
+    hostconfig.of(host).router_port           # 30080
     profile = hostconfig.profile_for(host)  # the profile it serves, with its overrides
-
-``keys.py`` declares the keys (the one place to add one) with ``config/keys.py``'s ``key()``
-and ``config/checks.py``'s checks, and reads and checks them; ``overrides.py`` the profile
-overrides (``sglang_overrides``, ``sglang.KEY``), ``serving.py`` the profile a host serves,
-``table.py`` docs/host-data.md's table (``python -m sglang_fleet.hostconfig``).
 """
 
 from __future__ import annotations

@@ -20,10 +20,7 @@ _BUILT: WeakKeyDictionary[Any, HostConfig] = WeakKeyDictionary()
 
 
 def of(host: Host) -> HostConfig:
-    """``host``'s data, checked and typed (InputError listing every problem), built once.
-
-        of(host).gpu_count     # 8
-    """
+    """``host``'s data, checked and typed (InputError listing every problem), built once."""
     data = host.data
     try:
         return _BUILT[data]
@@ -37,11 +34,7 @@ def of(host: Host) -> HostConfig:
 
 def lenient(host: Host) -> tuple[HostConfig, list[str]]:
     """``host``'s data with each refused key at its default, and the refused keys: what
-    ``check --inventory`` reads to go on checking a host's profile past its data's problems
-    (``of`` says them).
-
-        lenient(host)[1]     # ['gpu_count']
-    """
+    ``check --inventory`` reads to go on past its data's problems (``of`` says them)."""
     return HostConfig.from_data_all(host.data, host.name, getattr(host, "groups", ()))
 
 
@@ -51,12 +44,7 @@ def check_host(host: Host) -> None:
 
 
 def is_serving(host: Host) -> bool:
-    """Whether the host runs SGLang servers (router-only hosts set no ``sglang_profile``).
-
-    The one key read without checking the rest: listing the serving hosts must not stop at
-    the first host with a problem; each host's data is checked when its profile is read, so
-    that a roll reports every host's problems together.
-
-        is_serving(host)     # True
-    """
+    """Whether the host runs SGLang servers (router-only hosts set no ``sglang_profile``):
+    read unchecked, so that listing the serving hosts does not stop at the first problem
+    and a roll reports every host's problems together."""
     return bool(host.data.get("sglang_profile"))

@@ -1,12 +1,6 @@
-"""Preflight GPU health: a host whose GPUs show a fatal condition (an Xid that needs a reset, an
-uncorrectable ECC error, a pending or failed row remap, a failed NVSwitch fabric) is refused
-before any change, with the operator's fix; warnings are printed and the deploy goes on.
-
-    # deploys/sglang.py, before any operation
-    require_gpu_health()
-
-Host data ``gpu_health_ignore: [xid-94, remap-pending]`` lets named findings through (after the
-operator has dealt with them: a GPU reset leaves its Xid in this boot's kernel log).
+"""Preflight GPU health: a host with a fatal finding (``facts/gpuhealth.py``) is refused before
+any change, with the operator's fix; warnings are printed and the deploy goes on. Host data
+``gpu_health_ignore`` lets named findings through (a GPU reset leaves its Xid in the log).
 """
 
 from __future__ import annotations
@@ -29,7 +23,6 @@ def merged(findings: list[Finding]) -> list[tuple[Finding, list[str]]]:
 
 
 def problems(health: Health | None, ignore: list[str], host_name: str) -> list[Problem]:
-    """A Problem for each fatal finding not ignored (GPUs named together)."""
     if health is None:
         return []
     out = []
@@ -58,11 +51,9 @@ def warnings(health: Health | None, ignore: list[str]) -> list[str]:
 
 
 def require_gpu_health() -> None:
-    """Preflight: refuse the current host before any change when a GPU is unfit to serve."""
     ignore = list(hostconfig.of(host).gpu_health_ignore)
     health: Health | None = host.get_fact(GpuHealth)
     for line in warnings(health, ignore):
         logger.warning(f"{host.print_prefix}GPU health: {line}")
     found = problems(health, ignore, host.name)
-    if found:
-        raise InputError(found)
+    InputError.raise_any(found)

@@ -7,10 +7,8 @@ API: the routers take its URL only (``is_worker``).
     hosts = [("b200-01", {"sglang_group": "tp16-a"}),     # rank 0
              ("b200-02", {"sglang_group": "tp16-a"})]     # rank 1
 
-    rank_for(host, profile)      # Rank(node_rank=1, rank0_address='b200-01')
-
-A deploy sees the whole inventory (pyinfra's ``host.inventory``; ``--limit`` runs fewer hosts
-but keeps them all in it), so every member derives the same ranks.
+A deploy sees the whole inventory (``--limit`` runs fewer hosts but keeps them all in it), so
+every member derives the same ranks.
 """
 
 from __future__ import annotations
@@ -66,11 +64,8 @@ def rank0(host: Host) -> Host | None:
 
 
 def units_of(hosts: Iterable[Host]) -> list[list[Host]]:
-    """``hosts`` as the units a roll or a teardown moves: each group whole (its members in rank
-    order, where its rank 0 comes), every other host alone.
-
-        [[h.name for h in u] for u in units_of(inventory)]   # [['b200-01', 'b200-02'], ...]
-    """
+    """``hosts`` as the units a roll or a teardown moves: each group whole (in rank order,
+    where its rank 0 comes), every other host alone."""
     found: list[list[Host]] = []
     by_group: dict[str, list[Host]] = {}
     for host in hosts:
@@ -108,7 +103,6 @@ OWN_KEYS = ("parallel.instances", "server.host")
 
 
 def _differences(first: Profile, other: Profile) -> list[str]:
-    """The keys two profiles set differently, but those each member sets for itself."""
     theirs = {spec.name: value for spec, value in keys.values(first)}
     return [f"{spec.name} {value!r} (rank 0: {theirs[spec.name]!r})"
             for spec, value in keys.values(other)
@@ -139,8 +133,7 @@ def _membership(host: Host, nnodes: int) -> list[Host]:
                                 f"({names}), parallel.nnodes is {nnodes}",
                                 f"put exactly {nnodes} hosts in {GROUP_KEY} "
                                 f"{cfg.sglang_group!r}, or set parallel.nnodes: {len(members)}"))
-    if problems:
-        raise InputError(problems)
+    InputError.raise_any(problems)
     return members
 
 
@@ -152,9 +145,8 @@ def _member_launch(prof: Profile, rank: Rank) -> tuple[str, ...]:
 
 def rank_for(host: Host, prof: Profile) -> Rank | None:
     """``host``'s rank in its group and rank 0's address, for ``render``; None for a server on
-    one host. InputError, naming the host, the key and the fix, when the group is not one
-    server: no group with nnodes > 1, a group of another size, members whose profiles (or
-    launches but the rank) differ."""
+    one host. InputError when the group is not one server (missing, another size, members'
+    profiles or launches differ)."""
     nnodes = prof.parallel.nnodes
     members = _membership(host, nnodes)
     if nnodes == 1:
@@ -172,20 +164,17 @@ def rank_for(host: Host, prof: Profile) -> Rank | None:
                 f"{group!r}: {'; '.join(differs[:3])}",
                 "give every host of the group the same sglang_profile and overrides: they run "
                 "one server"))
-    if problems:
-        raise InputError(problems)
+    InputError.raise_any(problems)
     address = of(first).address
     problems = same_launch({m.name: _member_launch(declared_profile(m), Rank(i, address))
                             for i, m in enumerate(members)}, first.name)
-    if problems:
-        raise InputError(problems)
+    InputError.raise_any(problems)
     return Rank([m.name for m in members].index(host.name), address)
 
 
 def peer_networks(host: Host) -> list[str]:
-    """Every member's address as the unit's ``IPAddressAllow=`` takes it (its own too: rank 0
-    reaches its own rendezvous at its address, which is not ``localhost``). InputError naming
-    the member whose address is a name: an allow-list holds addresses only."""
+    """Every member's address for the unit's ``IPAddressAllow=`` (its own too: rank 0 reaches
+    its rendezvous at its address, not ``localhost``); InputError for a name."""
     found: list[str] = []
     problems = []
     for member in group_hosts(host):
@@ -199,16 +188,13 @@ def peer_networks(host: Host) -> list[str]:
                 "members in by address (sglang_allowed_clients is set)",
                 f"set sglang_address = 'IP' for {member.name} (where the group's members reach "
                 "it)"))
-    if problems:
-        raise InputError(problems)
+    InputError.raise_any(problems)
     return found
 
 
 def router_networks(worker: Host) -> list[str]:
-    """Who may use a gRPC-mode worker's port: the address of each host of the inventory's
-    ``routers`` group, or, in an inventory without one (routers run elsewhere), the worker's
-    ``sglang_allowed_clients``. InputError naming a router whose address is a name: the rule
-    holds addresses only."""
+    """Who may use a gRPC-mode worker's port: each ``routers`` host's address, or without that
+    group (routers run elsewhere) ``sglang_allowed_clients``; InputError for a name."""
     inventory = getattr(worker, "inventory", None)
     group = (inventory.get_group(ROUTERS_GROUP, None) if inventory else None) or []
     if not group:
@@ -224,8 +210,7 @@ def router_networks(worker: Host) -> list[str]:
                 "the routers in by address",
                 f"set sglang_address = 'IP' for {router.name} (where the workers see its "
                 "requests come from)"))
-    if problems:
-        raise InputError(problems)
+    InputError.raise_any(problems)
     return found
 
 

@@ -1,14 +1,10 @@
-"""Every key the product reads from pyinfra's host and group data, declared once: a field of
-``HostConfig`` is a key (its name), its type (the annotation) and, in ``key(...)``, its
-default, its check, the fix an error gives, and its line in docs/host-data.md's table.
+"""Every key the product reads from pyinfra's host and group data, declared once as a field of
+``HostConfig`` (``config/keys.py``'s ``key()``).
 
-    cfg = HostConfig.from_data({"gpu_count": 8, "router_port": 31000}, "b200-01")
-    cfg.gpu_count, cfg.router_port, cfg.drain_budget_seconds     # (8, 31000, 600)
+    HostConfig.from_data({"gpu_count": 8}, "b200-01").drain_budget_seconds     # 600
 
-``from_data`` reads each key of a host (``Raw``), checks it and lists every problem at once.
-To add a key: add a field here (in the section it belongs to), read it as ``hostconfig.of(host)
-.KEY``, and regenerate docs/host-data.md's table (``python -m sglang_fleet.hostconfig --write
-docs/host-data.md``).
+To add a key: add a field here, read it as ``hostconfig.of(host).KEY``, and regenerate
+docs/host-data.md's table (``python -m sglang_fleet.hostconfig --write docs/host-data.md``).
 """
 
 from __future__ import annotations
@@ -73,12 +69,8 @@ YES_OR_NO = "write True or False (or yes/no, on/off, 1/0)"
 
 @dataclass(frozen=True)
 class Raw:
-    """One host's data as pyinfra holds it (``host.data``, or a plain mapping in tests), for
-    the checks that look at another key (``allow_insecure_urls`` for URLs, the branch for the
-    driver version).
-
-        Raw({"gpu_count": 8}, "b200-01").get("gpu_count")     # 8
-    """
+    """One host's data as pyinfra holds it (or a plain mapping), for checks that read another
+    key (``allow_insecure_urls`` for URLs)."""
 
     data: Any  # pyinfra's HostData or a mapping: both have .get
     host: str
@@ -97,7 +89,6 @@ def _in_group(raw: Raw, name: str) -> bool:
 
 
 def _levels(raw: Raw, name: str) -> overrides.Levels:
-    """Every data level of the host: the overrides are in all of them."""
     return overrides.levels(raw.data, raw.source)
 
 
@@ -349,39 +340,25 @@ class HostConfig:
     @classmethod
     def from_data(cls, data: Mapping[str, Any] | Any, host: str,
                   groups: Iterable[str] = ()) -> HostConfig:
-        """Check ``data`` (pyinfra's ``host.data``, or a mapping) for host ``host``; InputError
-        listing every problem. ``hostconfig.of(host)`` does this once per host.
-
-            HostConfig.from_data({"purge": "engine"}, "h").purge     # ('engine',)
-        """
+        """Check ``data`` (pyinfra's ``host.data``, or a mapping); InputError listing all."""
         values, problems, _ = checked_all(cls, Raw(data, host, tuple(groups)))
-        if problems:
-            raise InputError(problems)
+        InputError.raise_any(problems)
         return cls(name=host, **values)
 
     @classmethod
     def from_data_all(cls, data: Mapping[str, Any] | Any, host: str,
                       groups: Iterable[str] = ()) -> tuple[HostConfig, list[str]]:
-        """As ``from_data``, with each refused key at its default instead of an error; the
-        refused keys (their problems are ``from_data``'s to say).
-
-            HostConfig.from_data_all({"gpu_count": 0}, "h")[1]     # ['gpu_count']
-        """
+        """As ``from_data``, with each refused key at its default; the refused keys."""
         values, _, refused = checked_all(cls, Raw(data, host, tuple(groups)))
         return cls(name=host, **values), refused
 
     @property
     def source(self) -> str:
-        """Where errors say the host's data comes from."""
         return f"pyinfra data of {self.name}"
 
     @property
     def network_env(self) -> dict[str, str]:
-        """The NCCL and gloo variables host data sets, for the server's environment file.
-
-            HostConfig.from_data({"nccl_ib_hca": "mlx5_0"}, "h").network_env
-            # {'NCCL_IB_HCA': 'mlx5_0'}
-        """
+        """The NCCL and gloo variables host data sets, for the server's environment file."""
         values = {"NCCL_SOCKET_IFNAME": self.nccl_socket_ifname,
                   "GLOO_SOCKET_IFNAME": self.gloo_socket_ifname, "NCCL_IB_HCA": self.nccl_ib_hca}
         return {name: value for name, value in values.items() if value}
@@ -393,7 +370,6 @@ class HostConfig:
 
 
 def _value(spec: Declared, raw: Raw) -> tuple[Any, list[Problem]]:
-    """The typed value of one key, or the problems with it."""
     value = spec.lookup(raw, spec.name) if spec.lookup else raw.get(spec.name)
     if value is None:
         return spec.fresh, []
@@ -405,12 +381,8 @@ def _value(spec: Declared, raw: Raw) -> tuple[Any, list[Problem]]:
 
 
 def checked_all(fields: type, raw: Raw) -> tuple[dict[str, Any], list[Problem], list[str]]:
-    """Every key ``fields`` declares, read from ``raw``, checked and typed, with a refused one
-    at its default; the problems; the refused keys (what ``check --inventory`` reads to go on
-    checking a host's profile past its data).
-
-        checked_all(HostConfig, Raw({"gpu_count": 0}, "h"))[2]     # ['gpu_count']
-    """
+    """Every key ``fields`` declares, read from ``raw``, checked and typed (a refused one at
+    its default); the problems; the refused keys."""
     values: dict[str, Any] = {}
     problems: list[Problem] = []
     refused: list[str] = []

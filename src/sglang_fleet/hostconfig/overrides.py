@@ -40,7 +40,6 @@ NONE = Overrides()  # no host data overrides a key
 
 
 def read_from(inventory: Any, path: str) -> None:
-    """Remember that ``inventory`` was loaded from the file ``path``."""
     _FILES[inventory] = path
 
 
@@ -97,12 +96,7 @@ def _flatten(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def merged(value: Levels) -> Overrides:
     """Every override, by dotted profile key, the highest level's winning, and where it was
-    written.
-
-        merged([("group_data/b200.py", {"sglang_overrides": {"memory": {"page_size": 64}}}),
-                ("--data", {"sglang.memory.page_size": 32})])
-        # {'memory.page_size': 32}, with .sources {'memory.page_size': '--data'}
-    """
+    written (``.sources``)."""
     out = Overrides()
     for where, level in value:
         found = _flatten(level.get(OVERRIDES_KEY) or {})

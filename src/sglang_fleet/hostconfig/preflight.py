@@ -2,10 +2,7 @@
 ``check --inventory``, a roll's planning and the deploy run this one list, so what one of them
 lets through the others cannot refuse later.
 
-    launches = preflight.launches(host, profile, gpu_count=8)   # InputError: every problem
-
-A check raises InputError (its problems are collected, every check runs); ``launches`` renders
-the host's servers (its multi-node rank from the inventory) for the checks that need them.
+    launches = preflight.launches(host, profile, Facts(gpu_count=8))   # InputError: all
 """
 
 from __future__ import annotations
@@ -69,9 +66,8 @@ CHECKS = (
 
 
 def launches(host: Host, profile: Profile, facts: Facts = Facts()) -> list[Launch]:
-    """``host``'s launches of ``profile`` (a member of a multi-node group: its rank and rank
-    0's address, checked against the inventory), once every check of ``CHECKS`` passed;
-    InputError listing every problem found."""
+    """``host``'s launches of ``profile`` (with its multi-node rank), once every check of
+    ``CHECKS`` passed; InputError listing every problem."""
     rendered = render_all(profile, rank=groups.rank_for(host, profile))
     problems: list[Problem] = []
     for check in CHECKS:
@@ -79,6 +75,5 @@ def launches(host: Host, profile: Profile, facts: Facts = Facts()) -> list[Launc
             check.run(host, profile, rendered, facts)
         except InputError as err:
             problems += err.problems
-    if problems:
-        raise InputError(problems)
+    InputError.raise_any(problems)
     return rendered

@@ -1,13 +1,5 @@
-"""The profile a pyinfra host serves: its profile file plus overrides from host and group data
-(``overrides``), for the GPUs it has.
-
-    # inventories/group_data/all.py
-    sglang_profile = "qwen3.6-27b-mtp"      # or a path to your own profile
-    # inventories/group_data/b200.py
-    sglang_overrides = {"memory": {"max_running_requests": 64}}
-    # on the command line
-    pyinfra inventories/b200.py deploys/sglang.py --data sglang.memory.page_size=64
-"""
+"""The profile a pyinfra host serves: its ``sglang_profile`` plus overrides from host and group
+data (``overrides``), for the GPUs it has."""
 
 from __future__ import annotations
 
@@ -24,11 +16,8 @@ GPU_COUNT_KEY = "gpu_count"
 
 
 def gpu_count(host: Host, smi: SmiReport | None = None) -> int | None:
-    """How many GPUs ``host`` has: what nvidia-smi lists there (``smi``, when the caller is
-    connected to it and it works), else host data ``gpu_count``; the two must agree.
-
-        gpu_count(host, host.get_fact(NvidiaSmi))   # 8
-    """
+    """How many GPUs ``host`` has: what nvidia-smi (``smi``) lists, else host data
+    ``gpu_count``; the two must agree."""
     declared = of(host).gpu_count
     seen = len(smi.gpus) if smi is not None and smi.ok else None
     if seen is not None and declared is not None and seen != declared:
@@ -66,12 +55,7 @@ def declared_profile(host: Host) -> profile.Profile:
 
 
 def profile_for(host: Host, smi: SmiReport | None = None) -> profile.Profile:
-    """Check ``host``'s data, then load, override and validate the profile it serves, for its
-    GPUs (``parallel.instances: auto``: one server per tp x dp of them; ``smi`` is nvidia-smi's
-    list when the caller is connected to the host, ``gpu_count`` in host data otherwise).
-
-        profile_for(host).parallel.instances     # 4 (gpu_count 8, parallel.tp 2)
-    """
+    """The profile ``host`` serves, with its overrides, sized for its GPUs (``gpu_count``)."""
     loaded = declared_profile(host)
     if loaded.parallel.instances != AUTO:
         gpu_count(host, smi)  # a host that lost a GPU is said so whatever the profile asks

@@ -1,9 +1,4 @@
-"""The host-data table of docs/host-data.md, made from the declaration (``keys.py``): one row a
-key, in declaration order, between two markers in that file.
-
-    print(TABLE.text())                   # python -m sglang_fleet.hostconfig
-    TABLE.write(Path("docs/host-data.md"))
-"""
+"""The host-data table of docs/host-data.md, made from the declaration (``keys.py``)."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ from sglang_fleet.hostconfig.keys import HostConfig
 
 
 def _default(value: Any) -> str:
-    """A default as the table shows it: ``none``, or the value as one would write it."""
     if value is None:
         return "none"
     if isinstance(value, tuple | list):
@@ -23,10 +17,7 @@ def _default(value: Any) -> str:
 
 
 def row(key: Declared) -> tuple[str, ...]:
-    """(key, default, meaning) of one key.
-
-        row(declared(HostConfig)[0])  # ('`sglang_profile`', 'none: required on serving hosts', ...)
-    """
+    """(key, default, meaning) of one key."""
     shown = key.shown if key.shown is not None else _default(key.default)
     return f"`{key.name}`" + (" (group)" if key.group else ""), shown, key.doc
 

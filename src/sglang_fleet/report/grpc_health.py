@@ -1,6 +1,5 @@
-"""A gRPC-mode server's ``HealthCheck``, asked on its host
-(``stages/gate/host/grpc_health.py``): its port
-answers the routers and the host alone, so the operator's machine asks through SSH.
+"""A gRPC-mode server's ``HealthCheck``, asked on its host (``stages/gate/host/grpc_health.py``):
+its port answers the routers and the host alone, so the operator's machine asks through SSH.
 
     host.get_fact(GrpcHealth, target="127.0.0.1:30000")   # (True, 'Health check passed')
 """

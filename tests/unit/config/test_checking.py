@@ -17,7 +17,7 @@ import pytest
 from pyinfra.api.inventory import Inventory
 
 from sglang_fleet import cli, hostconfig
-from sglang_fleet.cli import fleet_check
+from sglang_fleet.cli import fleet_check, output
 from sglang_fleet.config import checking, keys, preflight, profile, validators
 from sglang_fleet.config.profile import Profile
 from sglang_fleet.errors import InputError
@@ -366,7 +366,7 @@ def test_check_options_that_do_not_go_together(argv: list[str], says: str,
 
 def test_the_report_as_json_has_every_part() -> None:
     report = checking.check_profile(FIELD_PROFILE)
-    assert set(checking.as_json(report)) == {"ok", "sglang_version", "architecture", "errors",
+    assert set(output.report_json(report)) == {"ok", "sglang_version", "architecture", "errors",
                                             "warnings", "notes"}
 
 

@@ -12,7 +12,7 @@ import pytest
 from sglang_fleet.config import flags, keys, profile, releases, render
 from sglang_fleet.config.keys import REQUIRED, Located
 from sglang_fleet.config.profile import Profile
-from sglang_fleet.config.validate import validate
+from sglang_fleet.config.validate import validate_all
 from tests.conftest import MINIMAL
 
 DECLARED = keys.declared(Profile)
@@ -39,7 +39,9 @@ def test_every_default_passes_its_own_key(key: keys.Declared) -> None:
         data.setdefault(section, {})[name] = written
     else:
         data[name] = written
-    values = validate(Profile, data, Located("p.yaml"))
+    checked = validate_all(Profile, data, Located("p.yaml"))
+    assert not checked.problems
+    values = checked.values
     got = getattr(values[section], name) if section else values[name]
     assert got == key.read(key.default)
 

@@ -24,7 +24,7 @@ inventory = make_inventory("inventories/b200.py")
 for host in inventory:
     profile = hostdata.profile_for(host)
     launch = render(profile)
-    preflight.require(profile, launch, preflight.resolve_architecture(profile))
+    assert not preflight.check(profile, launch, preflight.resolve_architecture(profile))
     print(host.name, profile.model.source, profile.memory.max_mamba_cache_size,
           host.data.allow_reboot)
 """
