@@ -58,7 +58,6 @@ def gate(profile: Profile, launch: Launch, budget: int, job: str, result: GateRe
     max running requests reaches ``memory.target_running_requests``), keep its unit and
     environment as the last good release.
 
-    + profile: the profile the server was rendered from
     + launch: the rendered server (unit, port, expected arguments)
     + budget: seconds the server may take to become healthy
     + job: ``COMPLETIONS,TOKENS`` for the job estimate, or empty
@@ -126,8 +125,6 @@ def restored(profile: Profile, launch: Launch, budget: int, result: GateResult) 
     checked within the startup budget), kept for the verdict. The host's every restored server
     is checked before any verdict fails the host, so none is left starting unchecked.
 
-    + profile: the profile the server was rendered from
-    + launch: the rendered server
     + budget: seconds the restored server may take to become healthy
     + result: what ``gate`` found (the operation does nothing when the gate passed)
 
@@ -152,7 +149,6 @@ def restored(profile: Profile, launch: Launch, budget: int, result: GateResult) 
 def gate_failed(launch: Launch, result: GateResult) -> Ops:
     """Fail the host with the gate's error and what ``restored`` found serving after it.
 
-    + launch: the rendered server
     + result: what ``gate`` and ``restored`` found (nothing to do when the gate passed)
 
         gate_failed(name="Gate verdict", launch=launch, result=result)
@@ -218,7 +214,6 @@ def smoke(profile: Profile, launch: Launch) -> Ops:
     """The gate's smoke generation alone, with the gate's program the deploy left on the host.
 
     + profile: the profile the server was rendered from (its served model name)
-    + launch: the rendered server
 
         smoke(name="Smoke sglang.service", profile=profile, launch=launch)
     """

@@ -86,9 +86,7 @@ def member_started(launch: Launch, budget: int, record: GroupGate,
     unit's current start, with no exception after it; its MainPID then goes to ``record``. On
     rank 0: nothing, in the same operation, so its gate comes after every member's.
 
-    + launch: the member's server
     + budget: seconds the member may take to start (the startup budget)
-    + record: the group's shared record
     + result: the member's GateResult (its ``error`` when it failed); None: a failure fails
       the host here (a restore's check)
 
@@ -141,8 +139,6 @@ def group_unchanged(unit: str, record: GroupGate) -> Ops:
     """Every member's MainPID as when its check passed (rank 0's: when its gate passed): a
     member that restarted during the gate (a crash and systemd's restart) fails it.
 
-    + unit: the member's server unit
-    + record: the group's shared record
 
         group_unchanged(name="Group tp16-a: no member restarted", unit="sglang.service",
                         record=record)
@@ -166,8 +162,6 @@ def group_kept(unit: str, record: GroupGate, result: GateResult) -> Ops:
     release. When any failed: this member fails with the group, naming the first failure (its
     last good files go back in the next operations, and the group restarts).
 
-    + unit: the member's server unit
-    + record: the group's shared record
     + result: the member's GateResult
 
         group_kept(name="Group tp16-a: last good release", unit="sglang.service",

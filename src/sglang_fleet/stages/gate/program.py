@@ -194,8 +194,6 @@ def check_together(profile: Profile, launches: list[Launch], job: str, soak: int
     each, started together), leaving each server's in its result for its own gate operation,
     which judges it then.
 
-    + profile: the profile the servers were rendered from
-    + launches: the host's servers
     + job: ``COMPLETIONS,TOKENS`` for the job estimate, or empty
     + soak: concurrent requests of each soak (None: twice max running requests; 0: none)
     + budget: seconds each server may take to become healthy

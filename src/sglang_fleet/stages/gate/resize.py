@@ -116,9 +116,6 @@ def sized_restart(profile: Profile, launch: Launch, release: Release, result: Ga
     """Write the launch's unit again, rendered with the mamba cache size the gate computed
     (the service stage's own unit file, ``service.unit_file``), and restart it once.
 
-    + profile: the profile the server was rendered from
-    + launch: the rendered server the gate checked
-    + release: the engine release the unit runs
     + result: the gate's, holding the size (nothing happens without one)
 
         sized_restart(name="Restart sglang.service sized", profile=profile, launch=launch,
@@ -138,8 +135,6 @@ def remember_size(profile: Profile, launch: Launch, result: GateResult) -> Ops:
     """Keep the size that passed the gate on the host (root's, under ``paths.SIZING``), keyed by
     what it depends on, so the next deploy renders it before the first start.
 
-    + profile: the profile the server was rendered from
-    + launch: the rendered server
     + result: the gate's, holding the size that passed (nothing happens without one)
 
         remember_size(name="Remember the size", profile=profile, launch=launch,

@@ -307,8 +307,6 @@ def wave_ready(profile: Profile, launches: list[Launch], waves: Waves, release: 
     ``--batch-instances``, put it back into the routers, seen healthy. A wave not ready stops
     the waves: later servers keep what they run; the gate puts the last good release back.
 
-    + profile: the profile the servers were rendered from
-    + launches: the host's servers
     + waves: the host's restarts so far (``unit_running`` adds to it)
     + release: the release the restarted servers run (``current`` names it only after)
     + final: wait for the wave still open (the last one)

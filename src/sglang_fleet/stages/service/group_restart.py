@@ -71,7 +71,6 @@ def restart_wanted(unit: str, record: GroupRestart, restart: bool = False) -> Op
     a restore); said to the group's record, so that every member restarts with it. The unit is
     enabled here.
 
-    + unit: the member's server unit
     + record: the group's shared record (``shared(GroupRestart, ...)``)
     + restart: it must restart whatever its state (``restart_group``'s ``_if``)
 
@@ -100,7 +99,6 @@ def group_stopped(unit: str, record: GroupRestart, rank0: bool) -> Ops:
     members' (not ``rank0``: the operation after rank 0's). In a roll the group leaves the
     routers first (rank 0's URL, whichever member disrupts first).
 
-    + unit: the member's server unit
     + record: the group's shared record, filled by ``restart_wanted``
     + rank0: stop rank 0 (True) or the members of rank >= 1 (False)
 
@@ -123,8 +121,6 @@ def group_started(unit: str, record: GroupRestart, waves: Waves | None = None) -
     """Every member's unit started in this one operation (pyinfra runs it on all of them at
     once), when the group restarts: rank 0's rendezvous waits for all of them.
 
-    + unit: the member's server unit
-    + record: the group's shared record
     + waves: the host's restart waves, told of the start (``wave_ready`` waits for rank 0)
 
         group_started(name="Group tp16-a: every member started together",
