@@ -1,7 +1,7 @@
 """Text this package checks or shows: a URL (``url_problem``, never echoing its password) and
-a server's text made safe for a terminal (``printable``). The deploy's own forms, copied
-because this package depends on no part of the deploy (config/validators.py and
-remote/terminal.py there); tests/unit/test_packaging.py fails when a copy differs.
+a server's text made safe for a terminal (``printable``). The deploy's config/validators.py
+takes its forms from here; ``printable`` is a copy of the deploy's remote/terminal.py (a host
+program, standard library only), and tests/unit/test_packaging.py fails when it differs.
 
     url_problem("http://user:pw@10.0.0.10:30080", allow_http=True)
     # "'http://10.0.0.10:30080' holds credentials (user:password@); give them ..."
